@@ -1,0 +1,73 @@
+"""Parse the policy's rate syntax: `10/minute`, `100/5m`, `5/10 minutes`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_UNIT_MS = {
+    "second": 1_000,
+    "minute": 60_000,
+    "hour": 3_600_000,
+    "day": 86_400_000,
+}
+_UNIT_ALIASES = {
+    "s": "second", "sec": "second", "secs": "second", "second": "second", "seconds": "second",
+    "m": "minute", "min": "minute", "mins": "minute", "minute": "minute", "minutes": "minute",
+    "h": "hour", "hr": "hour", "hrs": "hour", "hour": "hour", "hours": "hour",
+    "d": "day", "day": "day", "days": "day",
+}  # fmt: skip
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)?\s*([a-z]+)\s*$")
+
+# Longest window a rate rule may use; longer periods are what budgets are for.
+MAX_WINDOW_MS = 31 * _UNIT_MS["day"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """`limit` calls per `window_ms`; `window` is the human name used in messages."""
+
+    limit: int
+    window_ms: int
+    window: str
+
+    def __str__(self) -> str:
+        return f"{self.limit}/{self.window}"
+
+
+def parse_rate(text: object) -> Rate:
+    """Parse `N/unit`, `N/Kunit` or `N/K units`; raise ValueError naming what was expected."""
+    expected = f'expected "N/window" (e.g. "10/minute", "5/10 minutes"), got {text!r}'
+    if not isinstance(text, str):
+        raise ValueError(expected)
+    found = _RATE.match(text.lower())
+    if not found:
+        raise ValueError(expected)
+    limit, count_text, unit_text = found.groups()
+    unit = _UNIT_ALIASES.get(unit_text)
+    if unit is None:
+        raise ValueError(f"unknown time unit {unit_text!r} in {text!r}; use second, minute, hour or day")
+    count = int(count_text) if count_text else 1
+    if count < 1:
+        raise ValueError(f"the window in {text!r} must be at least 1 {unit}")
+    window_ms = count * _UNIT_MS[unit]
+    if window_ms > MAX_WINDOW_MS:
+        raise ValueError(f"the window in {text!r} is longer than 31 days; use a budget instead")
+    return Rate(limit=int(limit), window_ms=window_ms, window=window_name(count, unit))
+
+
+def window_name(count: int, unit: str) -> str:
+    """`minute` for one minute, `10 minutes` otherwise: the words used in messages."""
+    return unit if count == 1 else f"{count} {unit}s"
+
+
+def humanize_seconds(seconds: float) -> str:
+    """Round up to whole seconds and print compactly: `12s`, `3m20s`, `2h5m`."""
+    total = max(1, int(-(-seconds // 1)))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    if minutes:
+        return f"{minutes}m{secs}s" if secs else f"{minutes}m"
+    return f"{secs}s"

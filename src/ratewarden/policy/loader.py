@@ -1,0 +1,119 @@
+"""Read a policy file: YAML with line numbers, then schema checks, then compilation.
+
+YAML is parsed twice (once into data, once into nodes carrying line marks) so that
+every error, from the schema or from compilation, can point at the line it is about.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from ratewarden.policy.compile import compile_policy
+from ratewarden.policy.errors import PolicyError, PolicyIssue
+from ratewarden.policy.model import Policy
+from ratewarden.policy.schema import PolicySpec
+
+Path_ = tuple[str | int, ...]
+
+EXAMPLE_POLICY = "example.yaml"
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Load and validate the policy at `path`; raise PolicyError naming every problem."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise PolicyError(str(path), [PolicyIssue((), f"cannot read: {exc.strerror}")]) from None
+    return parse_policy(raw, source=str(path))
+
+
+def load_example_policy() -> Policy:
+    """The policy shipped inside the package, used when no policy file is given."""
+    raw = resources.files("ratewarden.policy").joinpath(EXAMPLE_POLICY).read_bytes()
+    return parse_policy(raw, source=f"<packaged {EXAMPLE_POLICY}>")
+
+
+def parse_policy(raw: bytes, source: str = "<policy>") -> Policy:
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise PolicyError(source, [PolicyIssue((), f"invalid YAML: {_yaml_problem(exc)}", line)]) from None
+    lines: dict[Path_, int] = {}
+    issues: list[PolicyIssue] = []
+    if root is not None:
+        _index_lines(root, (), lines, issues)
+    if not isinstance(data, dict):
+        issues.append(PolicyIssue((), "expected a mapping with version: 1 and rules", 1))
+        raise PolicyError(source, issues)
+    try:
+        spec = PolicySpec.model_validate(data)
+    except ValidationError as exc:
+        issues += [_issue_from_pydantic(error) for error in exc.errors()]
+    if issues:
+        raise PolicyError(source, _with_lines(issues, lines))
+    policy, problems = compile_policy(spec, source, raw)
+    if policy is None:
+        raise PolicyError(source, _with_lines(problems, lines))
+    return policy
+
+
+def _index_lines(node: yaml.Node, path: Path_, lines: dict[Path_, int], issues: list[PolicyIssue]) -> None:
+    """Record the line of every field path, and report duplicate keys (YAML keeps the last)."""
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for key, value in node.value:
+            name = key.value
+            if name in seen:
+                issues.append(PolicyIssue((*path, name), "duplicate key", key.start_mark.line + 1))
+            seen.add(name)
+            _index_lines(value, (*path, name), lines, issues)
+            lines[(*path, name)] = key.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_lines(item, (*path, i), lines, issues)
+
+
+def _issue_from_pydantic(error: Any) -> PolicyIssue:
+    # Pydantic adds union branches and validator names to the location; keep the field path.
+    path = tuple(p for p in error["loc"] if isinstance(p, int) or not _is_type_tag(p))
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown field"
+    elif error["type"] == "missing":
+        message = "required field is missing"
+    if "input" in error and error["type"] not in ("missing", "extra_forbidden", "value_error"):
+        message += f", got {error['input']!r}"
+    return PolicyIssue(path, message)
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in ("str", "list[str]", "int", "float", "bool") or "[" in part or part.startswith(
+        "function-"
+    )
+
+
+def _with_lines(issues: list[PolicyIssue], lines: dict[Path_, int]) -> list[PolicyIssue]:
+    """Attach the nearest known line: the field itself, else its closest parent."""
+    located = []
+    for issue in issues:
+        path = issue.path
+        while path and path not in lines:
+            path = path[:-1]
+        located.append(PolicyIssue(issue.path, issue.message, issue.line or lines.get(path)))
+    return located
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    problem = getattr(exc, "problem", None)
+    return str(problem) if problem else str(exc).splitlines()[0]

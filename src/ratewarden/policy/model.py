@@ -1,0 +1,286 @@
+"""The compiled policy: what the engine consults for every call.
+
+Everything that can be worked out once is worked out at load: globs are compiled,
+overrides are indexed by precedence, and the rules that can apply to a (user, tool)
+pair are cached, so deciding a call does no parsing and little allocation.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import lru_cache
+from typing import Any
+
+from ratewarden.calls import Call
+from ratewarden.policy.durations import Rate
+from ratewarden.policy.messages import Template
+
+METADATA_FIELDS = ("read_only", "destructive", "idempotent", "open_world", "requires_confirmation")
+DIMENSIONS = ("user", "tool", "session", "team")
+
+# (user, tool) pairs whose candidate rules are remembered; bounded so that a flood of
+# distinct users cannot grow memory without limit.
+_CANDIDATE_CACHE_SIZE = 65_536
+
+
+class Algorithm(StrEnum):
+    SLIDING_WINDOW = "sliding_window"
+    TOKEN_BUCKET = "token_bucket"
+    FIXED_WINDOW = "fixed_window"
+
+
+class Mode(StrEnum):
+    ENFORCE = "enforce"
+    SHADOW = "shadow"
+
+
+class OnExceed(StrEnum):
+    DENY = "deny"
+    ASK = "ask"
+
+
+@dataclass(frozen=True, slots=True)
+class NameSet:
+    """Exact names and globs (`browser_*`), matched case-sensitively."""
+
+    exact: frozenset[str]
+    globs: tuple[re.Pattern[str], ...]
+    source: tuple[str, ...]
+
+    @classmethod
+    def of(cls, patterns: str | Iterable[str]) -> NameSet:
+        items = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+        globs = tuple(re.compile(fnmatch.translate(p)) for p in items if is_glob(p))
+        return cls(frozenset(p for p in items if not is_glob(p)), globs, items)
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        return name in self.exact or any(g.match(name) for g in self.globs)
+
+
+def is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    rate: Rate
+    algorithm: Algorithm
+    burst: int | None = None
+
+    @property
+    def limit(self) -> int:
+        return self.rate.limit
+
+
+@dataclass(frozen=True, slots=True)
+class Unlimited:
+    """`unlimited: true` in an override: the rule does not apply to these users."""
+
+
+Limit = RateLimit | Unlimited
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """Which calls a rule applies to; `None` fields match everything."""
+
+    tools: NameSet | None = None
+    users: NameSet | None = None
+    groups: frozenset[str] | None = None
+    sessions: NameSet | None = None
+    teams: NameSet | None = None
+    metadata: tuple[tuple[str, bool], ...] = ()
+    tags: frozenset[str] | None = None
+
+    def static_mismatch(self, user: str, tool: str, groups: frozenset[str]) -> str | None:
+        """Why the rule cannot apply to this user and tool, or None if it may."""
+        if self.tools is not None and tool not in self.tools:
+            return f"tool {tool!r} is not in {list(self.tools.source)}"
+        if self.users is not None and user not in self.users:
+            return f"user {user!r} is not in {list(self.users.source)}"
+        if self.groups is not None and not self.groups & groups:
+            return f"user is in none of the groups {sorted(self.groups)}"
+        return None
+
+    def could_apply(
+        self, user: str, tool: str | None, groups: frozenset[str], session: str | None, team: str | None
+    ) -> bool:
+        """Whether the rule may apply to calls of this user; unknown parts match anything."""
+        return (
+            (self.tools is None or tool is None or tool in self.tools)
+            and (self.users is None or user in self.users)
+            and (self.groups is None or bool(self.groups & groups))
+            and (self.sessions is None or session is None or session in self.sessions)
+            and (self.teams is None or team is None or team in self.teams)
+        )
+
+    def call_mismatch(self, call: Call) -> str | None:
+        """Why the rule does not apply given the call's session, team and metadata."""
+        if self.sessions is not None and call.session not in self.sessions:
+            return f"session {call.session!r} is not in {list(self.sessions.source)}"
+        if self.teams is not None and call.team not in self.teams:
+            return f"team {call.team!r} is not in {list(self.teams.source)}"
+        for name, wanted in self.metadata:
+            if call.facts.effective(name) is not wanted:
+                said = getattr(call.facts, name)
+                origin = "given" if said is not None else "unclassified default"
+                return f"{name} is {call.facts.effective(name)} ({origin}), rule wants {wanted}"
+        if self.tags is not None and not self.tags & call.facts.tags:
+            return f"call has none of the tags {sorted(self.tags)}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """Per-user limits for one rule, by precedence: exact user > group > glob."""
+
+    exact: dict[str, tuple[Limit, str]] = field(default_factory=dict)
+    groups: tuple[tuple[str, Limit, str], ...] = ()
+    globs: tuple[tuple[re.Pattern[str], Limit, str], ...] = ()
+
+    def find(self, user: str, groups: frozenset[str]) -> tuple[Limit, str] | None:
+        """The override for `user` and where it came from; first in file order wins a tie."""
+        if user in self.exact:
+            return self.exact[user]
+        for group, limit, origin in self.groups:
+            if group in groups:
+                return limit, origin
+        for pattern, limit, origin in self.globs:
+            if pattern.match(user):
+                return limit, origin
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    index: int
+    match: Match
+    per: tuple[str, ...]
+    limit: RateLimit
+    mode: Mode
+    on_exceed: OnExceed
+    fail: str
+    label: str | None
+    template: Template
+    overrides: Overrides = field(default_factory=Overrides)
+
+    @property
+    def kind(self) -> str:
+        return "rate"
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A rule that applies to a call, with the limit in force for this user."""
+
+    rule: Rule
+    limit: Limit
+    source: str  # "rule" or the override that set the limit, e.g. "overrides[0]"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEntry:
+    label: str | None
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    rule: Rule
+    applies: bool
+    reason: str
+    limit: Limit | None
+    source: str | None
+
+
+@dataclass(eq=False)
+class Policy:
+    """A loaded, validated policy. Immutable once built; reloads build a new one."""
+
+    version: str
+    source: str
+    defaults: dict[str, str]
+    groups: dict[str, NameSet]
+    tools: tuple[tuple[NameSet, ToolEntry], ...]
+    default_tool: ToolEntry
+    rules: tuple[Rule, ...]
+    document: dict[str, Any]  # the normalised file, served by GET /v1/policy
+    _candidates: Callable[[str, str], tuple[Applied, ...]] = field(init=False, repr=False)
+    _label: Callable[[str], str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Per-instance caches: a reloaded policy starts with empty ones.
+        self._candidates = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_candidates)
+        self._label = lru_cache(maxsize=4096)(self._find_label)
+
+    def applicable(self, call: Call) -> tuple[Applied, ...]:
+        """The rules that apply to `call`, in policy order, with their effective limits."""
+        candidates = self._candidates(call.user, call.tool)
+        return tuple(a for a in candidates if a.rule.match.call_mismatch(call) is None)
+
+    def explain(self, call: Call) -> list[Explanation]:
+        """For every rule: does it apply to `call`, why, and with which limit."""
+        groups = self.groups_of(call.user)
+        result = []
+        for rule in self.rules:
+            reason = rule.match.static_mismatch(call.user, call.tool, groups)
+            reason = reason or rule.match.call_mismatch(call)
+            if reason:
+                result.append(Explanation(rule, False, reason, None, None))
+                continue
+            limit, source = self._effective_limit(rule, call.user, groups)
+            result.append(Explanation(rule, True, "all match conditions hold", limit, source))
+        return result
+
+    def for_usage(
+        self, user: str, tool: str | None, session: str | None, team: str | None
+    ) -> list[Applied]:
+        """Rules whose counter for this user is known from the given parts (GET /v1/usage)."""
+        given = {"user": user, "tool": tool, "session": session, "team": team}
+        groups = self.groups_of(user)
+        return [
+            Applied(rule, *self._effective_limit(rule, user, groups))
+            for rule in self.rules
+            if rule.match.could_apply(user, tool, groups, session, team)
+            and all(given[dim] is not None for dim in rule.per)
+        ]
+
+    def groups_of(self, user: str) -> frozenset[str]:
+        return frozenset(name for name, members in self.groups.items() if user in members)
+
+    def label_for(self, tool: str) -> str:
+        """The tool catalogue's label for `tool`, else the tool name itself."""
+        return self._label(tool)
+
+    def cost_for(self, tool: str) -> float:
+        return self._tool_entry(tool).cost
+
+    def _find_candidates(self, user: str, tool: str) -> tuple[Applied, ...]:
+        groups = self.groups_of(user)
+        found = []
+        for rule in self.rules:
+            if rule.match.static_mismatch(user, tool, groups) is None:
+                limit, source = self._effective_limit(rule, user, groups)
+                found.append(Applied(rule, limit, source))
+        return tuple(found)
+
+    @staticmethod
+    def _effective_limit(rule: Rule, user: str, groups: frozenset[str]) -> tuple[Limit, str]:
+        override = rule.overrides.find(user, groups)
+        return override if override else (rule.limit, "rule")
+
+    def _tool_entry(self, tool: str) -> ToolEntry:
+        for names, entry in self.tools:
+            if tool in names:
+                return entry
+        return self.default_tool
+
+    def _find_label(self, tool: str) -> str:
+        return self._tool_entry(tool).label or tool
