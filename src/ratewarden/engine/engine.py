@@ -73,9 +73,10 @@ class Usage:
 
 
 class Engine:
-    def __init__(self, policy: Policy, store: Store) -> None:
+    def __init__(self, policy: Policy, store: Store, fail: str | None = None) -> None:
         self.policy = policy
         self.store = store
+        self.fail = fail  # the FAIL setting; a rule's own `fail:` still wins
 
     async def check(self, call: Call) -> Decision:
         """Decide `call` against every rule that applies, consuming all or nothing."""
@@ -91,7 +92,11 @@ class Engine:
         return self._decide(policy, call, applied, ops, results)
 
     async def usage(
-        self, user: str, tool: str | None = None, session: str | None = None, team: str | None = None
+        self,
+        user: str,
+        tool: str | None = None,
+        session: str | None = None,
+        team: str | None = None,
     ) -> list[Usage]:
         """Every counter of `user` that the given parts identify, read without consuming."""
         policy = self.policy
@@ -158,7 +163,12 @@ class Engine:
     ) -> Decision:
         """The store did not answer: each enforcing rule's `fail` mode decides."""
         log.warning("store unavailable, deciding by fail mode: %s", error)
-        closed = [a.rule for a in applied if a.rule.fail == "closed" and a.rule.mode is Mode.ENFORCE]
+        default = self.fail or policy.defaults["fail"]
+        closed = [
+            a.rule
+            for a in applied
+            if (a.rule.fail or default) == "closed" and a.rule.mode is Mode.ENFORCE
+        ]
         if not closed:
             return Decision("allow", call.call_id, degraded=True, approved=call.approved)
         rule = closed[0]
@@ -171,7 +181,18 @@ class Engine:
         rule, limit = applied.rule, applied.limit
         scope = {dim: call.dimension(dim) for dim in rule.per}
         if not isinstance(limit, RateLimit) or result is None:
-            return Usage(rule.name, rule.kind, rule.limit.algorithm, rule.mode, None, None, 0, None, 0.0, scope)
+            return Usage(
+                rule.name,
+                rule.kind,
+                rule.limit.algorithm,
+                rule.mode,
+                None,
+                None,
+                0,
+                None,
+                0.0,
+                scope,
+            )
         return Usage(
             rule.name,
             rule.kind,

@@ -47,7 +47,9 @@ def decide(table: Table, ops: list[CounterOp], now_ms: int, dry_run: bool) -> li
     return results
 
 
-def to_result(op: CounterOp, admitted: bool, used: int, retry_ms: int | None, reset_ms: int) -> OpResult:
+def to_result(
+    op: CounterOp, admitted: bool, used: int, retry_ms: int | None, reset_ms: int
+) -> OpResult:
     capacity = op.burst if op.algorithm is Algorithm.TOKEN_BUCKET else op.limit
     return OpResult(admitted, used, max(0, capacity - used), retry_ms, reset_ms)
 
@@ -60,7 +62,9 @@ def sliding_window(table: Table, op: CounterOp, now: int) -> Check:
     first_in_window = bisect.bisect_right(stamps, now - op.window_ms)
     in_window = len(stamps) - first_in_window
     newest = stamps[-1] if stamps else 0
-    check = Check(in_window < op.limit, in_window, 0, newest + op.window_ms - now if in_window else 0, _noop)
+    check = Check(
+        in_window < op.limit, in_window, 0, newest + op.window_ms - now if in_window else 0, _noop
+    )
     if op.limit == 0:
         check.retry_ms = None
     elif not check.admitted:

@@ -31,7 +31,9 @@ from ratewarden.policy.model import (
 from ratewarden.policy.schema import MatchSpec, OverrideSpec, PolicySpec, RuleSpec
 
 
-def compile_policy(spec: PolicySpec, source: str, raw: bytes) -> tuple[Policy | None, list[PolicyIssue]]:
+def compile_policy(
+    spec: PolicySpec, source: str, raw: bytes
+) -> tuple[Policy | None, list[PolicyIssue]]:
     """Build the runtime policy, or return every issue found (and no policy)."""
     issues: list[PolicyIssue] = []
     names = [rule.name for rule in spec.rules]
@@ -42,11 +44,15 @@ def compile_policy(spec: PolicySpec, source: str, raw: bytes) -> tuple[Policy | 
         issues += _unsupported(rule, i)
         for group in _as_list(rule.match.group):
             if group not in spec.groups:
-                issues.append(PolicyIssue(("rules", i, "match", "group"), f"unknown group {group!r}"))
+                issues.append(
+                    PolicyIssue(("rules", i, "match", "group"), f"unknown group {group!r}")
+                )
     overrides = _compile_overrides(spec, issues)
     if issues:
         return None, issues
-    rules = tuple(_compile_rule(spec, i, r, overrides.get(r.name)) for i, r in enumerate(spec.rules))
+    rules = tuple(
+        _compile_rule(spec, i, r, overrides.get(r.name)) for i, r in enumerate(spec.rules)
+    )
     document = spec.model_dump(mode="json", exclude_none=True)
     policy = Policy(
         version=hashlib.sha256(raw).hexdigest()[:16],
@@ -75,7 +81,9 @@ def _unsupported(rule: RuleSpec, index: int) -> list[PolicyIssue]:
     ]
 
 
-def _compile_rule(spec: PolicySpec, index: int, rule: RuleSpec, overrides: Overrides | None) -> Rule:
+def _compile_rule(
+    spec: PolicySpec, index: int, rule: RuleSpec, overrides: Overrides | None
+) -> Rule:
     assert rule.rate is not None  # _unsupported() refused the other kinds
     algorithm = Algorithm(rule.algorithm or spec.defaults.algorithm)
     return Rule(
@@ -86,7 +94,7 @@ def _compile_rule(spec: PolicySpec, index: int, rule: RuleSpec, overrides: Overr
         limit=RateLimit(rule.rate, algorithm, rule.burst),
         mode=Mode(rule.mode or spec.defaults.mode),
         on_exceed=OnExceed(rule.on_exceed),
-        fail=rule.fail or spec.defaults.fail,
+        fail=rule.fail,
         label=rule.label,
         template=compile_template(rule.message) if rule.message else default_template("rate"),
         overrides=overrides or Overrides(),
@@ -125,7 +133,9 @@ def _compile_overrides(spec: PolicySpec, issues: list[PolicyIssue]) -> dict[str,
         limit = _override_limit(spec, rule, override, i, issues)
         for j, group in enumerate(override.groups or []):
             if group not in spec.groups:
-                issues.append(PolicyIssue(("overrides", i, "groups", j), f"unknown group {group!r}"))
+                issues.append(
+                    PolicyIssue(("overrides", i, "groups", j), f"unknown group {group!r}")
+                )
             groups.setdefault(rule.name, []).append((group, limit, origin))
         for user in override.users or []:
             if is_glob(user):
@@ -134,7 +144,9 @@ def _compile_overrides(spec: PolicySpec, issues: list[PolicyIssue]) -> dict[str,
             else:
                 exact.setdefault(rule.name, {}).setdefault(user, (limit, origin))
     return {
-        name: Overrides(exact.get(name, {}), tuple(groups.get(name, ())), tuple(globs.get(name, ())))
+        name: Overrides(
+            exact.get(name, {}), tuple(groups.get(name, ())), tuple(globs.get(name, ()))
+        )
         for name in rules
     }
 
@@ -147,11 +159,15 @@ def _override_limit(
     for kind in ("concurrency", "budget"):
         if getattr(override, kind) is not None:
             issues.append(
-                PolicyIssue(("overrides", index, kind), f"rule {rule.name!r} is a rate rule, not {kind}")
+                PolicyIssue(
+                    ("overrides", index, kind), f"rule {rule.name!r} is a rate rule, not {kind}"
+                )
             )
     algorithm = Algorithm(rule.algorithm or spec.defaults.algorithm)
     if override.burst is not None and algorithm is not Algorithm.TOKEN_BUCKET:
-        issues.append(PolicyIssue(("overrides", index, "burst"), "burst only applies to token_bucket rules"))
+        issues.append(
+            PolicyIssue(("overrides", index, "burst"), "burst only applies to token_bucket rules")
+        )
     rate = override.rate or rule.rate
     assert rate is not None
     return RateLimit(rate, algorithm, override.burst or rule.burst)
@@ -166,4 +182,3 @@ def _as_list(value: str | list[str] | None) -> list[str]:
     if value is None:
         return []
     return [value] if isinstance(value, str) else value
-

@@ -46,7 +46,9 @@ def parse_rate(text: object) -> Rate:
     limit, count_text, unit_text = found.groups()
     unit = _UNIT_ALIASES.get(unit_text)
     if unit is None:
-        raise ValueError(f"unknown time unit {unit_text!r} in {text!r}; use second, minute, hour or day")
+        raise ValueError(
+            f"unknown time unit {unit_text!r} in {text!r}; use second, minute, hour or day"
+        )
     count = int(count_text) if count_text else 1
     if count < 1:
         raise ValueError(f"the window in {text!r} must be at least 1 {unit}")

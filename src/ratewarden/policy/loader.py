@@ -47,7 +47,9 @@ def parse_policy(raw: bytes, source: str = "<policy>") -> Policy:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
-        raise PolicyError(source, [PolicyIssue((), f"invalid YAML: {_yaml_problem(exc)}", line)]) from None
+        raise PolicyError(
+            source, [PolicyIssue((), f"invalid YAML: {_yaml_problem(exc)}", line)]
+        ) from None
     lines: dict[Path_, int] = {}
     issues: list[PolicyIssue] = []
     if root is not None:
@@ -67,7 +69,9 @@ def parse_policy(raw: bytes, source: str = "<policy>") -> Policy:
     return policy
 
 
-def _index_lines(node: yaml.Node, path: Path_, lines: dict[Path_, int], issues: list[PolicyIssue]) -> None:
+def _index_lines(
+    node: yaml.Node, path: Path_, lines: dict[Path_, int], issues: list[PolicyIssue]
+) -> None:
     """Record the line of every field path, and report duplicate keys (YAML keeps the last)."""
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
@@ -98,8 +102,10 @@ def _issue_from_pydantic(error: Any) -> PolicyIssue:
 
 
 def _is_type_tag(part: str) -> bool:
-    return part in ("str", "list[str]", "int", "float", "bool") or "[" in part or part.startswith(
-        "function-"
+    return (
+        part in ("str", "list[str]", "int", "float", "bool")
+        or "[" in part
+        or part.startswith("function-")
     )
 
 

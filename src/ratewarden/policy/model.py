@@ -109,7 +109,12 @@ class Match:
         return None
 
     def could_apply(
-        self, user: str, tool: str | None, groups: frozenset[str], session: str | None, team: str | None
+        self,
+        user: str,
+        tool: str | None,
+        groups: frozenset[str],
+        session: str | None,
+        team: str | None,
     ) -> bool:
         """Whether the rule may apply to calls of this user; unknown parts match anything."""
         return (
@@ -166,7 +171,7 @@ class Rule:
     limit: RateLimit
     mode: Mode
     on_exceed: OnExceed
-    fail: str
+    fail: str | None  # None: the daemon's FAIL setting, else the policy default
     label: str | None
     template: Template
     overrides: Overrides = field(default_factory=Overrides)

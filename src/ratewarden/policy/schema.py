@@ -79,7 +79,7 @@ class MatchSpec(_Strict):
 class RuleSpec(_Strict):
     name: RuleName
     match: MatchSpec = MatchSpec()
-    per: list[Dimension] = Field(default_factory=lambda: ["user"])
+    per: list[Dimension] = Field(default_factory=lambda: list[Dimension](["user"]))
     rate: RateText | None = None
     concurrency: Annotated[int, Field(ge=0)] | None = None
     budget: str | None = None
@@ -115,9 +115,14 @@ class RuleSpec(_Strict):
             )
         if self.burst is not None and self.algorithm != "token_bucket":
             raise ValueError("burst only applies to algorithm: token_bucket")
-        if self.rate and self.rate.limit > MAX_SLIDING_LIMIT and self.algorithm in (
-            None,
-            "sliding_window",
+        if (
+            self.rate
+            and self.rate.limit > MAX_SLIDING_LIMIT
+            and self.algorithm
+            in (
+                None,
+                "sliding_window",
+            )
         ):
             raise ValueError(
                 f"sliding_window limits are capped at {MAX_SLIDING_LIMIT} calls per window; "

@@ -78,4 +78,6 @@ class MemoryStore:
         """Live keys, after dropping expired ones (for tests and the memory benchmark)."""
         with self._lock:
             now = self.clock.now_ms()
-            return sum(1 for key in list(self._cells.values) if self._cells.get(key, now) is not None)
+            return sum(
+                1 for key in list(self._cells.values) if self._cells.get(key, now) is not None
+            )

@@ -24,7 +24,9 @@ class RedisStore:
     memory store, fakeredis and a real redis-server.
     """
 
-    def __init__(self, client: aioredis.Redis, description: str, clock: Clock | None = None) -> None:
+    def __init__(
+        self, client: aioredis.Redis, description: str, clock: Clock | None = None
+    ) -> None:
         self._client = client
         self._description = description
         self._clock = clock
@@ -42,7 +44,10 @@ class RedisStore:
 
     async def evaluate(self, ops: Sequence[CounterOp], dry_run: bool = False) -> list[OpResult]:
         keys = [op.key for op in ops]
-        args: list[Any] = [str(self._clock.now_ms()) if self._clock else "", "1" if dry_run else "0"]
+        args: list[Any] = [
+            str(self._clock.now_ms()) if self._clock else "",
+            "1" if dry_run else "0",
+        ]
         for op in ops:
             args += (ALGORITHM_CODES[op.algorithm], int(op.role), op.limit, op.window_ms, op.burst)
         try:
@@ -50,7 +55,13 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
         return [
-            to_result(op, bool(reply[i]), reply[i + 1], None if reply[i + 2] < 0 else reply[i + 2], reply[i + 3])
+            to_result(
+                op,
+                bool(reply[i]),
+                reply[i + 1],
+                None if reply[i + 2] < 0 else reply[i + 2],
+                reply[i + 3],
+            )
             for op, i in zip(ops, range(1, len(reply), 4), strict=True)
         ]
 
@@ -58,10 +69,10 @@ class RedisStore:
         if not self._sha:
             await self.start()
         try:
-            reply: list[int] = await self._client.evalsha(self._sha, len(keys), *keys, *args)  # type: ignore[misc]
+            reply: list[int] = await self._client.evalsha(self._sha, len(keys), *keys, *args)
         except NoScriptError:  # Redis restarted or SCRIPT FLUSH: load again, once
             await self.start()
-            reply = await self._client.evalsha(self._sha, len(keys), *keys, *args)  # type: ignore[misc]
+            reply = await self._client.evalsha(self._sha, len(keys), *keys, *args)
         return reply
 
     async def ping(self) -> None:

@@ -1,0 +1,3 @@
+from ratewarden.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,353 @@
+"""The `ratewarden` command: serve, check, usage, policy check, policy explain.
+
+Exit codes of `check`: 0 allow, 1 deny (reason on stderr), 3 ask, 4 daemon unreachable,
+2 bad usage (a flag, or a request the daemon refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from ratewarden import __version__
+from ratewarden.settings import Settings
+
+EXIT_ALLOW, EXIT_DENY, EXIT_USAGE, EXIT_ASK, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+METADATA_FLAGS = ("read_only", "destructive", "idempotent", "open_world", "requires_confirmation")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        code: int = args.run(args)
+    except ValidationError as exc:
+        return _usage_error(_settings_problem(exc))
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ratewarden", description="Guard AI-agent tool calls.")
+    parser.add_argument("--version", action="version", version=f"ratewarden {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _add_serve(commands)
+    _add_check(commands)
+    _add_usage(commands)
+    _add_policy(commands)
+    return parser
+
+
+# -- serve ---------------------------------------------------------------------------
+
+
+def _add_serve(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="run the daemon")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8470)")
+    serve.add_argument("--workers", type=int, help="worker processes (default 1)")
+    serve.add_argument("--store-url", help="memory:// (default), redis://, rediss://, unix://")
+    serve.add_argument("--policy", help="policy file (default ./ratewarden.yaml, else the example)")
+    serve.add_argument("--fail", choices=["open", "closed"], help="answer when the store is down")
+    serve.add_argument("--store-timeout-ms", type=int, help="store timeout (default 100)")
+    serve.add_argument("--log-format", choices=["text", "json"])
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(run=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ratewarden.logs import configure_logging
+    from ratewarden.policy import PolicyError
+
+    settings = Settings(**_given(args, "host", "port", "workers", "store_url", "policy", "fail",
+                                 "store_timeout_ms", "log_format", "log_level"))  # fmt: skip
+    if settings.workers > 1 and settings.store_url.startswith("memory:"):
+        return _usage_error(
+            "the embedded memory:// store lives in one process; use --workers 1, "
+            "or a shared store such as --store-url redis://localhost:6379/0"
+        )
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        return _run_uvicorn(settings)
+    except PolicyError as exc:
+        print(f"cannot load the policy:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run_uvicorn(settings: Settings) -> int:
+    import uvicorn
+
+    from ratewarden.service.app import create_app, load_configured_policy
+    from ratewarden.store import StoreURLError
+
+    try:
+        policy = load_configured_policy(settings)  # fail fast, before binding a port
+        app = create_app(settings, policy=policy) if settings.workers == 1 else None
+    except StoreURLError as exc:
+        return _usage_error(str(exc))
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_config": None,
+        "access_log": False,
+    }
+    if app is not None:
+        uvicorn.run(app, **options)
+    else:
+        # Workers import the app themselves; they read the same settings from the environment.
+        os.environ.update(_as_environment(settings))
+        uvicorn.run(
+            "ratewarden.service.app:create_app_from_env",
+            factory=True,
+            workers=settings.workers,
+            **options,
+        )
+    return 0
+
+
+def _as_environment(settings: Settings) -> dict[str, str]:
+    env = {}
+    for name, value in settings.model_dump(exclude_none=True).items():
+        text = ",".join(value) if isinstance(value, list) else str(value)
+        env[f"RATEWARDEN_{name.upper()}"] = text
+    return env
+
+
+# -- check and usage (clients of a running daemon) -------------------------------------
+
+
+def _add_client_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", help="daemon URL (default $RATEWARDEN_URL or http://127.0.0.1:8470)"
+    )
+    parser.add_argument("--token", help="API token (default $RATEWARDEN_TOKEN)")
+    parser.add_argument("--timeout", type=float, default=2.0, help="seconds to wait (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the daemon's JSON answer")
+
+
+def _add_check(commands: Any) -> None:
+    check = commands.add_parser("check", help="ask a running daemon whether a call may run")
+    check.add_argument("--user", required=True)
+    check.add_argument("--tool", required=True)
+    check.add_argument("--session")
+    check.add_argument("--team")
+    check.add_argument("--cost", type=float)
+    check.add_argument("--call-id")
+    check.add_argument("--approved", action="store_true", help="a human approved this call")
+    _add_metadata_flags(check)
+    _add_client_flags(check)
+    check.set_defaults(run=_check)
+
+
+def _add_metadata_flags(parser: argparse.ArgumentParser) -> None:
+    for name in METADATA_FLAGS:
+        flag = name.replace("_", "-")
+        parser.add_argument(f"--{flag}", dest=name, action=argparse.BooleanOptionalAction)
+    parser.add_argument("--tag", dest="tags", action="append", default=[], help="tool tag (repeat)")
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ratewarden.client import Client, ClientError, DaemonUnavailable
+    from ratewarden.wire import CheckRequest
+
+    request = CheckRequest.model_validate(
+        {
+            **_given(args, "user", "tool", "session", "team", "cost", "call_id", "approved"),
+            "metadata": _metadata(args),
+        }
+    )
+    settings = Settings(**_given(args, "url", "token"))
+    try:
+        with Client(settings.url, settings.token, timeout=args.timeout) as client:
+            answer = client.check(request)
+    except DaemonUnavailable as exc:
+        print(f"ratewarden daemon unreachable at {settings.url}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except ClientError as exc:
+        return _usage_error(f"the daemon refused the request: {exc}")
+    if args.json:
+        print(answer.model_dump_json(indent=2))
+    if answer.decision != "allow":
+        print(answer.message, file=sys.stderr)
+    return {"allow": EXIT_ALLOW, "deny": EXIT_DENY, "ask": EXIT_ASK}[answer.decision]
+
+
+def _metadata(args: argparse.Namespace) -> dict[str, Any] | None:
+    given = {
+        name: getattr(args, name) for name in METADATA_FLAGS if getattr(args, name) is not None
+    }
+    if args.tags:
+        given["tags"] = args.tags
+    return given or None
+
+
+def _add_usage(commands: Any) -> None:
+    usage = commands.add_parser("usage", help="a user's limits, used and remaining")
+    usage.add_argument("--user", required=True)
+    usage.add_argument("--tool")
+    usage.add_argument("--session")
+    usage.add_argument("--team")
+    _add_client_flags(usage)
+    usage.set_defaults(run=_usage)
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from ratewarden.client import Client, ClientError, DaemonUnavailable
+
+    settings = Settings(**_given(args, "url", "token"))
+    try:
+        with Client(settings.url, settings.token, timeout=args.timeout) as client:
+            answer = client.usage(args.user, tool=args.tool, session=args.session, team=args.team)
+    except DaemonUnavailable as exc:
+        print(f"ratewarden daemon unreachable at {settings.url}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except ClientError as exc:
+        return _usage_error(f"the daemon refused the request: {exc}")
+    if args.json:
+        print(answer.model_dump_json(indent=2))
+        return 0
+    rows = [
+        [
+            item.rule,
+            item.kind,
+            "unlimited" if item.limit is None else f"{item.limit}/{item.window}",
+            str(item.used),
+            "-" if item.remaining is None else str(item.remaining),
+            f"{item.reset_after:.0f}s" if item.used else "-",
+            item.mode,
+        ]
+        for item in answer.limits
+    ]
+    print(f"usage for {answer.user}" + (f", tool {answer.tool}" if answer.tool else ""))
+    print(table(["RULE", "KIND", "LIMIT", "USED", "REMAINING", "RESETS IN", "MODE"], rows))
+    return 0
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned columns, two spaces apart."""
+    if not rows:
+        return "(no rules apply)"
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in [header, *rows]]  # fmt: skip
+    return "\n".join(lines)
+
+
+# -- policy ----------------------------------------------------------------------------
+
+
+def _add_policy(commands: Any) -> None:
+    policy = commands.add_parser("policy", help="validate or explain a policy file")
+    actions = policy.add_subparsers(title="actions", metavar="ACTION", required=True)
+    check = actions.add_parser("check", help="validate policy files (for CI); lists every error")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.set_defaults(run=_policy_check)
+    explain = actions.add_parser("explain", help="which rules apply to a call, and why")
+    explain.add_argument("file", metavar="FILE")
+    explain.add_argument("--user", required=True)
+    explain.add_argument("--tool", required=True)
+    explain.add_argument("--session")
+    explain.add_argument("--team")
+    explain.add_argument("--approved", action="store_true")
+    _add_metadata_flags(explain)
+    explain.set_defaults(run=_policy_explain)
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    from ratewarden.policy import PolicyError, load_policy
+
+    failed = False
+    for path in args.files:
+        try:
+            policy = load_policy(path)
+        except PolicyError as exc:
+            failed = True
+            print(exc, file=sys.stderr)
+            continue
+        print(f"{path}: ok (version {policy.version}, {len(policy.rules)} rules)")
+    return 1 if failed else 0
+
+
+def _policy_explain(args: argparse.Namespace) -> int:
+    from ratewarden.calls import Call, ToolFacts
+    from ratewarden.policy import PolicyError, load_policy
+
+    try:
+        policy = load_policy(args.file)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    facts = ToolFacts(
+        **{name: getattr(args, name) for name in METADATA_FLAGS}, tags=frozenset(args.tags)
+    )
+    call = Call(
+        args.user,
+        args.tool,
+        "explain",
+        args.session,
+        args.team,
+        facts=facts,
+        approved=args.approved,
+    )
+    print(explain_text(policy, call))
+    return 0
+
+
+def explain_text(policy: Any, call: Any) -> str:
+    from ratewarden.policy.model import RateLimit
+
+    groups = sorted(policy.groups_of(call.user))
+    lines = [
+        f"policy {policy.source} (version {policy.version}, {len(policy.rules)} rules)",
+        f"call: user={call.user!r} tool={call.tool!r} session={call.session!r} team={call.team!r}",
+        f"user's groups: {', '.join(groups) if groups else '(none)'}",
+        "tool metadata: "
+        + ", ".join(f"{name}={call.facts.effective(name)}" for name in METADATA_FLAGS)
+        + " (unset fields take the MCP defaults)",
+        "",
+    ]
+    for item in policy.explain(call):
+        rule = item.rule
+        if not item.applies:
+            lines.append(f"  skip     {rule.name}: {item.reason}")
+            continue
+        limit = item.limit
+        what = f"rate {limit.rate}" if isinstance(limit, RateLimit) else "unlimited"
+        origin = "rule default" if item.source == "rule" else item.source
+        per = ", ".join(rule.per) if rule.per else "everyone (one global counter)"
+        lines.append(
+            f"  APPLIES  {rule.name}: {what} ({origin}) per {per}; "
+            f"{rule.limit.algorithm}, {rule.mode}, on_exceed {rule.on_exceed}"
+        )
+    return "\n".join(lines)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The flags the user actually gave, so unset ones fall back to the environment."""
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def _settings_problem(exc: ValidationError) -> str:
+    return "; ".join(
+        f"--{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+        for e in exc.errors()
+    )
+
+
+def _usage_error(message: str) -> int:
+    print(f"ratewarden: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

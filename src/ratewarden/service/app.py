@@ -1,0 +1,67 @@
+"""The FastAPI application, built by a factory: nothing happens at import."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from ratewarden import __version__
+from ratewarden.engine import Engine
+from ratewarden.policy import Policy, load_example_policy, load_policy
+from ratewarden.service.errors import install_error_handlers
+from ratewarden.service.routes import router
+from ratewarden.settings import Settings
+from ratewarden.store import Store, store_from_url
+
+log = logging.getLogger("ratewarden")
+
+
+def create_app(
+    settings: Settings | None = None, *, store: Store | None = None, policy: Policy | None = None
+) -> FastAPI:
+    """Build the daemon. Tests pass their own store and policy; `serve` passes neither."""
+    settings = settings or Settings()
+    policy = policy or load_configured_policy(settings)
+    store = store or store_from_url(settings.store_url, timeout_ms=settings.store_timeout_ms)
+    engine = Engine(policy, store, fail=settings.fail)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await store.start()
+        log.info(
+            "ratewarden %s ready on http://%s:%s | store %s | policy %s (version %s, %d rules)",
+            __version__,
+            settings.host,
+            settings.port,
+            store.description,
+            policy.source,
+            policy.version,
+            len(policy.rules),
+        )
+        yield
+        await store.close()
+
+    app = FastAPI(
+        title="ratewarden",
+        version=__version__,
+        summary="Rate limits, concurrency caps and cost budgets for AI-agent tool calls.",
+        lifespan=lifespan,
+    )
+    app.state.engine = engine
+    app.state.settings = settings
+    app.include_router(router)
+    install_error_handlers(app)
+    return app
+
+
+def load_configured_policy(settings: Settings) -> Policy:
+    path = settings.policy_path()
+    return load_policy(path) if path is not None else load_example_policy()
+
+
+def create_app_from_env() -> FastAPI:
+    """uvicorn's factory for `serve --workers N`: each worker reads the same environment."""
+    return create_app(Settings())

@@ -1,0 +1,127 @@
+"""The v1 HTTP API's request and response bodies.
+
+Shared by the service and the client, and free of server imports, so a host agent can
+load the client without FastAPI or Redis. `args` are accepted but never stored or logged.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool
+
+Subject = Annotated[str, Field(min_length=1, max_length=256)]
+CallId = Annotated[str, Field(min_length=1, max_length=128)]
+Tag = Annotated[str, Field(min_length=1, max_length=64)]
+MAX_BATCH = 100
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def _hint(name: str, mcp: str) -> Any:
+    return Field(None, validation_alias=AliasChoices(name, mcp))
+
+
+class ToolMetadata(_Body):
+    """What the caller knows about the tool; MCP annotation names are accepted too."""
+
+    read_only: StrictBool | None = _hint("read_only", "readOnlyHint")
+    destructive: StrictBool | None = _hint("destructive", "destructiveHint")
+    idempotent: StrictBool | None = _hint("idempotent", "idempotentHint")
+    open_world: StrictBool | None = _hint("open_world", "openWorldHint")
+    requires_confirmation: StrictBool | None = None
+    tags: Annotated[list[Tag], Field(max_length=32)] = []
+    title: Annotated[str, Field(max_length=256)] | None = None  # MCP; ignored
+
+
+class CheckRequest(_Body):
+    user: Subject
+    tool: Subject
+    session: Subject | None = None
+    team: Subject | None = None
+    call_id: CallId | None = None
+    cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = None
+    metadata: ToolMetadata | None = None
+    args: dict[str, Any] | None = None
+    approved: StrictBool = False
+
+
+class BatchRequest(_Body):
+    calls: Annotated[list[CheckRequest], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class Violation(BaseModel):
+    rule: str
+    kind: str
+    limit: int
+    window: str | None = None
+    remaining: int
+    retry_after: float | None = None
+    message: str
+
+
+class LimitState(BaseModel):
+    rule: str
+    kind: str
+    limit: int
+    window: str | None = None
+    remaining: int
+    reset_after: float
+
+
+class CheckResponse(BaseModel):
+    decision: Literal["allow", "deny", "ask"]
+    allowed: bool
+    message: str
+    call_id: str
+    retry_after: float | None = None
+    degraded: bool = False
+    approved: bool = False
+    violations: list[Violation] = []
+    shadow: list[Violation] = []
+    warnings: list[str] = []
+    limits: list[LimitState] = []
+
+
+class BatchResponse(BaseModel):
+    results: list[CheckResponse]
+
+
+class UsageItem(BaseModel):
+    rule: str
+    kind: str
+    algorithm: str
+    mode: str
+    limit: int | None  # None: unlimited for this user
+    window: str | None = None
+    used: int
+    remaining: int | None
+    reset_after: float
+    scope: dict[str, str | None]
+
+
+class UsageResponse(BaseModel):
+    user: str
+    tool: str | None = None
+    session: str | None = None
+    team: str | None = None
+    limits: list[UsageItem]
+
+
+class PolicyResponse(BaseModel):
+    version: str
+    source: str
+    policy: dict[str, Any]
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    message: str
+    fields: list[FieldError] = []

@@ -1,0 +1,80 @@
+"""Shared fixtures: a fake clock, a real redis-server, and one store of each kind."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import fakeredis
+import pytest
+import redis.asyncio as aioredis
+
+from ratewarden.clock import FakeClock
+from ratewarden.store import MemoryStore, Store
+from ratewarden.store.redis_store import RedisStore
+from tests.redis_server import RedisServer, running_redis
+
+STORE_KINDS = ["memory", "fakeredis", "redis"]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the whole run, on a free port; tests flush it, not reuse it."""
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    redis_server.client().flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    # Mid-minute, so clock-aligned windows do not start exactly at the first call.
+    return FakeClock(1_700_000_000_000 + 17_345)
+
+
+StoreFactory = Callable[[FakeClock], Store]
+
+
+@pytest.fixture(params=STORE_KINDS)
+async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
+    """Build stores of one kind on a given clock; every test using it runs on all three."""
+    kind: str = request.param
+    made: list[Store] = []
+    server = fakeredis.FakeServer() if kind == "fakeredis" else None
+    url = request.getfixturevalue("redis_url") if kind == "redis" else ""
+
+    def factory(clock: FakeClock) -> Store:
+        store: Store
+        if kind == "memory":
+            store = MemoryStore(clock)
+        elif kind == "fakeredis":
+            store = RedisStore(fakeredis.FakeAsyncRedis(server=server), "fakeredis", clock)
+        else:
+            store = RedisStore(aioredis.Redis.from_url(url), url, clock)
+        made.append(store)
+        return store
+
+    yield factory
+    for store in made:
+        await store.close()
+
+
+@pytest.fixture
+async def store(make_store: StoreFactory, clock: FakeClock) -> Store:
+    made = make_store(clock)
+    await made.start()
+    return made
+
+
+@pytest.fixture
+def tmp_policy(tmp_path: Path) -> Callable[[str], Path]:
+    def write(text: str) -> Path:
+        path = tmp_path / "policy.yaml"
+        path.write_text(text)
+        return path
+
+    return write
