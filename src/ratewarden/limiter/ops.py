@@ -1,22 +1,36 @@
-"""What the engine asks a store to do for one call, and what the store answers.
+"""What the engine asks a store to do, and what the store answers.
 
 A call becomes a list of `CounterOp`s, one per matching rule. A store evaluates all of
-them and then commits all or none, in one atomic step.
+them and then commits all or none, in one atomic step. An allowed call that holds
+something (a budget reservation, a concurrency slot) or that the caller named with a
+`call_id` leaves a record, so a repeated check is answered from it and a settle knows
+what to release.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import IntEnum
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
 
 from ratewarden.policy.model import Algorithm
 
-# Short algorithm codes as the Lua script knows them.
-ALGORITHM_CODES = {
-    Algorithm.SLIDING_WINDOW: "sw",
-    Algorithm.TOKEN_BUCKET: "tb",
-    Algorithm.FIXED_WINDOW: "fw",
+
+class Kind(StrEnum):
+    """A counter's arithmetic, by the short code the Lua script knows it by."""
+
+    SLIDING_WINDOW = "sw"
+    TOKEN_BUCKET = "tb"
+    FIXED_WINDOW = "fw"
+    BUDGET = "bg"
+    CONCURRENCY = "cc"
+
+
+KIND_OF = {
+    Algorithm.SLIDING_WINDOW: Kind.SLIDING_WINDOW,
+    Algorithm.TOKEN_BUCKET: Kind.TOKEN_BUCKET,
+    Algorithm.FIXED_WINDOW: Kind.FIXED_WINDOW,
 }
+HOLDING = (Kind.BUDGET, Kind.CONCURRENCY)  # kinds a call holds until it settles
 
 
 class Role(IntEnum):
@@ -30,28 +44,92 @@ class Role(IntEnum):
 @dataclass(frozen=True, slots=True)
 class CounterOp:
     key: str
-    algorithm: Algorithm
-    limit: int
-    window_ms: int
-    burst: int  # token bucket capacity; equals `limit` for the other algorithms
+    kind: Kind
     role: Role
+    limit: int  # calls per window, slots, or budget in micro-units
+    window_ms: int = 0  # rate window; lease timeout (concurrency); reservation TTL (budget)
+    burst: int = 0  # token bucket capacity
+    cost: int = 0  # budget: the estimate to reserve, in micro-units
+    period: tuple[int, int, int] = (0, 0, 0)  # budget: period start, end, next period's end
+    rule: str = ""  # recorded with held ops, so a settle can find the rule again
 
     def consumes(self, admitted: bool) -> bool:
-        """Whether this op takes a unit once the call as a whole is allowed."""
+        """Whether this op takes its unit once the call as a whole is allowed."""
         return admitted or self.role is Role.FORCED
+
+    @property
+    def capacity(self) -> int:
+        return self.burst if self.kind is Kind.TOKEN_BUCKET else self.limit
 
 
 @dataclass(frozen=True, slots=True)
 class OpResult:
-    """One counter's answer; `used`/`remaining` are after this call was counted (or not)."""
+    """One counter's answer; `used`/`reserved` are after this call was counted (or not)."""
 
     admitted: bool
-    used: int
+    used: int  # calls in the window, slots in use, or money spent (micro-units)
     remaining: int
-    retry_after_ms: int | None  # until this counter would admit; None = never (limit 0)
-    reset_after_ms: int  # until the counter is back to empty
+    retry_after_ms: int | None  # until this counter would admit; None = not by waiting
+    reset_after_ms: int  # until the counter is back to empty (or the budget period ends)
+    reserved: int = 0  # budget: money reserved by calls not yet settled
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """Where an allowed call is recorded, and whether it must be."""
+
+    key: str
+    call_id: str
+    fingerprint: str  # user and tool: a call_id reused for another call is refused
+    ttl_ms: int
+    keep: bool  # record even without held ops (the caller chose the call_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A store's answer to a check."""
+
+    results: list[OpResult] = field(default_factory=list)
+    replayed: bool = False  # answered from the call's record; nothing consumed
+    conflict: bool = False  # the call_id belongs to another user or tool
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Something an allowed call holds until it settles: a reservation or a slot."""
+
+    kind: Kind
+    key: str
+    estimate: int  # reserved micro-units (budget); 0 for a slot
+    rule: str
+    period: tuple[int, int, int] = (0, 0, 0)  # filled in at settle time for budgets
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    outcome: str  # "settled", "already_settled" or "unknown"
+    charged: dict[str, int] = field(default_factory=dict)  # rule -> micro-units charged now
 
 
 def blocks(ops: list[CounterOp], admitted: list[bool]) -> bool:
     """All or nothing: the call is blocked when any enforcing op does not admit it."""
     return any(op.role is Role.ENFORCE and not ok for op, ok in zip(ops, admitted, strict=True))
+
+
+def to_result(op: CounterOp, admitted: bool, used: int, retry_ms: int, reset_ms: int, reserved: int) -> OpResult:
+    """Build a result from raw numbers (as the Lua script returns them; -1 = no retry)."""
+    remaining = max(0, op.capacity - used - reserved)
+    return OpResult(admitted, used, remaining, None if retry_ms < 0 else retry_ms, reset_ms, reserved)
+
+
+def encode_holds(holds: list[Hold]) -> str:
+    """The record's list of holds, one per line: kind, estimate, rule, key (last: any bytes)."""
+    return "\n".join(f"{h.kind}\t{h.estimate}\t{h.rule}\t{h.key}" for h in holds)
+
+
+def decode_holds(text: str) -> list[Hold]:
+    holds = []
+    for line in filter(None, text.split("\n")):
+        kind, estimate, rule, key = line.split("\t", 3)
+        holds.append(Hold(Kind(kind), key, int(estimate), rule))
+    return holds

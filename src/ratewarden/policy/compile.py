@@ -8,6 +8,7 @@ reports them all at once.
 from __future__ import annotations
 
 import hashlib
+from zoneinfo import ZoneInfo
 from typing import Any
 
 from ratewarden.policy.errors import PolicyIssue
@@ -15,6 +16,9 @@ from ratewarden.policy.messages import compile_template, default_template
 from ratewarden.policy.model import (
     METADATA_FIELDS,
     Algorithm,
+    Bounded,
+    BudgetLimit,
+    ConcurrencyLimit,
     Limit,
     Match,
     Mode,
@@ -41,7 +45,6 @@ def compile_policy(
         if name in names[:i]:
             issues.append(PolicyIssue(("rules", i, "name"), f"duplicate rule name {name!r}"))
     for i, rule in enumerate(spec.rules):
-        issues += _unsupported(rule, i)
         for group in _as_list(rule.match.group):
             if group not in spec.groups:
                 issues.append(
@@ -67,38 +70,48 @@ def compile_policy(
         default_tool=_default_tool(spec),
         rules=rules,
         document=document,
+        timezone=ZoneInfo(spec.defaults.timezone),
+        reservation_ttl_ms=spec.defaults.reservation_ttl,
+        call_ttl_ms=spec.defaults.call_ttl,
     )
     return policy, []
 
 
-def _unsupported(rule: RuleSpec, index: int) -> list[PolicyIssue]:
-    # Budgets and concurrency caps need reservations and leases in the engine; until they
-    # exist a rule using them is refused rather than silently not enforced.
-    return [
-        PolicyIssue(("rules", index, kind), f"{kind} rules are not supported by this version yet")
-        for kind in ("concurrency", "budget")
-        if getattr(rule, kind) is not None
-    ]
-
-
-def _compile_rule(
-    spec: PolicySpec, index: int, rule: RuleSpec, overrides: Overrides | None
-) -> Rule:
-    assert rule.rate is not None  # _unsupported() refused the other kinds
-    algorithm = Algorithm(rule.algorithm or spec.defaults.algorithm)
+def _compile_rule(spec: PolicySpec, index: int, rule: RuleSpec, overrides: Overrides | None) -> Rule:
+    limit = _rule_limit(spec, rule)
     return Rule(
         name=rule.name,
         index=index,
         match=_compile_match(rule.match),
         per=tuple(rule.per),
-        limit=RateLimit(rule.rate, algorithm, rule.burst),
+        limit=limit,
         mode=Mode(rule.mode or spec.defaults.mode),
         on_exceed=OnExceed(rule.on_exceed),
         fail=rule.fail,
         label=rule.label,
-        template=compile_template(rule.message) if rule.message else default_template("rate"),
+        template=compile_template(rule.message) if rule.message else default_template(_kind(rule)),
         overrides=overrides or Overrides(),
     )
+
+
+def _rule_limit(spec: PolicySpec, rule: RuleSpec | OverrideSpec, base: RuleSpec | None = None) -> Bounded:
+    """The limit `rule` states; for an override, what it changes of its `base` rule."""
+    base = base or rule  # type: ignore[assignment]
+    assert isinstance(base, RuleSpec)
+    if base.budget is not None:
+        budget = rule.budget or base.budget
+        return BudgetLimit(budget, base.currency or "USD", base.soft_limit)
+    if base.concurrency is not None:
+        slots = base.concurrency if rule.concurrency is None else rule.concurrency
+        return ConcurrencyLimit(slots, base.lease_timeout or spec.defaults.lease_timeout)
+    rate = rule.rate or base.rate
+    assert rate is not None
+    algorithm = Algorithm(base.algorithm or spec.defaults.algorithm)
+    return RateLimit(rate, algorithm, rule.burst or base.burst)
+
+
+def _kind(rule: RuleSpec) -> str:
+    return "budget" if rule.budget is not None else "concurrency" if rule.concurrency is not None else "rate"
 
 
 def _compile_match(spec: MatchSpec) -> Match:
@@ -156,21 +169,15 @@ def _override_limit(
 ) -> Limit:
     if override.unlimited:
         return Unlimited()
-    for kind in ("concurrency", "budget"):
-        if getattr(override, kind) is not None:
+    kind = _kind(rule)
+    for other in ("rate", "concurrency", "budget"):
+        if other != kind and getattr(override, other) is not None:
             issues.append(
-                PolicyIssue(
-                    ("overrides", index, kind), f"rule {rule.name!r} is a rate rule, not {kind}"
-                )
+                PolicyIssue(("overrides", index, other), f"rule {rule.name!r} is a {kind} rule, not {other}")
             )
-    algorithm = Algorithm(rule.algorithm or spec.defaults.algorithm)
-    if override.burst is not None and algorithm is not Algorithm.TOKEN_BUCKET:
-        issues.append(
-            PolicyIssue(("overrides", index, "burst"), "burst only applies to token_bucket rules")
-        )
-    rate = override.rate or rule.rate
-    assert rate is not None
-    return RateLimit(rate, algorithm, override.burst or rule.burst)
+    if override.burst is not None and (kind != "rate" or rule.algorithm != "token_bucket"):
+        issues.append(PolicyIssue(("overrides", index, "burst"), "burst only applies to token_bucket rules"))
+    return _rule_limit(spec, override, rule)
 
 
 def _default_tool(spec: PolicySpec) -> ToolEntry:

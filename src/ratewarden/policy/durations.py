@@ -58,6 +58,62 @@ def parse_rate(text: object) -> Rate:
     return Rate(limit=int(limit), window_ms=window_ms, window=window_name(count, unit))
 
 
+_DURATION = re.compile(r"^\s*(\d+)\s*([a-z]+)\s*$")
+
+
+def parse_duration(text: object) -> int:
+    """`30s`, `10m`, `1h`, `2 days` -> milliseconds (at least one second)."""
+    expected = f'expected a duration such as "30s", "10m" or "1h", got {text!r}'
+    found = _DURATION.match(text.lower()) if isinstance(text, str) else None
+    unit = _UNIT_ALIASES.get(found.group(2)) if found else None
+    if found is None or unit is None or int(found.group(1)) < 1:
+        raise ValueError(expected)
+    return int(found.group(1)) * _UNIT_MS[unit]
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """`amount` (in micro-units of the currency, exact) per calendar `period`."""
+
+    micros: int
+    period: str
+
+    @property
+    def amount(self) -> float:
+        return self.micros / MICROS
+
+    def __str__(self) -> str:
+        return f"{format_amount(self.micros)}/{self.period}"
+
+
+MICROS = 1_000_000  # budgets and costs are counted in millionths, so sums are exact
+_BUDGET = re.compile(r"^\s*(\d+(?:\.\d{1,6})?)\s*/\s*(hour|day|week|month)\s*$")
+
+
+def parse_budget(text: object) -> Budget:
+    """Parse `AMOUNT/hour|day|week|month`, e.g. `5.00/day`."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        text = str(text)
+    found = _BUDGET.match(text.lower()) if isinstance(text, str) else None
+    if not found:
+        raise ValueError(f'expected "AMOUNT/period" with period hour, day, week or month (e.g. "5.00/day"), got {text!r}')
+    return Budget(to_micros(found.group(1)), found.group(2))
+
+
+def to_micros(amount: str | float) -> int:
+    """An amount of money as an exact count of millionths."""
+    from decimal import Decimal
+
+    return int((Decimal(str(amount)) * MICROS).to_integral_value())
+
+
+def format_amount(micros: int) -> str:
+    """`4.98`, `0.05`, `0.0125`: at least two decimals, more only when they matter."""
+    text = f"{micros / MICROS:.6f}".rstrip("0")
+    whole, _, fraction = text.partition(".")
+    return f"{whole}.{fraction.ljust(2, '0')}"
+
+
 def window_name(count: int, unit: str) -> str:
     """`minute` for one minute, `10 minutes` otherwise: the words used in messages."""
     return unit if count == 1 else f"{count} {unit}s"

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from ratewarden.calls import Call
-from ratewarden.policy.durations import Rate
+from ratewarden.policy.durations import Budget, Rate
 from ratewarden.policy.messages import Template
+from ratewarden.policy.periods import Bounds, PeriodClock
 
 METADATA_FIELDS = ("read_only", "destructive", "idempotent", "open_world", "requires_confirmation")
 DIMENSIONS = ("user", "tool", "session", "team")
@@ -79,11 +81,33 @@ class RateLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetLimit:
+    budget: Budget
+    currency: str
+    soft_limit: float | None  # share of the budget at which calls are flagged
+
+    @property
+    def limit(self) -> int:
+        return self.budget.micros
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyLimit:
+    slots: int
+    lease_ms: int  # a slot whose call never settles returns after this long
+
+    @property
+    def limit(self) -> int:
+        return self.slots
+
+
+@dataclass(frozen=True, slots=True)
 class Unlimited:
     """`unlimited: true` in an override: the rule does not apply to these users."""
 
 
-Limit = RateLimit | Unlimited
+Bounded = RateLimit | BudgetLimit | ConcurrencyLimit
+Limit = Bounded | Unlimited
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +192,7 @@ class Rule:
     index: int
     match: Match
     per: tuple[str, ...]
-    limit: RateLimit
+    limit: Bounded
     mode: Mode
     on_exceed: OnExceed
     fail: str | None  # None: the daemon's FAIL setting, else the policy default
@@ -178,7 +202,14 @@ class Rule:
 
     @property
     def kind(self) -> str:
-        return "rate"
+        """`rate`, `budget` or `concurrency`: what the rule limits."""
+        if isinstance(self.limit, BudgetLimit):
+            return "budget"
+        return "concurrency" if isinstance(self.limit, ConcurrencyLimit) else "rate"
+
+    @property
+    def algorithm(self) -> str:
+        return self.limit.algorithm if isinstance(self.limit, RateLimit) else self.kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +248,10 @@ class Policy:
     default_tool: ToolEntry
     rules: tuple[Rule, ...]
     document: dict[str, Any]  # the normalised file, served by GET /v1/policy
+    timezone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
+    reservation_ttl_ms: int = 3_600_000
+    call_ttl_ms: int = 3_600_000
+    _periods: dict[str, PeriodClock] = field(init=False, repr=False)
     _candidates: Callable[[str, str], tuple[Applied, ...]] = field(init=False, repr=False)
     _label: Callable[[str], str] = field(init=False, repr=False)
 
@@ -224,6 +259,14 @@ class Policy:
         # Per-instance caches: a reloaded policy starts with empty ones.
         self._candidates = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_candidates)
         self._label = lru_cache(maxsize=4096)(self._find_label)
+        self._periods = {}
+
+    def period(self, name: str, now_ms: int) -> Bounds:
+        """The budget period `name` (day, week...) containing `now_ms`, in the policy's zone."""
+        clock = self._periods.get(name)
+        if clock is None:
+            clock = self._periods[name] = PeriodClock(name, self.timezone)
+        return clock.at(now_ms)
 
     def applicable(self, call: Call) -> tuple[Applied, ...]:
         """The rules that apply to `call`, in policy order, with their effective limits."""

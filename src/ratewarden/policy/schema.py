@@ -20,13 +20,30 @@ from pydantic import (
     model_validator,
 )
 
-from ratewarden.policy.durations import Rate, parse_rate
+from ratewarden.policy.durations import Budget, Rate, parse_budget, parse_duration, parse_rate
 from ratewarden.policy.messages import compile_template
 
 Name = Annotated[str, Field(min_length=1, max_length=256)]
 Names = Name | list[Name]
 RuleName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 RateText = Annotated[Rate, PlainValidator(parse_rate), PlainSerializer(str)]
+BudgetText = Annotated[Budget, PlainValidator(parse_budget), PlainSerializer(str)]
+DurationText = Annotated[int, PlainValidator(parse_duration), PlainSerializer(lambda ms: f"{ms // 1000}s")]
+
+
+def _percent(value: object) -> float:
+    """`80%` or 80 -> 0.8: the share of a budget at which calls get flagged."""
+    text = value.strip().removesuffix("%") if isinstance(value, str) else value
+    try:
+        number = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f'expected a percentage such as "80%", got {value!r}') from None
+    if not 0 < number <= 100:
+        raise ValueError(f"a soft limit is a percentage between 0 and 100, got {value!r}")
+    return number / 100
+
+
+Percent = Annotated[float, PlainValidator(_percent), PlainSerializer(lambda f: f"{f * 100:g}%")]
 Dimension = Literal["user", "tool", "session", "team"]
 Mode = Literal["enforce", "shadow"]
 FailMode = Literal["open", "closed"]
@@ -46,6 +63,12 @@ class DefaultsSpec(_Strict):
     fail: FailMode = "open"
     algorithm: AlgorithmName = "sliding_window"
     timezone: str = "UTC"
+    # A concurrency slot whose call never settles is reclaimed after this long.
+    lease_timeout: DurationText = 600_000
+    # A budget reservation never settled is charged at its estimate after this long.
+    reservation_ttl: DurationText = 3_600_000
+    # Records of allowed calls (for idempotent re-checks and settles) are kept this long.
+    call_ttl: DurationText = 3_600_000
 
     @field_validator("timezone")
     @classmethod
@@ -55,6 +78,12 @@ class DefaultsSpec(_Strict):
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"unknown timezone {value!r}") from None
         return value
+
+    @model_validator(mode="after")
+    def _records_outlive_leases(self) -> DefaultsSpec:
+        if self.call_ttl < max(self.lease_timeout, self.reservation_ttl):
+            raise ValueError("call_ttl must be at least lease_timeout and reservation_ttl")
+        return self
 
 
 class ToolSpec(_Strict):
@@ -82,9 +111,12 @@ class RuleSpec(_Strict):
     per: list[Dimension] = Field(default_factory=lambda: list[Dimension](["user"]))
     rate: RateText | None = None
     concurrency: Annotated[int, Field(ge=0)] | None = None
-    budget: str | None = None
+    budget: BudgetText | None = None
     algorithm: AlgorithmName | None = None
     burst: Annotated[int, Field(ge=1)] | None = None
+    currency: Annotated[str, Field(min_length=1, max_length=16)] | None = None
+    soft_limit: Percent | None = None
+    lease_timeout: DurationText | None = None
     mode: Mode | None = None
     on_exceed: Literal["deny", "ask"] = "deny"
     fail: FailMode | None = None
@@ -115,6 +147,9 @@ class RuleSpec(_Strict):
             )
         if self.burst is not None and self.algorithm != "token_bucket":
             raise ValueError("burst only applies to algorithm: token_bucket")
+        _only_with(self, "rate", "algorithm", "burst")
+        _only_with(self, "budget", "currency", "soft_limit")
+        _only_with(self, "concurrency", "lease_timeout")
         if (
             self.rate
             and self.rate.limit > MAX_SLIDING_LIMIT
@@ -131,13 +166,19 @@ class RuleSpec(_Strict):
         return self
 
 
+def _only_with(rule: RuleSpec, kind: str, *fields: str) -> None:
+    for name in fields:
+        if getattr(rule, name) is not None and getattr(rule, kind) is None:
+            raise ValueError(f"{name} only applies to {kind} rules")
+
+
 class OverrideSpec(_Strict):
     users: list[Name] | None = None
     groups: list[Name] | None = None
     rule: RuleName
     rate: RateText | None = None
     concurrency: Annotated[int, Field(ge=0)] | None = None
-    budget: str | None = None
+    budget: BudgetText | None = None
     burst: Annotated[int, Field(ge=1)] | None = None
     unlimited: StrictBool = False
 

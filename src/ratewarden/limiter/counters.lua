@@ -1,0 +1,327 @@
+-- counters.lua: every atomic step on ratewarden's counters, one script call each.
+--
+--   decide: evaluate all counters of one call, then commit all or nothing
+--   settle: replace a call's budget reservations by its actual cost, release its slots
+--
+-- The pure-Python twin is limiter/reference.py; the conformance tests hold the two to
+-- the same answers, so a change to one must be mirrored in the other. Times are ms
+-- since the epoch, money is integer micro-units.
+--
+-- decide  KEYS[1] the call's record, KEYS[1+i] the counter of op i
+--         ARGV: 'decide', now ('' = Redis TIME), dry ('1' = report only), call_id,
+--               fingerprint, record TTL, keep ('1' = record even without holds), then
+--               ten values per op: kind (sw|tb|fw|bg|cc), role (0 shadow, 1 enforce,
+--               2 forced), limit, window, burst, cost, period start, period end,
+--               next period's end, hold line (recorded when a bg/cc op commits)
+--         returns {status, then per op: admitted, used, retry, reset, reserved}
+--               status 0 allowed, 1 blocked, 2 replayed from the record, 3 call_id
+--               conflict; retry = -1 when waiting does not help
+-- settle  KEYS[1] the call's record, KEYS[1+i] the counter of hold i
+--         ARGV: 'settle', now, call_id, actual cost ('' = the estimate), then five
+--               values per hold: kind, estimate, period start, end, next end
+--         returns {status, then per hold: charged}; status 0 settled, 1 already
+--               settled, 2 unknown call
+
+local mode = ARGV[1]
+local now
+if ARGV[2] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+else
+  now = tonumber(ARGV[2])
+end
+
+local function enc(n, width)
+  local bytes = {}
+  for i = width, 1, -1 do
+    bytes[i] = string.char(n % 256)
+    n = math.floor(n / 256)
+  end
+  return table.concat(bytes)
+end
+
+local function dec(s, from, width)
+  local n = 0
+  for i = from, from + width - 1 do
+    n = n * 256 + string.byte(s, i)
+  end
+  return n
+end
+
+-- Sliding window: a ring of the last `limit` admission times in one string.
+-- Layout: capacity (4 bytes), head (4 bytes), then 6-byte big-endian ms timestamps.
+-- While filling, entries are appended and head stays 0; once full, head is the
+-- oldest entry and each admission overwrites it.
+local HEADER, ENTRY = 8, 6
+
+local function sw_entry(key, head, n, j)  -- j-th oldest entry, 0-based
+  local at = HEADER + ((head + j) % n) * ENTRY
+  return dec(redis.call('GETRANGE', key, at, at + ENTRY - 1), 1, ENTRY)
+end
+
+local function sw_resize(key, head, n, limit)
+  -- The limit changed (policy reload): keep the newest entries that still matter.
+  local keep = math.min(n, limit)
+  local parts = {enc(limit, 4), enc(0, 4)}
+  for j = n - keep, n - 1 do
+    parts[#parts + 1] = enc(sw_entry(key, head, n, j), ENTRY)
+  end
+  redis.call('SET', key, table.concat(parts), 'KEEPTTL')
+  return 0, keep
+end
+
+local function sliding_window(key, op)
+  local limit, window = op.limit, op.window
+  local head, n = 0, 0
+  local len = redis.call('STRLEN', key)
+  if len >= HEADER then
+    local header = redis.call('GETRANGE', key, 0, HEADER - 1)
+    head, n = dec(header, 5, 4), (len - HEADER) / ENTRY
+    if dec(header, 1, 4) ~= limit and limit > 0 then
+      head, n = sw_resize(key, head, n, limit)
+    end
+  end
+  local lo, hi, cutoff = 0, n, now - window  -- binary search: first entry in the window
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if sw_entry(key, head, n, mid) > cutoff then hi = mid else lo = mid + 1 end
+  end
+  local in_window = n - lo
+  local newest = n > 0 and sw_entry(key, head, n, n - 1) or 0
+  local c = {admitted = in_window < limit, used = in_window}
+  if limit == 0 then
+    c.retry = -1
+  elseif not c.admitted then
+    c.retry = math.max(1, sw_entry(key, head, n, n - limit) + window - now)
+  else
+    c.retry = 0
+  end
+  c.reset = in_window > 0 and newest + window - now or 0
+  c.commit = function()
+    if limit == 0 then return end
+    local stamp = enc(math.max(now, newest), ENTRY)  -- keep the ring sorted if time steps back
+    if n == 0 then
+      redis.call('SET', key, enc(limit, 4) .. enc(0, 4) .. stamp)
+    elseif n < limit then
+      redis.call('SETRANGE', key, HEADER + n * ENTRY, stamp)
+    else
+      redis.call('SETRANGE', key, HEADER + head * ENTRY, stamp)
+      redis.call('SETRANGE', key, 4, enc((head + 1) % limit, 4))
+    end
+    redis.call('PEXPIRE', key, window)
+    c.used = math.min(in_window + 1, limit)
+    c.reset = window
+  end
+  return c
+end
+
+-- Token bucket as GCRA: the key holds the theoretical arrival time (TAT) in ms.
+local function token_bucket(key, op)
+  local limit, window, burst = op.limit, op.window, op.burst
+  local c = {used = 0}
+  if limit == 0 then
+    c.admitted, c.retry, c.reset = false, -1, 0
+    c.commit = function() end
+    return c
+  end
+  local interval = window / limit
+  local tat = math.max(tonumber(redis.call('GET', key)) or now, now)
+  local new_tat = tat + interval
+  local allow_at = new_tat - burst * interval
+  c.admitted = now >= allow_at
+  c.retry = c.admitted and 0 or math.max(1, math.ceil(allow_at - now))
+  local function settle(t)
+    local remaining = math.max(0, math.min(burst, math.floor((now + burst * interval - t) / interval)))
+    c.used = burst - remaining
+    c.reset = math.max(0, math.ceil(t - now))
+  end
+  settle(tat)
+  c.commit = function()
+    redis.call('SET', key, string.format('%.17g', new_tat), 'PX', math.max(1, math.ceil(new_tat - now)))
+    settle(new_tat)
+  end
+  return c
+end
+
+-- Fixed window: clock-aligned windows; the key holds "window_start:count".
+local function fixed_window(key, op)
+  local limit, window = op.limit, op.window
+  local start = now - (now % window)
+  local count = 0
+  local stored = redis.call('GET', key)
+  if stored then
+    local s, n = string.match(stored, '^(%d+):(%d+)$')
+    if tonumber(s) == start then count = tonumber(n) end
+  end
+  local c = {admitted = count < limit, used = count}
+  c.retry = limit == 0 and -1 or (c.admitted and 0 or start + window - now)
+  c.reset = count > 0 and start + window - now or 0
+  c.commit = function()
+    redis.call('SET', key, string.format('%d:%d', start, count + 1), 'PX', start + window - now)
+    c.used = count + 1
+    c.reset = start + window - now
+  end
+  return c
+end
+
+-- Budget: one hash per counter: p (period start), s (spent), r (reserved), n (earliest
+-- reservation expiry) and h:<call_id> = "amount:expiry" per reservation not yet settled.
+-- Reservations left unsettled past their expiry are charged at their estimate. A
+-- reservation in flight when the period ends is carried into the new one.
+local function charge_expired(key, b, upto)
+  if not b.n or b.n > upto then return end
+  local fields = redis.call('HGETALL', key)
+  local next_expiry = nil
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 2) == 'h:' then
+      local amount, expiry = string.match(fields[i + 1], '^(%d+):(%d+)$')
+      amount, expiry = tonumber(amount), tonumber(expiry)
+      if expiry <= upto then
+        b.s, b.r = b.s + amount, b.r - amount
+        redis.call('HDEL', key, fields[i])
+      elseif not next_expiry or expiry < next_expiry then
+        next_expiry = expiry
+      end
+    end
+  end
+  b.n, b.dirty = next_expiry, true
+end
+
+local function budget_load(key, p0, p1, p2)
+  local h = redis.call('HMGET', key, 'p', 's', 'r', 'n')
+  local b = {p = tonumber(h[1]), s = tonumber(h[2]) or 0, r = tonumber(h[3]) or 0, n = tonumber(h[4])}
+  b.start, b.finish = p0, p1
+  if now >= p1 then b.start, b.finish = p1, p2 end  -- the daemon's clock lags Redis's
+  if b.p ~= b.start then
+    if b.p then charge_expired(key, b, math.min(now, b.start - 1)) end  -- the old period's
+    b.p, b.s, b.dirty = b.start, 0, true
+  end
+  charge_expired(key, b, now)
+  return b
+end
+
+local function budget_save(key, b, min_ttl)
+  if not b.dirty then return end
+  redis.call('HSET', key, 'p', b.p, 's', b.s, 'r', b.r)
+  if b.n then redis.call('HSET', key, 'n', b.n) else redis.call('HDEL', key, 'n') end
+  local ttl = math.max(b.finish - now, min_ttl, 1)  -- the period, and every reservation
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+end
+
+local function budget(key, op, call_id)
+  local b = budget_load(key, op.p0, op.p1, op.p2)
+  local held = b.s + b.r
+  local c = {used = b.s, reserved = b.r, reset = b.finish - now}
+  c.admitted = held < op.limit and held + op.cost <= op.limit
+  if c.admitted then c.retry = 0 elseif op.cost > op.limit then c.retry = -1 else c.retry = b.finish - now end
+  c.commit = function()
+    if op.cost > 0 then
+      local expiry = now + op.window
+      redis.call('HSET', key, 'h:' .. call_id, op.cost .. ':' .. expiry)
+      if not b.n or expiry < b.n then b.n = expiry end
+      b.r, b.dirty = b.r + op.cost, true
+    end
+    c.reserved = b.r
+  end
+  c.save = function() budget_save(key, b, op.window) end
+  return c
+end
+
+-- Concurrency: a sorted set of the calls holding a slot, scored by lease expiry.
+local function concurrency(key, op, call_id)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)  -- reclaim slots of vanished callers
+  local count = redis.call('ZCARD', key)
+  local c = {admitted = count < op.limit, used = count, reset = 0}
+  c.retry = c.admitted and 0 or -1
+  c.commit = function()
+    redis.call('ZADD', key, now + op.window, call_id)
+    redis.call('PEXPIRE', key, op.window)  -- this lease is the latest to expire
+    c.used = count + 1
+  end
+  return c
+end
+
+local EVALUATE = {sw = sliding_window, tb = token_bucket, fw = fixed_window, bg = budget, cc = concurrency}
+
+local function decide()
+  local dry, call_id, fingerprint = ARGV[3] == '1', ARGV[4], ARGV[5]
+  local record_ttl, keep = tonumber(ARGV[6]), ARGV[7] == '1'
+  if not dry then
+    local record = redis.call('HMGET', KEYS[1], 'f', 'r')
+    if record[1] then  -- a repeated check: answer as the first time, consume nothing
+      if record[1] ~= fingerprint then return {3} end
+      local reply = {2}
+      for number in string.gmatch(record[2], '-?%d+') do reply[#reply + 1] = tonumber(number) end
+      return reply
+    end
+  end
+  local checks, blocked = {}, false
+  for i = 2, #KEYS do
+    local a = 8 + (i - 2) * 10
+    local op = {
+      kind = ARGV[a], role = tonumber(ARGV[a + 1]), limit = tonumber(ARGV[a + 2]),
+      window = tonumber(ARGV[a + 3]), burst = tonumber(ARGV[a + 4]), cost = tonumber(ARGV[a + 5]),
+      p0 = tonumber(ARGV[a + 6]), p1 = tonumber(ARGV[a + 7]), p2 = tonumber(ARGV[a + 8]),
+      hold = ARGV[a + 9],
+    }
+    local c = EVALUATE[op.kind](KEYS[i], op, call_id)
+    c.op = op
+    if op.role == 1 and not c.admitted then blocked = true end
+    checks[#checks + 1] = c
+  end
+  local numbers, holds = {}, {}
+  for _, c in ipairs(checks) do
+    if not dry and not blocked and (c.admitted or c.op.role == 2) then
+      c.commit()
+      if c.op.hold ~= '' then holds[#holds + 1] = c.op.hold end
+    end
+    if c.save then c.save() end
+    for _, v in ipairs({c.admitted and 1 or 0, c.used, c.retry, c.reset, c.reserved or 0}) do
+      numbers[#numbers + 1] = v
+    end
+  end
+  if not dry and not blocked and (keep or #holds > 0) then
+    redis.call('HSET', KEYS[1], 'f', fingerprint, 'r', table.concat(numbers, ','),
+      'h', table.concat(holds, '\n'), 's', 'open')
+    redis.call('PEXPIRE', KEYS[1], record_ttl)
+  end
+  local reply = {blocked and 1 or 0}
+  for _, v in ipairs(numbers) do reply[#reply + 1] = v end
+  return reply
+end
+
+local function settle()
+  local call_id, actual = ARGV[3], ARGV[4]
+  local state = redis.call('HGET', KEYS[1], 's')
+  if not state then return {2} end
+  if state == 'settled' then return {1} end
+  local reply = {0}
+  for i = 2, #KEYS do
+    local a = 5 + (i - 2) * 5
+    local kind, estimate = ARGV[a], tonumber(ARGV[a + 1])
+    local charged = 0
+    if kind == 'cc' then
+      redis.call('ZREM', KEYS[i], call_id)
+    elseif redis.call('EXISTS', KEYS[i]) == 1 then
+      local cost = actual == '' and estimate or tonumber(actual)
+      local b = budget_load(KEYS[i], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
+      local held = redis.call('HGET', KEYS[i], 'h:' .. call_id)
+      if held then  -- still reserved: swap the reservation for the actual cost
+        b.r = b.r - tonumber(string.match(held, '^(%d+):'))
+        redis.call('HDEL', KEYS[i], 'h:' .. call_id)
+        b.s = b.s + cost
+      else  -- already charged at its estimate when it expired: correct by the difference
+        b.s = math.max(0, b.s + cost - estimate)
+      end
+      b.dirty = true
+      budget_save(KEYS[i], b, 0)
+      charged = cost
+    end
+    reply[#reply + 1] = charged
+  end
+  redis.call('HSET', KEYS[1], 's', 'settled')
+  return reply
+end
+
+if mode == 'decide' then return decide() end
+return settle()
