@@ -11,11 +11,13 @@ from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainSerializer,
     PlainValidator,
     StrictBool,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -24,7 +26,14 @@ from ratewarden.policy.durations import Rate, parse_rate
 from ratewarden.policy.messages import compile_template
 
 Name = Annotated[str, Field(min_length=1, max_length=256)]
-Names = Name | list[Name]
+
+
+def _listify(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+# `tool: terminal` or `tool: [terminal, shell]`; a list either way, so errors name the item.
+Names = Annotated[list[Name], BeforeValidator(_listify)]
 RuleName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 RateText = Annotated[Rate, PlainValidator(parse_rate), PlainSerializer(str)]
 Dimension = Literal["user", "tool", "session", "team"]
@@ -98,6 +107,13 @@ class RuleSpec(_Strict):
             raise ValueError(f"lists a dimension twice: {value}")
         return value
 
+    @field_validator("concurrency", "budget")
+    @classmethod
+    def _not_yet(cls, value: object, info: ValidationInfo) -> object:
+        # Budgets and concurrency caps need reservations and leases in the engine; until
+        # they exist a rule using them is refused rather than silently not enforced.
+        raise ValueError(f"{info.field_name} rules are not supported by this version yet")
+
     @field_validator("message")
     @classmethod
     def _valid_template(cls, value: str | None) -> str | None:
@@ -153,8 +169,14 @@ class OverrideSpec(_Strict):
         return self
 
 
+def _integer_one(value: object) -> object:
+    if type(value) is not int:  # YAML `true` and `1.0` are not version 1
+        raise ValueError(f"Input should be 1, got {value!r}")
+    return value
+
+
 class PolicySpec(_Strict):
-    version: Literal[1]
+    version: Annotated[Literal[1], BeforeValidator(_integer_one)]
     defaults: DefaultsSpec = DefaultsSpec()
     groups: dict[Name, list[Name]] = Field(default_factory=dict)
     tools: dict[Name, ToolSpec] = Field(default_factory=dict)
