@@ -42,7 +42,7 @@ class CheckRequest(_Body):
     session: Subject | None = None
     team: Subject | None = None
     call_id: CallId | None = None
-    cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = None
+    cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)] | None = None
     metadata: ToolMetadata | None = None
     args: dict[str, Any] | None = None
     approved: StrictBool = False

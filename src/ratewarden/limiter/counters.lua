@@ -59,27 +59,23 @@ local function sw_entry(key, head, n, j)  -- j-th oldest entry, 0-based
   return dec(redis.call('GETRANGE', key, at, at + ENTRY - 1), 1, ENTRY)
 end
 
-local function sw_resize(key, head, n, limit)
-  -- The limit changed (policy reload): keep the newest entries that still matter.
-  local keep = math.min(n, limit)
-  local parts = {enc(limit, 4), enc(0, 4)}
+local function sw_rebuild(key, head, n, keep, capacity, stamp)
+  -- Rewrite the ring oldest-first with its newest `keep` entries, then `stamp`.
+  local parts = {enc(capacity, 4), enc(0, 4)}
   for j = n - keep, n - 1 do
     parts[#parts + 1] = enc(sw_entry(key, head, n, j), ENTRY)
   end
-  redis.call('SET', key, table.concat(parts), 'KEEPTTL')
-  return 0, keep
+  parts[#parts + 1] = stamp
+  redis.call('SET', key, table.concat(parts))
 end
 
 local function sliding_window(key, op)
   local limit, window = op.limit, op.window
-  local head, n = 0, 0
+  local capacity, head, n = limit, 0, 0
   local len = redis.call('STRLEN', key)
   if len >= HEADER then
     local header = redis.call('GETRANGE', key, 0, HEADER - 1)
-    head, n = dec(header, 5, 4), (len - HEADER) / ENTRY
-    if dec(header, 1, 4) ~= limit and limit > 0 then
-      head, n = sw_resize(key, head, n, limit)
-    end
+    capacity, head, n = dec(header, 1, 4), dec(header, 5, 4), (len - HEADER) / ENTRY
   end
   local lo, hi, cutoff = 0, n, now - window  -- binary search: first entry in the window
   while lo < hi do
@@ -100,16 +96,21 @@ local function sliding_window(key, op)
   c.commit = function()
     if limit == 0 then return end
     local stamp = enc(math.max(now, newest), ENTRY)  -- keep the ring sorted if time steps back
-    if n == 0 then
-      redis.call('SET', key, enc(limit, 4) .. enc(0, 4) .. stamp)
-    elseif n < limit then
+    if capacity ~= limit and in_window < limit then
+      -- The limit changed (policy reload). Only now, on an admission, is the ring resized:
+      -- every entry still in the window is among the newest limit - 1, so none is lost.
+      sw_rebuild(key, head, n, math.min(n, limit - 1), limit, stamp)
+    elseif n < capacity then
       redis.call('SETRANGE', key, HEADER + n * ENTRY, stamp)
+      if n == 0 then redis.call('SETRANGE', key, 0, enc(capacity, 4) .. enc(0, 4)) end
+    elseif capacity < limit then
+      sw_rebuild(key, head, n, n, limit, stamp)
     else
       redis.call('SETRANGE', key, HEADER + head * ENTRY, stamp)
-      redis.call('SETRANGE', key, 4, enc((head + 1) % limit, 4))
+      redis.call('SETRANGE', key, 4, enc((head + 1) % capacity, 4))
     end
     redis.call('PEXPIRE', key, window)
-    c.used = math.min(in_window + 1, limit)
+    c.used = math.min(in_window + 1, math.max(limit, capacity))
     c.reset = window
   end
   return c

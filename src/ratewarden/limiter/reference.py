@@ -54,30 +54,46 @@ def to_result(
     return OpResult(admitted, used, max(0, capacity - used), retry_ms, reset_ms)
 
 
+@dataclass(slots=True)
+class Ring:
+    """The sliding log: admission times oldest first, and the ring's capacity (see Lua)."""
+
+    capacity: int
+    stamps: list[int]
+
+
 def sliding_window(table: Table, op: CounterOp, now: int) -> Check:
-    """Exact sliding log: the last `limit` admission times, oldest first."""
-    stamps: list[int] = table.get(op.key, now) or []
-    if len(stamps) > op.limit > 0:  # the limit shrank (policy reload)
-        del stamps[: len(stamps) - op.limit]
-    first_in_window = bisect.bisect_right(stamps, now - op.window_ms)
-    in_window = len(stamps) - first_in_window
+    """Exact sliding log; checking never writes, so a refused call or a dry run changes nothing."""
+    ring: Ring = table.get(op.key, now) or Ring(op.limit, [])
+    stamps, limit = ring.stamps, op.limit
+    in_window = len(stamps) - bisect.bisect_right(stamps, now - op.window_ms)
     newest = stamps[-1] if stamps else 0
     check = Check(
-        in_window < op.limit, in_window, 0, newest + op.window_ms - now if in_window else 0, _noop
+        in_window < limit, in_window, 0, newest + op.window_ms - now if in_window else 0, _noop
     )
-    if op.limit == 0:
+    if limit == 0:
         check.retry_ms = None
     elif not check.admitted:
-        check.retry_ms = max(1, stamps[len(stamps) - op.limit] + op.window_ms - now)
+        check.retry_ms = max(1, stamps[len(stamps) - limit] + op.window_ms - now)
 
     def commit() -> None:
-        if op.limit == 0:
+        if limit == 0:
             return
-        stamps.append(max(now, newest))  # keep the log sorted if time steps back
-        if len(stamps) > op.limit:
+        stamp = max(now, newest)  # keep the log sorted if time steps back
+        if ring.capacity != limit and in_window < limit:
+            # A reload changed the limit: resize now, keeping every entry still in the window.
+            ring.stamps = [*stamps[len(stamps) - min(len(stamps), limit - 1) :], stamp]
+            ring.capacity = limit
+        elif len(stamps) < ring.capacity:
+            stamps.append(stamp)
+        elif ring.capacity < limit:
+            stamps.append(stamp)
+            ring.capacity = limit
+        else:
             del stamps[0]
-        table.put(op.key, stamps, op.window_ms, now)
-        check.used = min(in_window + 1, op.limit)
+            stamps.append(stamp)
+        table.put(op.key, ring, op.window_ms, now)
+        check.used = min(in_window + 1, max(limit, ring.capacity))
         check.reset_ms = op.window_ms
 
     check.commit = commit

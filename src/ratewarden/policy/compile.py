@@ -39,17 +39,7 @@ def compile_policy(
     spec: PolicySpec, source: str, raw: bytes
 ) -> tuple[Policy | None, list[PolicyIssue]]:
     """Build the runtime policy, or return every issue found (and no policy)."""
-    issues: list[PolicyIssue] = []
-    names = [rule.name for rule in spec.rules]
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            issues.append(PolicyIssue(("rules", i, "name"), f"duplicate rule name {name!r}"))
-    for i, rule in enumerate(spec.rules):
-        for group in _as_list(rule.match.group):
-            if group not in spec.groups:
-                issues.append(
-                    PolicyIssue(("rules", i, "match", "group"), f"unknown group {group!r}")
-                )
+    issues: list[PolicyIssue] = []  # names and groups were checked by references.py
     overrides = _compile_overrides(spec, issues)
     if issues:
         return None, issues
@@ -115,13 +105,13 @@ def _kind(rule: RuleSpec) -> str:
 
 
 def _compile_match(spec: MatchSpec) -> Match:
-    def names(value: str | list[str] | None) -> NameSet | None:
+    def names(value: list[str] | None) -> NameSet | None:
         return None if value is None else NameSet.of(value)
 
     return Match(
         tools=names(spec.tool),
         users=names(spec.user),
-        groups=None if spec.group is None else frozenset(_as_list(spec.group)),
+        groups=None if spec.group is None else frozenset(spec.group),
         sessions=names(spec.session),
         teams=names(spec.team),
         metadata=tuple(
@@ -138,17 +128,10 @@ def _compile_overrides(spec: PolicySpec, issues: list[PolicyIssue]) -> dict[str,
     groups: dict[str, list[tuple[str, Limit, str]]] = {}
     globs: dict[str, list[Any]] = {}
     for i, override in enumerate(spec.overrides):
-        rule = rules.get(override.rule)
+        rule = rules[override.rule]
         origin = f"overrides[{i}]"
-        if rule is None:
-            issues.append(PolicyIssue(("overrides", i, "rule"), f"unknown rule {override.rule!r}"))
-            continue
         limit = _override_limit(spec, rule, override, i, issues)
-        for j, group in enumerate(override.groups or []):
-            if group not in spec.groups:
-                issues.append(
-                    PolicyIssue(("overrides", i, "groups", j), f"unknown group {group!r}")
-                )
+        for group in override.groups or []:
             groups.setdefault(rule.name, []).append((group, limit, origin))
         for user in override.users or []:
             if is_glob(user):
@@ -183,9 +166,3 @@ def _override_limit(
 def _default_tool(spec: PolicySpec) -> ToolEntry:
     entry = spec.tools.get("default")
     return ToolEntry(entry.label, entry.cost) if entry else ToolEntry(None, 0.0)
-
-
-def _as_list(value: str | list[str] | None) -> list[str]:
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else value

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from ratewarden.policy.compile import compile_policy
 from ratewarden.policy.errors import PolicyError, PolicyIssue
 from ratewarden.policy.model import Policy
+from ratewarden.policy.references import reference_issues
 from ratewarden.policy.schema import PolicySpec
 
 Path_ = tuple[str | int, ...]
@@ -61,6 +62,7 @@ def parse_policy(raw: bytes, source: str = "<policy>") -> Policy:
         spec = PolicySpec.model_validate(data)
     except ValidationError as exc:
         issues += [_issue_from_pydantic(error) for error in exc.errors()]
+    issues += reference_issues(data)
     if issues:
         raise PolicyError(source, _with_lines(issues, lines))
     policy, problems = compile_policy(spec, source, raw)
@@ -117,7 +119,7 @@ def _with_lines(issues: list[PolicyIssue], lines: dict[Path_, int]) -> list[Poli
         while path and path not in lines:
             path = path[:-1]
         located.append(PolicyIssue(issue.path, issue.message, issue.line or lines.get(path)))
-    return located
+    return sorted(located, key=lambda issue: issue.line or 0)  # in file order
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

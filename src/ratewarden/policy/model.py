@@ -325,8 +325,12 @@ class Policy:
         return override if override else (rule.limit, "rule")
 
     def _tool_entry(self, tool: str) -> ToolEntry:
+        """Exact catalogue names first, then globs in file order, then `default`."""
         for names, entry in self.tools:
-            if tool in names:
+            if tool in names.exact:
+                return entry
+        for names, entry in self.tools:
+            if any(glob.match(tool) for glob in names.globs):
                 return entry
         return self.default_tool
 

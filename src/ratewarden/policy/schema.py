@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainSerializer,
@@ -24,7 +25,14 @@ from ratewarden.policy.durations import Budget, Rate, parse_budget, parse_durati
 from ratewarden.policy.messages import compile_template
 
 Name = Annotated[str, Field(min_length=1, max_length=256)]
-Names = Name | list[Name]
+
+
+def _listify(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+# `tool: terminal` or `tool: [terminal, shell]`; a list either way, so errors name the item.
+Names = Annotated[list[Name], BeforeValidator(_listify)]
 RuleName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 RateText = Annotated[Rate, PlainValidator(parse_rate), PlainSerializer(str)]
 BudgetText = Annotated[Budget, PlainValidator(parse_budget), PlainSerializer(str)]
@@ -194,8 +202,14 @@ class OverrideSpec(_Strict):
         return self
 
 
+def _integer_one(value: object) -> object:
+    if type(value) is not int:  # YAML `true` and `1.0` are not version 1
+        raise ValueError(f"Input should be 1, got {value!r}")
+    return value
+
+
 class PolicySpec(_Strict):
-    version: Literal[1]
+    version: Annotated[Literal[1], BeforeValidator(_integer_one)]
     defaults: DefaultsSpec = DefaultsSpec()
     groups: dict[Name, list[Name]] = Field(default_factory=dict)
     tools: dict[Name, ToolSpec] = Field(default_factory=dict)

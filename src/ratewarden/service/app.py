@@ -14,7 +14,7 @@ from ratewarden.policy import Policy, load_example_policy, load_policy
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.routes import router
 from ratewarden.settings import Settings
-from ratewarden.store import Store, store_from_url
+from ratewarden.store import Store, StoreError, store_from_url
 
 log = logging.getLogger("ratewarden")
 
@@ -30,7 +30,12 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await store.start()
+        try:
+            await store.start()
+        except StoreError as exc:
+            # Keep serving: decisions follow the fail mode and /readyz says 503 until the
+            # store answers; the script is loaded again on first use.
+            log.warning("store not reachable at start-up (%s); will retry on use", exc)
         log.info(
             "ratewarden %s ready on http://%s:%s | store %s | policy %s (version %s, %d rules)",
             __version__,

@@ -29,6 +29,11 @@ def error_response(
 
 
 async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    if _body_not_json(request, exc):
+        problem = "expected Content-Type: application/json"
+        return error_response(
+            422, "invalid_request", f"body: {problem}", [FieldError(field="body", message=problem)]
+        )
     fields = [
         FieldError(
             field="body" if e["type"] == "json_invalid" else field_path(e["loc"]),
@@ -41,6 +46,12 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    if exc.status_code == 400 and request.method == "POST":
+        # FastAPI's answer to a body it cannot even decode (say, stray UTF-16 bytes).
+        problem = "invalid JSON: cannot decode the body"
+        return error_response(
+            422, "invalid_request", f"body: {problem}", [FieldError(field="body", message=problem)]
+        )
     return error_response(exc.status_code, _error_name(exc.status_code), str(exc.detail))
 
 
@@ -48,6 +59,13 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # A bug, not the client's fault; log it without the request body (it may hold args).
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     return error_response(500, "internal_error", "internal error; see the daemon's log")
+
+
+def _body_not_json(request: Request, exc: RequestValidationError) -> bool:
+    """A JSON body sent as a form (`curl -d`) is refused with a message naming the header."""
+    content_type = request.headers.get("content-type", "")
+    body_errors = [e for e in exc.errors() if tuple(e["loc"]) == ("body",)]
+    return bool(body_errors) and "json" not in content_type and request.method == "POST"
 
 
 def field_path(loc: tuple[Any, ...] | list[Any]) -> str:

@@ -1,0 +1,152 @@
+"""All or nothing: when any enforcing rule refuses a call, no counter moves.
+
+A call matches three rules with three different algorithms. One of them (the "tight"
+rule, counted per tool) has been exhausted by another user; the two others (per user)
+would still admit. The refused call must leave every counter exactly as it was, as
+seen through `Engine.usage` and through the store's raw state, on all three stores.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from ratewarden.calls import Call
+from ratewarden.clock import FakeClock
+from ratewarden.engine import Engine
+from ratewarden.limiter.ops import CounterOp, Role
+from ratewarden.policy import parse_policy
+from ratewarden.policy.model import Algorithm
+from ratewarden.store import MemoryStore, Store
+from ratewarden.store.keys import all_keys_pattern
+from ratewarden.store.redis_store import RedisStore
+
+ALGORITHMS = ("sliding_window", "token_bucket", "fixed_window")
+CODES = {"sliding_window": "sw", "token_bucket": "tb", "fixed_window": "fw"}
+
+
+async def raw_state(store: Store) -> dict[str, object]:
+    """Every counter cell the store holds, byte for byte (TTLs aside)."""
+    if isinstance(store, MemoryStore):
+        return {key: copy.deepcopy(value) for key, (value, _) in store._cells.values.items()}
+    assert isinstance(store, RedisStore)
+    client = store._client
+    keys = [key async for key in client.scan_iter(match=all_keys_pattern())]
+    state = {}
+    for key in keys:
+        assert await client.pttl(key) > 0, key  # every counter key expires
+        state[key.decode()] = await client.get(key)
+    return state
+
+
+def policy_with_tight_rule(tight: str, position: int) -> bytes:
+    loose = [
+        f"  - {{name: loose-{CODES[a]}, per: [user], rate: 5/minute, algorithm: {a}}}"
+        for a in ALGORITHMS
+        if a != tight
+    ]
+    loose.insert(position, f"  - {{name: tight, per: [tool], rate: 2/minute, algorithm: {tight}}}")
+    return ("version: 1\nrules:\n" + "\n".join(loose) + "\n").encode()
+
+
+@pytest.mark.parametrize(
+    "position", [0, 1, 2], ids=["first-denies", "second-denies", "third-denies"]
+)
+@pytest.mark.parametrize("tight", ALGORITHMS)
+async def test_a_refused_call_consumes_nothing(
+    store: Store, clock: FakeClock, tight: str, position: int
+) -> None:
+    engine = Engine(parse_policy(policy_with_tight_rule(tight, position)), store)
+    names = [r.name for r in engine.policy.rules]
+    assert names[position] == "tight"
+
+    first = await engine.check(Call(user="alice", tool="terminal", call_id="a1"))
+    clock.advance(100)
+    other = await engine.check(Call(user="bob", tool="terminal", call_id="b1"))
+    assert (first.decision, other.decision) == ("allow", "allow")
+    clock.advance(100)
+
+    usage_before = await engine.usage("alice", tool="terminal")
+    assert [(u.rule, u.used) for u in usage_before] == [
+        (name, 2 if name == "tight" else 1) for name in names
+    ]
+    state_before = await raw_state(store)
+    assert len(state_before) == 5  # tight, and two loose counters for each user
+
+    for i in range(3):
+        refused = await engine.check(Call(user="alice", tool="terminal", call_id=f"a-refused-{i}"))
+        assert refused.decision == "deny"
+        assert [v.rule for v in refused.violations] == ["tight"]
+        assert refused.message.startswith("Rate limit: max 2 terminal calls per minute (retry in ")
+        # The loose rules admitted the call (4 of 5 left before it) and were not charged.
+        assert {v.rule: v.remaining for v in refused.limits} == {
+            name: 0 if name == "tight" else 4 for name in names
+        }
+
+    assert await raw_state(store) == state_before
+    assert await engine.usage("alice", tool="terminal") == usage_before
+
+    # Another tool has its own tight counter: allowed, and now the loose ones do move.
+    allowed = await engine.check(Call(user="alice", tool="ls", call_id="a2"))
+    assert allowed.decision == "allow"
+    assert {v.rule: v.remaining for v in allowed.limits} == {
+        name: 1 if name == "tight" else 3 for name in names
+    }
+    assert await raw_state(store) != state_before
+
+
+async def test_raw_ops_blocked_by_one_enforcing_op(store: Store, clock: FakeClock) -> None:
+    """At the store interface: a shadow, a forced and two enforcing ops; the last refuses."""
+    minute = 60_000
+
+    def op(key: str, algorithm: Algorithm, limit: int, role: Role) -> CounterOp:
+        return CounterOp(f"rw:{{aon-{key}}}:x", algorithm, limit, minute, limit, role)
+
+    shadow = op("shadow", Algorithm.SLIDING_WINDOW, 3, Role.SHADOW)
+    forced = op("forced", Algorithm.TOKEN_BUCKET, 3, Role.FORCED)
+    loose = op("loose", Algorithm.FIXED_WINDOW, 3, Role.ENFORCE)
+    tight = op("tight", Algorithm.SLIDING_WINDOW, 1, Role.ENFORCE)
+
+    [taken] = await store.evaluate([tight])
+    assert taken.admitted
+    before = await raw_state(store)
+    clock.advance(1_000)
+    for _ in range(3):
+        results = await store.evaluate([shadow, forced, loose, tight])
+        assert [r.admitted for r in results] == [True, True, True, False]
+        assert [r.remaining for r in results] == [3, 3, 3, 0]  # nothing was taken
+        assert results[3].retry_after_ms == 59_000
+    assert await raw_state(store) == before
+
+    # Once the tight op admits, every op is charged once (the forced one always).
+    clock.advance(59_000)
+    results = await store.evaluate([shadow, forced, loose, tight])
+    assert [r.admitted for r in results] == [True, True, True, True]
+    assert [r.remaining for r in results] == [2, 2, 2, 0]
+
+
+async def test_dry_run_consumes_nothing(store: Store, clock: FakeClock) -> None:
+    ops = [
+        CounterOp(f"rw:{{dry-{a.value}}}:x", a, 2, 60_000, 2, Role.ENFORCE)
+        for a in (Algorithm.SLIDING_WINDOW, Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW)
+    ]
+    for _ in range(5):
+        results = await store.evaluate(ops, dry_run=True)
+        assert [(r.admitted, r.used, r.remaining) for r in results] == [(True, 0, 2)] * 3
+    assert await raw_state(store) == {}
+
+
+async def test_dry_run_with_a_reduced_limit_changes_nothing(store: Store, clock: FakeClock) -> None:
+    key = "rw:{dry-resize}:sw"
+    for _ in range(10):
+        [result] = await store.evaluate(
+            [CounterOp(key, Algorithm.SLIDING_WINDOW, 10, 60_000, 10, Role.ENFORCE)]
+        )
+        assert result.admitted
+        clock.advance(100)
+    before = await raw_state(store)
+    shrunk = CounterOp(key, Algorithm.SLIDING_WINDOW, 4, 60_000, 4, Role.ENFORCE)
+    [peek] = await store.evaluate([shrunk], dry_run=True)
+    assert (peek.admitted, peek.remaining) == (False, 0)
+    assert await raw_state(store) == before
