@@ -46,6 +46,7 @@ class Call:
     cost: float | None = None
     facts: ToolFacts = field(default=UNCLASSIFIED)
     approved: bool = False
+    named: bool = True  # the caller chose call_id (an idempotency key); False if generated
 
     def dimension(self, name: str) -> str | None:
         """The value of a `per` dimension (user, tool, session, team)."""

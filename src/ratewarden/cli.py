@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_serve(commands)
     _add_check(commands)
+    _add_settle(commands)
     _add_usage(commands)
     _add_policy(commands)
     return parser
@@ -188,6 +189,41 @@ def _metadata(args: argparse.Namespace) -> dict[str, Any] | None:
     return given or None
 
 
+def _add_settle(commands: Any) -> None:
+    settle = commands.add_parser("settle", help="report a finished call: its actual cost")
+    settle.add_argument("call_id", metavar="CALL_ID")
+    settle.add_argument("--cost", type=float, help="actual cost (default: the estimate)")
+    settle.add_argument("--status", help="how the call ended (ok, error...)")
+    _add_client_flags(settle)
+    settle.set_defaults(run=_settle)
+
+
+def _settle(args: argparse.Namespace) -> int:
+    from ratewarden.client import Client, ClientError, DaemonUnavailable
+    from ratewarden.wire import SettleRequest
+
+    request = SettleRequest.model_validate(_given(args, "cost", "status"))
+    settings = Settings(**_given(args, "url", "token"))
+    try:
+        with Client(settings.url, settings.token, timeout=args.timeout) as client:
+            answer = client.settle(args.call_id, request)
+    except DaemonUnavailable as exc:
+        print(f"ratewarden daemon unreachable at {settings.url}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except ClientError as exc:
+        print(f"ratewarden: {exc}", file=sys.stderr)
+        return EXIT_DENY if exc.status == 404 else EXIT_USAGE
+    if args.json:
+        print(answer.model_dump_json(indent=2))
+    else:
+        charged = ", ".join(f"{rule} {amount:.2f}" for rule, amount in answer.charged.items())
+        print(
+            f"{answer.call_id}: {answer.outcome.replace('_', ' ')}"
+            + (f" ({charged})" if charged else "")
+        )
+    return 0
+
+
 def _add_usage(commands: Any) -> None:
     usage = commands.add_parser("usage", help="a user's limits, used and remaining")
     usage.add_argument("--user", required=True)
@@ -213,21 +249,23 @@ def _usage(args: argparse.Namespace) -> int:
     if args.json:
         print(answer.model_dump_json(indent=2))
         return 0
-    rows = [
-        [
-            item.rule,
-            item.kind,
-            "unlimited" if item.limit is None else f"{item.limit}/{item.window}",
-            str(item.used),
-            "-" if item.remaining is None else str(item.remaining),
-            f"{item.reset_after:.0f}s" if item.used else "-",
-            item.mode,
-        ]
-        for item in answer.limits
-    ]
+    rows = [_usage_row(item) for item in answer.limits]
     print(f"usage for {answer.user}" + (f", tool {answer.tool}" if answer.tool else ""))
     print(table(["RULE", "KIND", "LIMIT", "USED", "REMAINING", "RESETS IN", "MODE"], rows))
     return 0
+
+
+def _usage_row(item: Any) -> list[str]:
+    """One table row; money with two decimals and its currency, reservations shown apart."""
+    if item.limit is None:
+        return [item.rule, item.kind, "unlimited", "-", "-", "-", item.mode]
+    resets = f"{item.reset_after:.0f}s" if item.used or item.reserved else "-"
+    if item.kind == "budget":
+        limit = f"{item.limit:.2f} {item.currency}/{item.period}"
+        used = f"{item.used:.2f}" + (f" (+{item.reserved:.2f} reserved)" if item.reserved else "")
+        return [item.rule, item.kind, limit, used, f"{item.remaining:.2f}", resets, item.mode]
+    limit = f"{item.limit}/{item.window}" if item.kind == "rate" else f"{item.limit} at once"
+    return [item.rule, item.kind, limit, str(item.used), str(item.remaining), resets, item.mode]
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -301,7 +339,7 @@ def _policy_explain(args: argparse.Namespace) -> int:
 
 
 def explain_text(policy: Any, call: Any) -> str:
-    from ratewarden.policy.model import RateLimit
+    from ratewarden.policy.model import BudgetLimit, ConcurrencyLimit, RateLimit
 
     groups = sorted(policy.groups_of(call.user))
     lines = [
@@ -319,12 +357,19 @@ def explain_text(policy: Any, call: Any) -> str:
             lines.append(f"  skip     {rule.name}: {item.reason}")
             continue
         limit = item.limit
-        what = f"rate {limit.rate}" if isinstance(limit, RateLimit) else "unlimited"
+        if isinstance(limit, RateLimit):
+            what = f"rate {limit.rate}"
+        elif isinstance(limit, BudgetLimit):
+            what = f"budget {limit.budget} {limit.currency}"
+        elif isinstance(limit, ConcurrencyLimit):
+            what = f"concurrency {limit.slots} (lease {limit.lease_ms // 1000}s)"
+        else:
+            what = "unlimited"
         origin = "rule default" if item.source == "rule" else item.source
         per = ", ".join(rule.per) if rule.per else "everyone (one global counter)"
         lines.append(
             f"  APPLIES  {rule.name}: {what} ({origin}) per {per}; "
-            f"{rule.limit.algorithm}, {rule.mode}, on_exceed {rule.on_exceed}"
+            f"{rule.algorithm}, {rule.mode}, on_exceed {rule.on_exceed}"
         )
     return "\n".join(lines)
 

@@ -7,10 +7,18 @@ host agent loads this without FastAPI or Redis.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
-from ratewarden.wire import CheckRequest, CheckResponse, ErrorResponse, UsageResponse
+from ratewarden.wire import (
+    CheckRequest,
+    CheckResponse,
+    ErrorResponse,
+    SettleRequest,
+    SettleResponse,
+    UsageResponse,
+)
 
 DEFAULT_TIMEOUT_S = 2.0
 
@@ -43,6 +51,10 @@ def _raise_for(response: httpx.Response) -> None:
     raise ClientError(response.status_code, message)
 
 
+def _settle_path(call_id: str) -> str:
+    return f"/v1/calls/{quote(call_id, safe='')}/settle"
+
+
 def _check_body(request: CheckRequest) -> dict[str, Any]:
     return request.model_dump(exclude_none=True, exclude_defaults=True)
 
@@ -63,6 +75,10 @@ class Client:
     def usage(self, user: str, **parts: str | None) -> UsageResponse:
         params = {"user": user, **{k: v for k, v in parts.items() if v is not None}}
         return UsageResponse.model_validate(self._call("GET", "/v1/usage", params=params))
+
+    def settle(self, call_id: str, request: SettleRequest | None = None) -> SettleResponse:
+        body = (request or SettleRequest()).model_dump(exclude_none=True)
+        return SettleResponse.model_validate(self._call("POST", _settle_path(call_id), json=body))
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -97,6 +113,12 @@ class AsyncClient:
     async def usage(self, user: str, **parts: str | None) -> UsageResponse:
         params = {"user": user, **{k: v for k, v in parts.items() if v is not None}}
         return UsageResponse.model_validate(await self._call("GET", "/v1/usage", params=params))
+
+    async def settle(self, call_id: str, request: SettleRequest | None = None) -> SettleResponse:
+        body = (request or SettleRequest()).model_dump(exclude_none=True)
+        return SettleResponse.model_validate(
+            await self._call("POST", _settle_path(call_id), json=body)
+        )
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

@@ -52,23 +52,34 @@ class BatchRequest(_Body):
     calls: Annotated[list[CheckRequest], Field(min_length=1, max_length=MAX_BATCH)]
 
 
+Number = int | float  # calls and slots are counted in integers, money in decimals
+
+
 class Violation(BaseModel):
     rule: str
-    kind: str
-    limit: int
+    kind: str  # rate, concurrency, budget, unavailable
+    limit: Number
     window: str | None = None
-    remaining: int
+    remaining: Number
     retry_after: float | None = None
     message: str
+    spent: float | None = None  # budgets
+    reserved: float | None = None
+    currency: str | None = None
+    period: str | None = None
 
 
 class LimitState(BaseModel):
     rule: str
     kind: str
-    limit: int
+    limit: Number
     window: str | None = None
-    remaining: int
+    remaining: Number
     reset_after: float
+    spent: float | None = None  # budgets
+    reserved: float | None = None
+    currency: str | None = None
+    period: str | None = None
 
 
 class CheckResponse(BaseModel):
@@ -83,6 +94,7 @@ class CheckResponse(BaseModel):
     shadow: list[Violation] = []
     warnings: list[str] = []
     limits: list[LimitState] = []
+    replayed: bool = False  # a repeated check with this call_id: the original answer
 
 
 class BatchResponse(BaseModel):
@@ -94,12 +106,15 @@ class UsageItem(BaseModel):
     kind: str
     algorithm: str
     mode: str
-    limit: int | None  # None: unlimited for this user
+    limit: Number | None  # None: unlimited for this user
     window: str | None = None
-    used: int
-    remaining: int | None
+    used: Number  # calls in the window, slots in use, or money spent
+    remaining: Number | None
     reset_after: float
     scope: dict[str, str | None]
+    reserved: float | None = None  # budgets: held by calls not yet settled
+    currency: str | None = None
+    period: str | None = None
 
 
 class UsageResponse(BaseModel):
@@ -108,6 +123,27 @@ class UsageResponse(BaseModel):
     session: str | None = None
     team: str | None = None
     limits: list[UsageItem]
+
+
+class SettleRequest(_Body):
+    cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)] | None = None
+    status: Annotated[str, Field(min_length=1, max_length=32)] | None = None  # ok, error...
+    duration_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+
+
+class SettleResponse(BaseModel):
+    call_id: str
+    outcome: Literal["settled", "already_settled"]
+    charged: dict[str, float] = {}  # budget rule -> amount charged by this settle
+
+
+class ResetRequest(_Body):
+    user: Subject | None = None
+    rule: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+
+
+class ResetResponse(BaseModel):
+    deleted: int
 
 
 class PolicyResponse(BaseModel):

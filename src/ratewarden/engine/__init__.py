@@ -1,5 +1,6 @@
 """The decision engine: rules to counter ops, one atomic store call, a worded decision."""
 
-from ratewarden.engine.engine import Decision, Engine, Usage, Verdict
+from ratewarden.engine.decision import Decision, Settlement, Usage, Verdict
+from ratewarden.engine.engine import CallIdConflict, Engine
 
-__all__ = ["Decision", "Engine", "Usage", "Verdict"]
+__all__ = ["CallIdConflict", "Decision", "Engine", "Settlement", "Usage", "Verdict"]

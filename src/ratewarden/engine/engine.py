@@ -8,88 +8,105 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import replace
 
 from ratewarden.calls import Call
-from ratewarden.limiter.ops import CounterOp, OpResult, Role
-from ratewarden.policy.messages import default_template, retry_text
-from ratewarden.policy.model import Applied, Mode, OnExceed, Policy, RateLimit, Rule
+from ratewarden.clock import Clock, SystemClock
+from ratewarden.engine.decision import (
+    Decision,
+    Settlement,
+    Usage,
+    Verdict,
+    binding,
+    soft_limit_warning,
+    verdict,
+)
+from ratewarden.limiter.ops import KIND_OF, CallRecord, CounterOp, Hold, Kind, OpResult, Role
+from ratewarden.policy.durations import MICROS, to_micros
+from ratewarden.policy.messages import default_template
+from ratewarden.policy.model import (
+    Applied,
+    BudgetLimit,
+    ConcurrencyLimit,
+    Mode,
+    OnExceed,
+    Policy,
+    RateLimit,
+    Unlimited,
+)
 from ratewarden.store.base import Store, StoreError
-from ratewarden.store.keys import counter_key
+from ratewarden.store.keys import counter_key, encode, record_key, reset_patterns
 
 log = logging.getLogger("ratewarden.engine")
 
-DecisionName = Literal["allow", "deny", "ask"]
 
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """One rule's view of a call: its limit, what is left, and the sentence for the model."""
-
-    rule: str
-    kind: str
-    limit: int
-    window: str | None
-    remaining: int
-    retry_after: float | None
-    reset_after: float
-    message: str
-    on_exceed: str
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    decision: DecisionName
-    call_id: str
-    message: str = ""
-    retry_after: float | None = None
-    violations: tuple[Verdict, ...] = ()  # enforcing rules that refused the call
-    shadow: tuple[Verdict, ...] = ()  # shadow rules that would have refused it
-    limits: tuple[Verdict, ...] = ()  # every rule that applied, after this call
-    warnings: tuple[str, ...] = ()
-    degraded: bool = False
-    approved: bool = False
-
-    @property
-    def allowed(self) -> bool:
-        return self.decision == "allow"
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """A rule's counter for one user, read without consuming (GET /v1/usage)."""
-
-    rule: str
-    kind: str
-    algorithm: str
-    mode: str
-    limit: int | None  # None: unlimited for this user
-    window: str | None
-    used: int
-    remaining: int | None
-    reset_after: float
-    scope: dict[str, str | None] = field(default_factory=dict)
+class CallIdConflict(Exception):
+    """A call_id already recorded for another user or tool."""
 
 
 class Engine:
-    def __init__(self, policy: Policy, store: Store, fail: str | None = None) -> None:
+    def __init__(
+        self, policy: Policy, store: Store, fail: str | None = None, clock: Clock | None = None
+    ) -> None:
         self.policy = policy
         self.store = store
         self.fail = fail  # the FAIL setting; a rule's own `fail:` still wins
+        self.clock = clock or SystemClock()  # only to pick budget periods; Redis has the time
 
     async def check(self, call: Call) -> Decision:
         """Decide `call` against every rule that applies, consuming all or nothing."""
         policy = self.policy  # one policy for the whole decision, even across a reload
-        applied = [a for a in policy.applicable(call) if isinstance(a.limit, RateLimit)]
+        applied = [a for a in policy.applicable(call) if not isinstance(a.limit, Unlimited)]
         if not applied:
             return Decision("allow", call.call_id, approved=call.approved)
-        ops = [self._op(a, call) for a in applied]
+        ops = [self._op(policy, a, call) for a in applied]
+        record = CallRecord(
+            record_key(call.call_id),
+            call.call_id,
+            f"{encode(call.user)}|{encode(call.tool)}",
+            policy.call_ttl_ms,
+            keep=call.named,
+        )
         try:
-            results = await self.store.evaluate(ops)
+            found = await self.store.evaluate(ops, record)
         except StoreError as exc:
             return self._unavailable(policy, applied, call, exc)
-        return self._decide(policy, call, applied, ops, results)
+        if found.conflict:
+            raise CallIdConflict(
+                f"call_id {call.call_id!r} was already used for another user or tool"
+            )
+        if found.replayed and not found.results:  # the policy changed since: allowed, once
+            return Decision("allow", call.call_id, approved=call.approved, replayed=True)
+        return self._decide(policy, call, applied, ops, found.results, found.replayed)
+
+    async def settle(self, call_id: str, cost: float | None = None) -> Settlement:
+        """Charge the call's actual cost (default: its estimate) and release its slots, once."""
+        key = record_key(call_id)
+        holds = await self.store.read_holds(key)
+        if holds is None:
+            return Settlement(call_id, "unknown")
+        holds = [self._with_period(h) for h in holds]
+        actual = None if cost is None else to_micros(cost)
+        status, charged = await self.store.settle(key, call_id, actual, holds)
+        if status == 2:
+            return Settlement(call_id, "unknown")
+        if status == 1:
+            return Settlement(call_id, "already_settled")
+        return Settlement(
+            call_id,
+            "settled",
+            {
+                h.rule: c / MICROS
+                for h, c in zip(holds, charged, strict=True)
+                if h.kind is Kind.BUDGET
+            },
+        )
+
+    async def reset(self, user: str | None = None, rule: str | None = None) -> int:
+        """Delete the counters of `user` (every rule) and/or `rule` (every scope)."""
+        if user is None and rule is None:
+            raise ValueError("name a user, a rule, or both")
+        return sum([await self.store.reset(pattern) for pattern in reset_patterns(user, rule)])
 
     async def usage(
         self,
@@ -101,25 +118,66 @@ class Engine:
         """Every counter of `user` that the given parts identify, read without consuming."""
         policy = self.policy
         applied = policy.for_usage(user, tool, session, team)
-        probe = Call(user=user, tool=tool or "", call_id="usage", session=session, team=team)
-        limited = [a for a in applied if isinstance(a.limit, RateLimit)]
-        results = await self.store.evaluate([self._op(a, probe) for a in limited], dry_run=True)
-        by_rule = dict(zip((a.rule.name for a in limited), results, strict=True))
-        return [self._usage(a, probe, by_rule.get(a.rule.name)) for a in applied]
+        probe = Call(user=user, tool=tool or "", call_id="", session=session, team=team)
+        bounded = [a for a in applied if not isinstance(a.limit, Unlimited)]
+        found = await self.store.evaluate(
+            [self._op(policy, a, probe) for a in bounded], dry_run=True
+        )
+        by_rule = dict(zip((a.rule.name for a in bounded), found.results, strict=True))
+        return [_usage(a, probe, by_rule.get(a.rule.name)) for a in applied]
 
-    @staticmethod
-    def _op(applied: Applied, call: Call) -> CounterOp:
+    def _op(self, policy: Policy, applied: Applied, call: Call) -> CounterOp:
         rule, limit = applied.rule, applied.limit
-        assert isinstance(limit, RateLimit)
         if rule.mode is Mode.SHADOW:
             role = Role.SHADOW
         elif rule.on_exceed is OnExceed.ASK and call.approved:
             role = Role.FORCED
         else:
             role = Role.ENFORCE
-        key = counter_key(rule.name, limit.algorithm, ((d, call.dimension(d)) for d in rule.per))
-        burst = limit.burst or limit.limit
-        return CounterOp(key, limit.algorithm, limit.limit, limit.rate.window_ms, burst, role)
+        scope = [(d, call.dimension(d)) for d in rule.per]
+        if isinstance(limit, RateLimit):
+            kind = KIND_OF[limit.algorithm]
+            burst = limit.burst or limit.limit
+            return CounterOp(
+                counter_key(rule.name, kind, scope),
+                kind,
+                role,
+                limit.limit,
+                limit.rate.window_ms,
+                burst,
+            )
+        if isinstance(limit, ConcurrencyLimit):
+            key = counter_key(rule.name, Kind.CONCURRENCY, scope)
+            return CounterOp(
+                key, Kind.CONCURRENCY, role, limit.slots, limit.lease_ms, rule=rule.name
+            )
+        assert isinstance(limit, BudgetLimit)
+        bounds = policy.period(limit.budget.period, self.clock.now_ms())
+        cost = to_micros(call.cost if call.cost is not None else policy.cost_for(call.tool))
+        return CounterOp(
+            counter_key(rule.name, Kind.BUDGET, scope),
+            Kind.BUDGET,
+            role,
+            limit.limit,
+            policy.reservation_ttl_ms,
+            cost=cost,
+            period=(bounds.start, bounds.end, bounds.next_end),
+            rule=rule.name,
+        )
+
+    def _with_period(self, hold: Hold) -> Hold:
+        """A budget hold with its rule's current period, so a settle rolls periods over too."""
+        rule = next((r for r in self.policy.rules if r.name == hold.rule), None)
+        if hold.kind is not Kind.BUDGET or rule is None or not isinstance(rule.limit, BudgetLimit):
+            return hold  # period (0, 0, 0): keep whatever period the counter is in
+        bounds = self.policy.period(rule.limit.budget.period, self.clock.now_ms())
+        return Hold(
+            hold.kind,
+            hold.key,
+            hold.estimate,
+            hold.rule,
+            (bounds.start, bounds.end, bounds.next_end),
+        )
 
     def _decide(
         self,
@@ -128,34 +186,47 @@ class Engine:
         applied: Sequence[Applied],
         ops: Sequence[CounterOp],
         results: Sequence[OpResult],
+        replayed: bool,
     ) -> Decision:
         violations: list[Verdict] = []
         shadow: list[Verdict] = []
-        warnings: list[str] = []
+        notes: list[str] = []  # approvals past a limit
+        soft: list[str] = []  # budgets past their soft limit: flagged on allowed calls
         limits = []
         for a, op, result in zip(applied, ops, results, strict=True):
-            verdict = _verdict(policy, a, call, result)
-            limits.append(verdict)
+            found = verdict(policy, a, call, result)
+            limits.append(found)
+            if found.soft_limited:
+                soft.append(soft_limit_warning(found, a.rule.label or policy.label_for(call.tool)))
             if result.admitted:
                 continue
             if op.role is Role.SHADOW:
-                shadow.append(verdict)
+                shadow.append(found)
             elif op.role is Role.FORCED:
-                warnings.append(f"approved past {a.rule.name}: {verdict.message}")
+                notes.append(f"approved past {a.rule.name}: {found.message}")
             else:
-                violations.append(verdict)
-        common = {"shadow": tuple(shadow), "limits": tuple(limits), "warnings": tuple(warnings)}
-        if not violations:
-            return Decision("allow", call.call_id, approved=call.approved, **common)  # type: ignore[arg-type]
-        denials = [v for v in violations if v.on_exceed == OnExceed.DENY]
-        binding = _binding(denials or violations)
-        return Decision(
-            "deny" if denials else "ask",
+                violations.append(found)
+        decided = Decision(
+            "allow",
             call.call_id,
-            message=binding.message,
-            retry_after=binding.retry_after,
+            shadow=tuple(shadow),
+            limits=tuple(limits),
+            warnings=(*soft, *notes),
+            approved=call.approved,
+            replayed=replayed,
+        )
+        if not violations:
+            return decided
+        denials = [v for v in violations if v.on_exceed == OnExceed.DENY]
+        first = binding(denials or violations)
+        return replace(
+            decided,
+            decision="deny" if denials else "ask",
+            message=first.message,
+            retry_after=first.retry_after,
             violations=tuple(violations),
-            **common,  # type: ignore[arg-type]
+            warnings=tuple(notes),
+            approved=False,
         )
 
     def _unavailable(
@@ -174,74 +245,41 @@ class Engine:
         rule = closed[0]
         label = rule.label or policy.label_for(call.tool)
         message = default_template("unavailable").render({"label": label}, None)
-        verdict = Verdict(rule.name, "unavailable", 0, None, 0, None, 0.0, message, "deny")
-        return Decision("deny", call.call_id, message, None, (verdict,), degraded=True)
-
-    def _usage(self, applied: Applied, call: Call, result: OpResult | None) -> Usage:
-        rule, limit = applied.rule, applied.limit
-        scope = {dim: call.dimension(dim) for dim in rule.per}
-        if not isinstance(limit, RateLimit) or result is None:
-            return Usage(
-                rule.name,
-                rule.kind,
-                rule.limit.algorithm,
-                rule.mode,
-                None,
-                None,
-                0,
-                None,
-                0.0,
-                scope,
-            )
-        return Usage(
-            rule.name,
-            rule.kind,
-            limit.algorithm,
-            rule.mode,
-            limit.limit,
-            limit.rate.window,
-            result.used,
-            result.remaining,
-            result.reset_after_ms / 1000,
-            scope,
-        )
+        refusal = Verdict(rule.name, "unavailable", 0, 0, None, 0.0, message)
+        return Decision("deny", call.call_id, message, None, (refusal,), degraded=True)
 
 
-def _verdict(policy: Policy, applied: Applied, call: Call, result: OpResult) -> Verdict:
+def _usage(applied: Applied, call: Call, result: OpResult | None) -> Usage:
     rule, limit = applied.rule, applied.limit
-    assert isinstance(limit, RateLimit)
-    retry = None if result.retry_after_ms is None else result.retry_after_ms / 1000
-    if result.admitted:
-        retry = 0.0
-    return Verdict(
+    found = Usage(
         rule=rule.name,
         kind=rule.kind,
-        limit=limit.limit,
-        window=limit.rate.window,
-        remaining=result.remaining,
-        retry_after=retry,
-        reset_after=result.reset_after_ms / 1000,
-        message="" if result.admitted else _message(policy, rule, limit, call, result, retry),
-        on_exceed=rule.on_exceed,
+        algorithm=rule.algorithm,
+        mode=rule.mode.value,
+        limit=None,
+        used=0,
+        remaining=None,
+        reset_after=0.0,
+        scope={dim: call.dimension(dim) for dim in rule.per},
     )
-
-
-def _message(
-    policy: Policy, rule: Rule, limit: RateLimit, call: Call, result: OpResult, retry: float | None
-) -> str:
-    fields = {
-        "limit": limit.limit,
-        "label": rule.label or policy.label_for(call.tool),
-        "window": limit.rate.window,
-        "retry_after": retry_text(retry),
-        "remaining": result.remaining,
-        "user": call.user,
-        "tool": call.tool,
-        "rule": rule.name,
-    }
-    return rule.template.render(fields, retry)
-
-
-def _binding(verdicts: Sequence[Verdict]) -> Verdict:
-    """The refusal that holds longest (never, for a limit of 0); the first one on a tie."""
-    return max(verdicts, key=lambda v: float("inf") if v.retry_after is None else v.retry_after)
+    if isinstance(limit, Unlimited) or result is None:
+        return found
+    found = replace(
+        found,
+        used=result.used,
+        remaining=result.remaining,
+        reset_after=result.reset_after_ms / 1000,
+    )
+    if isinstance(limit, BudgetLimit):
+        return replace(
+            found,
+            limit=limit.budget.amount,
+            used=result.used / MICROS,
+            remaining=result.remaining / MICROS,
+            reserved=result.reserved / MICROS,
+            currency=limit.currency,
+            period=limit.budget.period,
+        )
+    if isinstance(limit, RateLimit):
+        return replace(found, limit=limit.limit, window=limit.rate.window)
+    return replace(found, limit=limit.slots)

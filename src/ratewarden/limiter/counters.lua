@@ -168,7 +168,8 @@ end
 -- Budget: one hash per counter: p (period start), s (spent), r (reserved), n (earliest
 -- reservation expiry) and h:<call_id> = "amount:expiry" per reservation not yet settled.
 -- Reservations left unsettled past their expiry are charged at their estimate. A
--- reservation in flight when the period ends is carried into the new one.
+-- reservation in flight when the period ends is carried into the new one. The hash is
+-- written only when something changed, so refused calls and usage reads create nothing.
 local function charge_expired(key, b, upto)
   if not b.n or b.n > upto then return end
   local fields = redis.call('HGETALL', key)
@@ -178,24 +179,32 @@ local function charge_expired(key, b, upto)
       local amount, expiry = string.match(fields[i + 1], '^(%d+):(%d+)$')
       amount, expiry = tonumber(amount), tonumber(expiry)
       if expiry <= upto then
-        b.s, b.r = b.s + amount, b.r - amount
+        b.s, b.r, b.dirty = b.s + amount, b.r - amount, true
         redis.call('HDEL', key, fields[i])
       elseif not next_expiry or expiry < next_expiry then
         next_expiry = expiry
       end
     end
   end
-  b.n, b.dirty = next_expiry, true
+  b.n = next_expiry
 end
 
 local function budget_load(key, p0, p1, p2)
   local h = redis.call('HMGET', key, 'p', 's', 'r', 'n')
   local b = {p = tonumber(h[1]), s = tonumber(h[2]) or 0, r = tonumber(h[3]) or 0, n = tonumber(h[4])}
-  b.start, b.finish = p0, p1
-  if now >= p1 then b.start, b.finish = p1, p2 end  -- the daemon's clock lags Redis's
+  if p1 == 0 then  -- period unknown (a settle for a rule since removed): keep the counter's
+    b.start, b.finish = b.p or now, now
+  elseif now >= p1 then  -- the daemon's clock lags Redis's: the next period has begun
+    b.start, b.finish = p1, p2
+  else
+    b.start, b.finish = p0, p1
+  end
   if b.p ~= b.start then
-    if b.p then charge_expired(key, b, math.min(now, b.start - 1)) end  -- the old period's
-    b.p, b.s, b.dirty = b.start, 0, true
+    if b.p then  -- the period ended: charge what expired in it, then start afresh
+      charge_expired(key, b, math.min(now, b.start - 1))
+      b.dirty = true
+    end
+    b.p, b.s = b.start, 0
   end
   charge_expired(key, b, now)
   return b
@@ -281,7 +290,7 @@ local function decide()
       numbers[#numbers + 1] = v
     end
   end
-  if not dry and not blocked and (keep or #holds > 0) then
+  if not dry and not blocked and call_id ~= '' and (keep or #holds > 0) then
     redis.call('HSET', KEYS[1], 'f', fingerprint, 'r', table.concat(numbers, ','),
       'h', table.concat(holds, '\n'), 's', 'open')
     redis.call('PEXPIRE', KEYS[1], record_ttl)

@@ -53,6 +53,13 @@ class CounterOp:
     period: tuple[int, int, int] = (0, 0, 0)  # budget: period start, end, next period's end
     rule: str = ""  # recorded with held ops, so a settle can find the rule again
 
+    @property
+    def hold_line(self) -> str:
+        """How the call's record lists this op if it holds something until settled."""
+        if self.kind not in HOLDING:
+            return ""
+        return encode_holds([Hold(self.kind, self.key, self.cost, self.rule)])
+
     def consumes(self, admitted: bool) -> bool:
         """Whether this op takes its unit once the call as a whole is allowed."""
         return admitted or self.role is Role.FORCED
@@ -116,10 +123,14 @@ def blocks(ops: list[CounterOp], admitted: list[bool]) -> bool:
     return any(op.role is Role.ENFORCE and not ok for op, ok in zip(ops, admitted, strict=True))
 
 
-def to_result(op: CounterOp, admitted: bool, used: int, retry_ms: int, reset_ms: int, reserved: int) -> OpResult:
+def to_result(
+    op: CounterOp, admitted: bool, used: int, retry_ms: int, reset_ms: int, reserved: int
+) -> OpResult:
     """Build a result from raw numbers (as the Lua script returns them; -1 = no retry)."""
     remaining = max(0, op.capacity - used - reserved)
-    return OpResult(admitted, used, remaining, None if retry_ms < 0 else retry_ms, reset_ms, reserved)
+    return OpResult(
+        admitted, used, remaining, None if retry_ms < 0 else retry_ms, reset_ms, reserved
+    )
 
 
 def encode_holds(holds: list[Hold]) -> str:

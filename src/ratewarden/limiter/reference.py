@@ -1,9 +1,9 @@
-"""The decision algorithms in pure Python: the embedded store's engine, and the twin
-of `decide.lua`. Both are held to the same decisions by the conformance suite, so a
-change to one must be mirrored in the other.
+"""The counters in pure Python: the embedded store's engine, and the twin of
+`counters.lua`. The conformance suite holds both to the same answers, so a change to
+one must be mirrored in the other.
 
-Each algorithm looks at a counter without changing it and returns a `Check` whose
-`commit` applies the call; the store commits only if the whole call is allowed.
+Each counter is looked at without being changed and yields a `Check`; its `commit`
+applies the call, and the store commits only if the whole call is allowed.
 """
 
 from __future__ import annotations
@@ -11,19 +11,30 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ratewarden.limiter.ops import CounterOp, OpResult, Role, blocks
-from ratewarden.policy.model import Algorithm
+from ratewarden.limiter.ops import (
+    CallRecord,
+    CounterOp,
+    Evaluation,
+    Hold,
+    Kind,
+    OpResult,
+    Role,
+    blocks,
+    to_result,
+)
 
 
 class Table(Protocol):
-    """Key/value cells with expiry, as a Redis string key behaves."""
+    """Key/value cells with expiry, as Redis keys behave."""
 
     def get(self, key: str, now_ms: int) -> Any: ...
 
     def put(self, key: str, value: Any, ttl_ms: int, now_ms: int) -> None: ...
+
+    def ttl(self, key: str, now_ms: int) -> int: ...
 
 
 @dataclass(slots=True)
@@ -33,25 +44,105 @@ class Check:
     retry_ms: int | None
     reset_ms: int
     commit: Callable[[], None]
+    reserved: int = 0
+    save: Callable[[], None] | None = None  # budgets write back their bookkeeping
 
 
-def decide(table: Table, ops: list[CounterOp], now_ms: int, dry_run: bool) -> list[OpResult]:
-    """Evaluate every op, then commit all of them or none (see decide.lua)."""
-    checks = [_ALGORITHMS[op.algorithm](table, op, now_ms) for op in ops]
+@dataclass(slots=True)
+class Record:
+    """An allowed call: its fingerprint, its original answer, and what it holds."""
+
+    fingerprint: str
+    numbers: list[int]
+    holds: str
+    settled: bool = False
+
+
+def decide(
+    table: Table, ops: list[CounterOp], record: CallRecord | None, now: int, dry_run: bool
+) -> Evaluation:
+    """Evaluate every op, then commit all of them or none (see counters.lua)."""
+    if record is not None and not dry_run:
+        stored: Record | None = table.get(record.key, now)
+        if stored is not None:
+            if stored.fingerprint != record.fingerprint:
+                return Evaluation(conflict=True)
+            return Evaluation(results_from(ops, stored.numbers), replayed=True)
+    call_id = record.call_id if record else ""
+    checks = [_EVALUATE[op.kind](table, op, now, call_id) for op in ops]
     blocked = blocks(ops, [c.admitted for c in checks])
-    results = []
+    numbers: list[int] = []
+    holds: list[str] = []
     for op, check in zip(ops, checks, strict=True):
         if not dry_run and not blocked and op.consumes(check.admitted):
             check.commit()
-        results.append(to_result(op, check.admitted, check.used, check.retry_ms, check.reset_ms))
-    return results
+            if op.hold_line:
+                holds.append(op.hold_line)
+        if check.save:
+            check.save()
+        retry = -1 if check.retry_ms is None else check.retry_ms
+        numbers += [int(check.admitted), check.used, retry, check.reset_ms, check.reserved]
+    if record is not None and not dry_run and not blocked and (record.keep or holds):
+        table.put(
+            record.key, Record(record.fingerprint, numbers, "\n".join(holds)), record.ttl_ms, now
+        )
+    return Evaluation(results_from(ops, numbers))
 
 
-def to_result(
-    op: CounterOp, admitted: bool, used: int, retry_ms: int | None, reset_ms: int
-) -> OpResult:
-    capacity = op.burst if op.algorithm is Algorithm.TOKEN_BUCKET else op.limit
-    return OpResult(admitted, used, max(0, capacity - used), retry_ms, reset_ms)
+def results_from(ops: list[CounterOp], numbers: list[int]) -> list[OpResult]:
+    """Results from the raw numbers (5 per op); none if the ops no longer line up."""
+    if len(numbers) != 5 * len(ops):
+        return []
+    return [
+        to_result(op, bool(numbers[i]), *numbers[i + 1 : i + 5])
+        for op, i in zip(ops, range(0, len(numbers), 5), strict=True)
+    ]
+
+
+def read_holds(table: Table, record_key: str, now: int) -> list[Hold] | None:
+    from ratewarden.limiter.ops import decode_holds
+
+    stored: Record | None = table.get(record_key, now)
+    return None if stored is None else decode_holds(stored.holds)
+
+
+def settle(
+    table: Table, record_key: str, call_id: str, actual: int | None, holds: list[Hold], now: int
+) -> tuple[int, list[int]]:
+    """Release slots, swap reservations for the actual cost (see counters.lua)."""
+    stored: Record | None = table.get(record_key, now)
+    if stored is None:
+        return 2, []
+    if stored.settled:
+        return 1, []
+    charged = []
+    for hold in holds:
+        if hold.kind is Kind.CONCURRENCY:
+            slots: dict[str, int] | None = table.get(hold.key, now)
+            if slots is not None:
+                slots.pop(call_id, None)
+            charged.append(0)
+            continue
+        state: Budget | None = table.get(hold.key, now)
+        if state is None:
+            charged.append(0)
+            continue
+        cost = hold.estimate if actual is None else actual
+        budget = _load_budget(state, *hold.period, now)
+        if call_id in budget.holds:  # still reserved: swap the reservation for the actual cost
+            amount, _ = budget.holds.pop(call_id)
+            budget.reserved -= amount
+            budget.spent += cost
+        else:  # already charged at its estimate when it expired: correct by the difference
+            budget.spent = max(0, budget.spent + cost - hold.estimate)
+        budget.dirty = True
+        _save_budget(table, hold.key, budget, 0, now)
+        charged.append(cost)
+    stored.settled = True
+    return 0, charged
+
+
+# -- rates ---------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -62,7 +153,7 @@ class Ring:
     stamps: list[int]
 
 
-def sliding_window(table: Table, op: CounterOp, now: int) -> Check:
+def sliding_window(table: Table, op: CounterOp, now: int, call_id: str) -> Check:
     """Exact sliding log; checking never writes, so a refused call or a dry run changes nothing."""
     ring: Ring = table.get(op.key, now) or Ring(op.limit, [])
     stamps, limit = ring.stamps, op.limit
@@ -100,7 +191,7 @@ def sliding_window(table: Table, op: CounterOp, now: int) -> Check:
     return check
 
 
-def token_bucket(table: Table, op: CounterOp, now: int) -> Check:
+def token_bucket(table: Table, op: CounterOp, now: int, call_id: str) -> Check:
     """GCRA: the cell holds the theoretical arrival time (TAT) in ms."""
     if op.limit == 0:
         return Check(False, 0, None, 0, _noop)
@@ -127,7 +218,7 @@ def token_bucket(table: Table, op: CounterOp, now: int) -> Check:
     return check
 
 
-def fixed_window(table: Table, op: CounterOp, now: int) -> Check:
+def fixed_window(table: Table, op: CounterOp, now: int, call_id: str) -> Check:
     """Clock-aligned windows, as envoy's ratelimit counts; the cell holds (start, count)."""
     start = now - now % op.window_ms
     stored = table.get(op.key, now)
@@ -146,14 +237,103 @@ def fixed_window(table: Table, op: CounterOp, now: int) -> Check:
     return check
 
 
+# -- budgets -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Budget:
+    """A budget counter: its period, spent and reserved money, and open reservations."""
+
+    period: int | None = None
+    spent: int = 0
+    reserved: int = 0
+    holds: dict[str, tuple[int, int]] = field(default_factory=dict)  # call_id -> (amount, expiry)
+    finish: int = 0  # end of the current period (not stored in Redis; recomputed)
+    dirty: bool = False  # changed since loaded: write it back
+
+
+def _charge_expired(budget: Budget, upto: int) -> None:
+    for call_id, (amount, expiry) in list(budget.holds.items()):
+        if expiry <= upto:
+            budget.spent += amount
+            budget.reserved -= amount
+            budget.dirty = True
+            del budget.holds[call_id]
+
+
+def _load_budget(budget: Budget, p0: int, p1: int, p2: int, now: int) -> Budget:
+    """Roll the period over if it ended, then charge expired reservations at their estimate."""
+    budget.dirty = False
+    if p1 == 0:  # period unknown (a settle for a rule since removed): keep the counter's
+        start, budget.finish = (now if budget.period is None else budget.period), now
+    else:
+        start, budget.finish = (p1, p2) if now >= p1 else (p0, p1)
+    if budget.period != start:
+        if budget.period is not None:  # the period ended: charge what expired in it
+            _charge_expired(budget, min(now, start - 1))
+            budget.dirty = True
+        budget.period, budget.spent = start, 0
+    _charge_expired(budget, now)
+    return budget
+
+
+def _save_budget(table: Table, key: str, budget: Budget, min_ttl: int, now: int) -> None:
+    if not budget.dirty:
+        return
+    ttl = max(budget.finish - now, min_ttl, 1)  # the period, and every reservation
+    table.put(key, budget, max(ttl, table.ttl(key, now)), now)
+
+
+def budget(table: Table, op: CounterOp, now: int, call_id: str) -> Check:
+    state = _load_budget(table.get(op.key, now) or Budget(), *op.period, now)
+    held = state.spent + state.reserved
+    admitted = held < op.limit and held + op.cost <= op.limit
+    retry = 0 if admitted else (None if op.cost > op.limit else state.finish - now)
+    check = Check(admitted, state.spent, retry, state.finish - now, _noop, reserved=state.reserved)
+
+    def commit() -> None:
+        if op.cost > 0:
+            state.holds[call_id] = (op.cost, now + op.window_ms)
+            state.reserved += op.cost
+            state.dirty = True
+        check.reserved = state.reserved
+
+    check.commit = commit
+    check.save = lambda: _save_budget(table, op.key, state, op.window_ms, now)
+    return check
+
+
+# -- concurrency ---------------------------------------------------------------------
+
+
+def concurrency(table: Table, op: CounterOp, now: int, call_id: str) -> Check:
+    """The calls holding a slot, by lease expiry; expired leases are reclaimed."""
+    slots: dict[str, int] = table.get(op.key, now) or {}
+    for holder, expiry in list(slots.items()):
+        if expiry <= now:
+            del slots[holder]
+    count = len(slots)
+    check = Check(count < op.limit, count, 0 if count < op.limit else None, 0, _noop)
+
+    def commit() -> None:
+        slots[call_id] = now + op.window_ms
+        table.put(op.key, slots, op.window_ms, now)
+        check.used = count + 1
+
+    check.commit = commit
+    return check
+
+
 def _noop() -> None:
     return None
 
 
-_ALGORITHMS: dict[Algorithm, Callable[[Table, CounterOp, int], Check]] = {
-    Algorithm.SLIDING_WINDOW: sliding_window,
-    Algorithm.TOKEN_BUCKET: token_bucket,
-    Algorithm.FIXED_WINDOW: fixed_window,
+_EVALUATE: dict[Kind, Callable[[Table, CounterOp, int, str], Check]] = {
+    Kind.SLIDING_WINDOW: sliding_window,
+    Kind.TOKEN_BUCKET: token_bucket,
+    Kind.FIXED_WINDOW: fixed_window,
+    Kind.BUDGET: budget,
+    Kind.CONCURRENCY: concurrency,
 }
 
-__all__ = ["Check", "Role", "Table", "decide"]
+__all__ = ["Check", "Role", "Table", "decide", "read_holds", "settle"]

@@ -8,8 +8,8 @@ reports them all at once.
 from __future__ import annotations
 
 import hashlib
-from zoneinfo import ZoneInfo
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from ratewarden.policy.errors import PolicyIssue
 from ratewarden.policy.messages import compile_template, default_template
@@ -67,7 +67,9 @@ def compile_policy(
     return policy, []
 
 
-def _compile_rule(spec: PolicySpec, index: int, rule: RuleSpec, overrides: Overrides | None) -> Rule:
+def _compile_rule(
+    spec: PolicySpec, index: int, rule: RuleSpec, overrides: Overrides | None
+) -> Rule:
     limit = _rule_limit(spec, rule)
     return Rule(
         name=rule.name,
@@ -79,12 +81,16 @@ def _compile_rule(spec: PolicySpec, index: int, rule: RuleSpec, overrides: Overr
         on_exceed=OnExceed(rule.on_exceed),
         fail=rule.fail,
         label=rule.label,
-        template=compile_template(rule.message) if rule.message else default_template(_kind(rule)),
+        template=compile_template(rule.message, _kind(rule))
+        if rule.message
+        else default_template(_kind(rule)),
         overrides=overrides or Overrides(),
     )
 
 
-def _rule_limit(spec: PolicySpec, rule: RuleSpec | OverrideSpec, base: RuleSpec | None = None) -> Bounded:
+def _rule_limit(
+    spec: PolicySpec, rule: RuleSpec | OverrideSpec, base: RuleSpec | None = None
+) -> Bounded:
     """The limit `rule` states; for an override, what it changes of its `base` rule."""
     base = base or rule  # type: ignore[assignment]
     assert isinstance(base, RuleSpec)
@@ -101,7 +107,13 @@ def _rule_limit(spec: PolicySpec, rule: RuleSpec | OverrideSpec, base: RuleSpec 
 
 
 def _kind(rule: RuleSpec) -> str:
-    return "budget" if rule.budget is not None else "concurrency" if rule.concurrency is not None else "rate"
+    return (
+        "budget"
+        if rule.budget is not None
+        else "concurrency"
+        if rule.concurrency is not None
+        else "rate"
+    )
 
 
 def _compile_match(spec: MatchSpec) -> Match:
@@ -156,10 +168,14 @@ def _override_limit(
     for other in ("rate", "concurrency", "budget"):
         if other != kind and getattr(override, other) is not None:
             issues.append(
-                PolicyIssue(("overrides", index, other), f"rule {rule.name!r} is a {kind} rule, not {other}")
+                PolicyIssue(
+                    ("overrides", index, other), f"rule {rule.name!r} is a {kind} rule, not {other}"
+                )
             )
     if override.burst is not None and (kind != "rate" or rule.algorithm != "token_bucket"):
-        issues.append(PolicyIssue(("overrides", index, "burst"), "burst only applies to token_bucket rules"))
+        issues.append(
+            PolicyIssue(("overrides", index, "burst"), "burst only applies to token_bucket rules")
+        )
     return _rule_limit(spec, override, rule)
 
 

@@ -71,6 +71,9 @@ def parse_duration(text: object) -> int:
     return int(found.group(1)) * _UNIT_MS[unit]
 
 
+MICROS = 1_000_000  # budgets and costs are counted in millionths, so sums are exact
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
     """`amount` (in micro-units of the currency, exact) per calendar `period`."""
@@ -86,7 +89,6 @@ class Budget:
         return f"{format_amount(self.micros)}/{self.period}"
 
 
-MICROS = 1_000_000  # budgets and costs are counted in millionths, so sums are exact
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d{1,6})?)\s*/\s*(hour|day|week|month)\s*$")
 
 
@@ -96,7 +98,10 @@ def parse_budget(text: object) -> Budget:
         text = str(text)
     found = _BUDGET.match(text.lower()) if isinstance(text, str) else None
     if not found:
-        raise ValueError(f'expected "AMOUNT/period" with period hour, day, week or month (e.g. "5.00/day"), got {text!r}')
+        raise ValueError(
+            'expected "AMOUNT/period" with period hour, day, week or month '
+            f'(e.g. "5.00/day"), got {text!r}'
+        )
     return Budget(to_micros(found.group(1)), found.group(2))
 
 

@@ -15,14 +15,19 @@ from ratewarden.policy.durations import humanize_seconds
 DEFAULT_TEMPLATES = {
     "rate": "Rate limit: max {limit} {label} calls per {window}",
     "concurrency": "Concurrency limit: max {limit} {label} calls at once",
-    "budget": "Budget exceeded for {label} tools",
+    "budget": (
+        "Budget exceeded for {label} tools: spent {spent} of {budget} {currency} this {period}"
+    ),
     "unavailable": "Tool guard unavailable; {label} calls are paused",
 }
 
-# Fields a `message:` template may use.
-TEMPLATE_FIELDS = frozenset(
-    {"limit", "label", "window", "retry_after", "remaining", "user", "tool", "rule"}
-)
+# Fields a `message:` template may use, by the kind of rule it belongs to.
+_COMMON = frozenset({"limit", "label", "retry_after", "remaining", "user", "tool", "rule"})
+TEMPLATE_FIELDS = {
+    "rate": _COMMON | {"window"},
+    "concurrency": _COMMON,
+    "budget": _COMMON | {"spent", "reserved", "budget", "currency", "period"},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +44,8 @@ class Template:
         return message
 
 
-def compile_template(text: str) -> Template:
-    """Check that `text` only uses known `{fields}`; raise ValueError otherwise."""
+def compile_template(text: str, kind: str = "rate") -> Template:
+    """Check that `text` only uses the `{fields}` a `kind` rule has; raise ValueError otherwise."""
     try:
         parsed = list(string.Formatter().parse(text))
     except ValueError as exc:
@@ -48,8 +53,8 @@ def compile_template(text: str) -> Template:
     for _, name, spec, conversion in parsed:
         if name is None:
             continue
-        if name not in TEMPLATE_FIELDS or spec or conversion:
-            known = ", ".join(sorted(TEMPLATE_FIELDS))
+        if name not in TEMPLATE_FIELDS[kind] or spec or conversion:
+            known = ", ".join(sorted(TEMPLATE_FIELDS[kind]))
             raise ValueError(f"unknown placeholder {{{name}}} in {text!r}; known: {known}")
     return Template(text, custom=True)
 

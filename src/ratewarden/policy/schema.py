@@ -17,6 +17,7 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     StrictBool,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -36,7 +37,9 @@ Names = Annotated[list[Name], BeforeValidator(_listify)]
 RuleName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 RateText = Annotated[Rate, PlainValidator(parse_rate), PlainSerializer(str)]
 BudgetText = Annotated[Budget, PlainValidator(parse_budget), PlainSerializer(str)]
-DurationText = Annotated[int, PlainValidator(parse_duration), PlainSerializer(lambda ms: f"{ms // 1000}s")]
+DurationText = Annotated[
+    int, PlainValidator(parse_duration), PlainSerializer(lambda ms: f"{ms // 1000}s")
+]
 
 
 def _percent(value: object) -> float:
@@ -140,9 +143,11 @@ class RuleSpec(_Strict):
 
     @field_validator("message")
     @classmethod
-    def _valid_template(cls, value: str | None) -> str | None:
+    def _valid_template(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # The limit fields come first, so the rule's kind is known here.
+        kind = next((k for k in ("budget", "concurrency") if info.data.get(k) is not None), "rate")
         if value is not None:
-            compile_template(value)
+            compile_template(value, kind)
         return value
 
     @model_validator(mode="after")

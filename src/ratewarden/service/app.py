@@ -26,7 +26,9 @@ def create_app(
     settings = settings or Settings()
     policy = policy or load_configured_policy(settings)
     store = store or store_from_url(settings.store_url, timeout_ms=settings.store_timeout_ms)
-    engine = Engine(policy, store, fail=settings.fail)
+    # Budget periods are picked on the store's clock when it has one (the embedded store);
+    # Redis stores use Redis TIME and the engine's clock only proposes the period.
+    engine = Engine(policy, store, fail=settings.fail, clock=getattr(store, "clock", None))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -33,6 +33,7 @@ def to_call(request: CheckRequest) -> Call:
         cost=request.cost,
         facts=facts,
         approved=request.approved,
+        named=request.call_id is not None,
     )
 
 
@@ -52,17 +53,8 @@ def to_response(decision: Decision) -> CheckResponse:
         violations=[_violation(v) for v in decision.violations],
         shadow=[_violation(v) for v in decision.shadow],
         warnings=list(decision.warnings),
-        limits=[
-            LimitState(
-                rule=v.rule,
-                kind=v.kind,
-                limit=v.limit,
-                window=v.window,
-                remaining=v.remaining,
-                reset_after=v.reset_after,
-            )
-            for v in decision.limits
-        ],
+        limits=[_limit_state(v) for v in decision.limits],
+        replayed=decision.replayed,
     )
 
 
@@ -75,6 +67,25 @@ def _violation(verdict: Verdict) -> Violation:
         remaining=verdict.remaining,
         retry_after=verdict.retry_after,
         message=verdict.message,
+        spent=verdict.spent,
+        reserved=verdict.reserved,
+        currency=verdict.currency,
+        period=verdict.period,
+    )
+
+
+def _limit_state(verdict: Verdict) -> LimitState:
+    return LimitState(
+        rule=verdict.rule,
+        kind=verdict.kind,
+        limit=verdict.limit,
+        window=verdict.window,
+        remaining=verdict.remaining,
+        reset_after=verdict.reset_after,
+        spent=verdict.spent,
+        reserved=verdict.reserved,
+        currency=verdict.currency,
+        period=verdict.period,
     )
 
 
@@ -90,4 +101,7 @@ def to_usage_item(usage: Usage) -> UsageItem:
         remaining=usage.remaining,
         reset_after=usage.reset_after,
         scope=usage.scope,
+        reserved=usage.reserved,
+        currency=usage.currency,
+        period=usage.period,
     )

@@ -91,4 +91,5 @@ def _problem(error: dict[str, Any]) -> str:
 
 
 def _error_name(status: int) -> str:
-    return {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(status, "http_error")
+    names = {404: "not_found", 405: "method_not_allowed", 409: "conflict", 413: "too_large"}
+    return names.get(status, "http_error")

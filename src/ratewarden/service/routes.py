@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from ratewarden.engine import Engine
+from ratewarden.engine import CallIdConflict, Engine
 from ratewarden.service.convert import to_call, to_response, to_usage_item
 from ratewarden.service.errors import error_response
 from ratewarden.store import StoreError
@@ -17,7 +17,12 @@ from ratewarden.wire import (
     CheckRequest,
     CheckResponse,
     ErrorResponse,
+    FieldError,
     PolicyResponse,
+    ResetRequest,
+    ResetResponse,
+    SettleRequest,
+    SettleResponse,
     UsageResponse,
 )
 
@@ -25,6 +30,7 @@ router = APIRouter()
 Subject = Annotated[str, Query(min_length=1, max_length=256)]
 OptionalSubject = Annotated[str | None, Query(min_length=1, max_length=256)]
 ERRORS: dict[int | str, dict[str, object]] = {422: {"model": ErrorResponse}}
+CHECK_ERRORS: dict[int | str, dict[str, object]] = {**ERRORS, 409: {"model": ErrorResponse}}
 
 
 def engine_of(request: Request) -> Engine:
@@ -32,19 +38,89 @@ def engine_of(request: Request) -> Engine:
     return engine
 
 
-@router.post("/v1/check", response_model=CheckResponse, responses=ERRORS, tags=["decide"])
-async def check(body: CheckRequest, request: Request) -> CheckResponse:
-    """Decide one call: allow, deny or ask, with the reason the model will read."""
-    decision = await engine_of(request).check(to_call(body))
+CallIdPath = Annotated[str, Path(min_length=1, max_length=128)]
+
+
+@router.post("/v1/check", response_model=CheckResponse, responses=CHECK_ERRORS, tags=["decide"])
+async def check(body: CheckRequest, request: Request) -> CheckResponse | JSONResponse:
+    """Decide one call: allow, deny or ask, with the reason the model will read.
+
+    Repeating a check with the same `call_id` returns the original answer of an allowed
+    call and consumes nothing; a refused call consumed nothing and is decided afresh.
+    """
+    try:
+        decision = await engine_of(request).check(to_call(body))
+    except CallIdConflict as exc:
+        return error_response(
+            409, "call_id_conflict", str(exc), [FieldError(field="call_id", message=str(exc))]
+        )
     return to_response(decision)
 
 
-@router.post("/v1/check/batch", response_model=BatchResponse, responses=ERRORS, tags=["decide"])
-async def check_batch(body: BatchRequest, request: Request) -> BatchResponse:
+@router.post(
+    "/v1/check/batch", response_model=BatchResponse, responses=CHECK_ERRORS, tags=["decide"]
+)
+async def check_batch(body: BatchRequest, request: Request) -> BatchResponse | JSONResponse:
     """Decide a model's parallel tool calls, in order; each call is all or nothing on its own."""
     engine = engine_of(request)
-    results = [to_response(await engine.check(to_call(call))) for call in body.calls]
+    results = []
+    for i, call in enumerate(body.calls):
+        try:
+            results.append(to_response(await engine.check(to_call(call))))
+        except CallIdConflict as exc:
+            field = FieldError(field=f"calls[{i}].call_id", message=str(exc))
+            return error_response(409, "call_id_conflict", f"{field.field}: {exc}", [field])
     return BatchResponse(results=results)
+
+
+@router.post(
+    "/v1/calls/{call_id}/settle",
+    response_model=SettleResponse,
+    responses={**ERRORS, 404: {"model": ErrorResponse}},
+    tags=["decide"],
+)
+async def settle(
+    call_id: CallIdPath, request: Request, body: SettleRequest | None = None
+) -> SettleResponse | JSONResponse:
+    """Report a finished call: charge its actual `cost` (default: its estimate), free its slots.
+
+    Settling twice changes nothing; the second answer says `already_settled`.
+    """
+    cost = body.cost if body else None
+    try:
+        found = await engine_of(request).settle(call_id, cost)
+    except StoreError as exc:
+        return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
+    if found.outcome == "unknown":
+        message = (
+            f"no allowed call {call_id!r} holds anything to settle "
+            "(never checked, refused, or its record expired)"
+        )
+        return error_response(
+            404, "unknown_call", message, [FieldError(field="call_id", message=message)]
+        )
+    return SettleResponse(call_id=call_id, outcome=found.outcome, charged=found.charged)
+
+
+@router.post("/v1/admin/reset", response_model=ResetResponse, responses=ERRORS, tags=["admin"])
+async def reset(body: ResetRequest, request: Request) -> ResetResponse | JSONResponse:
+    """Clear a user's counters (every rule, or one `rule`), or one rule's for everyone."""
+    engine = engine_of(request)
+    if body.user is None and body.rule is None:
+        problem = "name a user, a rule, or both"
+        return error_response(
+            422, "invalid_request", problem, [FieldError(field="body", message=problem)]
+        )
+    if body.rule is not None and body.rule not in {r.name for r in engine.policy.rules}:
+        problem = f"unknown rule {body.rule!r}"
+        return error_response(
+            422, "invalid_request", f"rule: {problem}", [FieldError(field="rule", message=problem)]
+        )
+    try:
+        deleted = await engine.reset(body.user, body.rule)
+    except StoreError as exc:
+        return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
+    return ResetResponse(deleted=deleted)
 
 
 @router.get("/v1/usage", response_model=UsageResponse, responses=ERRORS, tags=["inspect"])

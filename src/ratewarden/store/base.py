@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from ratewarden.limiter.ops import CounterOp, OpResult
+from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
 
 
 class StoreError(Exception):
@@ -13,7 +13,7 @@ class StoreError(Exception):
 
 
 class Store(Protocol):
-    """Evaluates a call's counter ops atomically: all are committed, or none."""
+    """Keeps the counters; decides a call's ops atomically: all are committed, or none."""
 
     @property
     def description(self) -> str:
@@ -24,8 +24,24 @@ class Store(Protocol):
         """Connect and prepare (load scripts); called once before the first call."""
         ...
 
-    async def evaluate(self, ops: Sequence[CounterOp], dry_run: bool = False) -> list[OpResult]:
-        """Decide `ops` together; with `dry_run`, report without consuming anything."""
+    async def evaluate(
+        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
+    ) -> Evaluation:
+        """Decide `ops` together and record the call if allowed; `dry_run` only reports."""
+        ...
+
+    async def read_holds(self, record_key: str) -> list[Hold] | None:
+        """What a recorded call holds (reservations, slots); None if no such record."""
+        ...
+
+    async def settle(
+        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+    ) -> tuple[int, list[int]]:
+        """Settle once: (0 settled | 1 already settled | 2 unknown, charge per hold)."""
+        ...
+
+    async def reset(self, pattern: str) -> int:
+        """Delete every key matching the glob `pattern`; return how many."""
         ...
 
     async def ping(self) -> None:

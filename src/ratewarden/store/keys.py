@@ -14,11 +14,22 @@ Key shape: `rw:{<rule>|<dimension>=<value>|...}:<algorithm>`, for example
 - Dimensions absent from a call (no session given) encode as empty; requests never
   carry empty strings, so "absent" cannot collide with a real value.
 
+Call records: `rw:call:{<call_id>}`, a hash kept for allowed calls that hold something
+(a reservation, a slot) or whose caller chose the call_id. Their own prefix keeps them
+out of reach of counter patterns (`rw:{...`), whatever the rules are named.
+
 TTLs (each key expires once it can no longer change a decision):
 - sliding window (`sw`): the window length, refreshed at every admission: once the
   newest admission has left the window, the counter holds nothing that counts.
 - token bucket (`tb`): until the theoretical arrival time, when the bucket is full again.
 - fixed window (`fw`): until the end of the current clock-aligned window.
+- budget (`bg`): until the end of the budget period or the last reservation's expiry,
+  whichever is later: spend must count for the whole period, and an unsettled
+  reservation must still be there to be charged.
+- concurrency (`cc`): the lease timeout, from the latest lease: every slot has been
+  reclaimed by then.
+- call record: the policy's `call_ttl` (default 1 h, at least the lease timeout and the
+  reservation TTL), so a late settle still finds what its call holds.
 """
 
 from __future__ import annotations
@@ -27,8 +38,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from urllib.parse import quote
 
-from ratewarden.limiter.ops import ALGORITHM_CODES
-from ratewarden.policy.model import Algorithm
+from ratewarden.limiter.ops import Kind
 
 PREFIX = "rw"
 
@@ -39,12 +49,29 @@ def encode(part: str) -> str:
     return quote(part, safe="")
 
 
-def counter_key(rule: str, algorithm: Algorithm, scope: Iterable[tuple[str, str | None]]) -> str:
+def counter_key(rule: str, kind: Kind, scope: Iterable[tuple[str, str | None]]) -> str:
     """The key of one rule's counter for one scope (the `per` dimensions and their values)."""
     tag = "|".join([encode(rule), *(f"{dim}={encode(value or '')}" for dim, value in scope)])
-    return f"{PREFIX}:{{{tag}}}:{ALGORITHM_CODES[algorithm]}"
+    return f"{PREFIX}:{{{tag}}}:{kind.value}"
 
 
 def all_keys_pattern() -> str:
-    """A SCAN pattern matching every key ratewarden owns."""
+    """A SCAN pattern matching every counter ratewarden owns (not the call records)."""
     return f"{PREFIX}:{{*"
+
+
+def record_key(call_id: str) -> str:
+    """The record of an allowed call, by the caller's idempotency key."""
+    return f"{PREFIX}:call:{{{encode(call_id)}}}"
+
+
+def reset_patterns(user: str | None, rule: str | None) -> list[str]:
+    """SCAN patterns for the counters of `user` (any rule) and/or `rule` (any scope).
+
+    Encoded parts contain no glob characters, and `user=` can only appear as a dimension
+    marker (`=` inside values is encoded), so a pattern never reaches another user.
+    """
+    rule_part = "*" if rule is None else encode(rule)
+    if user is None:
+        return [f"{PREFIX}:{{{rule_part}|*", f"{PREFIX}:{{{rule_part}}}:*"]
+    return [f"{PREFIX}:{{{rule_part}|*user={encode(user)}[|}}]*"]

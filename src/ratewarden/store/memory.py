@@ -6,13 +6,14 @@ cells are swept lazily, a slice at a time, so memory stays bounded by live count
 
 from __future__ import annotations
 
+import fnmatch
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from ratewarden.clock import Clock, SystemClock
 from ratewarden.limiter import reference
-from ratewarden.limiter.ops import CounterOp, OpResult
+from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
 
 # Sweep expired cells at most this often (ms of clock time).
 _SWEEP_EVERY_MS = 1_000
@@ -38,6 +39,10 @@ class _Cells:
     def put(self, key: str, value: Any, ttl_ms: int, now_ms: int) -> None:
         self.values[key] = (value, now_ms + ttl_ms)
 
+    def ttl(self, key: str, now_ms: int) -> int:
+        found = self.values.get(key)
+        return 0 if found is None else max(0, found[1] - now_ms)
+
     def sweep(self, now_ms: int) -> None:
         if now_ms < self._next_sweep:
             return
@@ -62,11 +67,31 @@ class MemoryStore:
     async def start(self) -> None:
         return None
 
-    async def evaluate(self, ops: Sequence[CounterOp], dry_run: bool = False) -> list[OpResult]:
+    async def evaluate(
+        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
+    ) -> Evaluation:
         with self._lock:
             now = self.clock.now_ms()
             self._cells.sweep(now)
-            return reference.decide(self._cells, list(ops), now, dry_run)
+            return reference.decide(self._cells, list(ops), record, now, dry_run)
+
+    async def read_holds(self, record_key: str) -> list[Hold] | None:
+        with self._lock:
+            return reference.read_holds(self._cells, record_key, self.clock.now_ms())
+
+    async def settle(
+        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+    ) -> tuple[int, list[int]]:
+        with self._lock:
+            now = self.clock.now_ms()
+            return reference.settle(self._cells, record_key, call_id, actual, list(holds), now)
+
+    async def reset(self, pattern: str) -> int:
+        with self._lock:
+            doomed = [key for key in self._cells.values if fnmatch.fnmatchcase(key, pattern)]
+            for key in doomed:
+                del self._cells.values[key]
+            return len(doomed)
 
     async def ping(self) -> None:
         return None

@@ -10,15 +10,17 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
 from ratewarden.clock import Clock
-from ratewarden.limiter.ops import ALGORITHM_CODES, CounterOp, OpResult
-from ratewarden.limiter.reference import to_result
+from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, decode_holds
+from ratewarden.limiter.reference import results_from
 from ratewarden.store.base import StoreError
 
-DECIDE_LUA = resources.files("ratewarden.limiter").joinpath("decide.lua").read_text()
+COUNTERS_LUA = resources.files("ratewarden.limiter").joinpath("counters.lua").read_text()
+_DECIDED, _BLOCKED, _REPLAYED, _CONFLICT = 0, 1, 2, 3
+_RESET_BATCH = 500
 
 
 class RedisStore:
-    """Runs `decide.lua` by SHA; time comes from Redis `TIME` unless a clock is injected.
+    """Runs `counters.lua` by SHA; time comes from Redis `TIME` unless a clock is injected.
 
     The injected clock exists for tests, so the same fake-clock scenarios run on the
     memory store, fakeredis and a real redis-server.
@@ -38,41 +40,84 @@ class RedisStore:
 
     async def start(self) -> None:
         try:
-            self._sha = await self._client.script_load(DECIDE_LUA)
-        except RedisError as exc:
-            raise StoreError(f"cannot load the decision script: {exc}") from exc
+            self._sha = await self._client.script_load(COUNTERS_LUA)
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"cannot load the counters script: {exc}") from exc
 
-    async def evaluate(self, ops: Sequence[CounterOp], dry_run: bool = False) -> list[OpResult]:
-        keys = [op.key for op in ops]
-        args: list[Any] = [
-            str(self._clock.now_ms()) if self._clock else "",
-            "1" if dry_run else "0",
-        ]
+    async def evaluate(
+        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
+    ) -> Evaluation:
+        keys = [record.key if record else "rw:call:{}", *(op.key for op in ops)]
+        args: list[Any] = ["decide", self._now(), "1" if dry_run else "0"]
+        if record:
+            args += [record.call_id, record.fingerprint, record.ttl_ms, "1" if record.keep else "0"]
+        else:
+            args += ["", "", 0, "0"]
         for op in ops:
-            args += (ALGORITHM_CODES[op.algorithm], int(op.role), op.limit, op.window_ms, op.burst)
+            args += (
+                op.kind.value,
+                int(op.role),
+                op.limit,
+                op.window_ms,
+                op.burst,
+                op.cost,
+                *op.period,
+                op.hold_line,
+            )
+        reply = await self._run(keys, args)
+        status, numbers = reply[0], reply[1:]
+        if status == _CONFLICT:
+            return Evaluation(conflict=True)
+        return Evaluation(results_from(list(ops), numbers), replayed=status == _REPLAYED)
+
+    async def read_holds(self, record_key: str) -> list[Hold] | None:
         try:
-            reply = await self._run(keys, args)
+            found: list[bytes | str | None] = await self._client.hmget(record_key, ["s", "h"])
         except (RedisError, OSError) as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-        return [
-            to_result(
-                op,
-                bool(reply[i]),
-                reply[i + 1],
-                None if reply[i + 2] < 0 else reply[i + 2],
-                reply[i + 3],
-            )
-            for op, i in zip(ops, range(1, len(reply), 4), strict=True)
-        ]
+        if found[0] is None:
+            return None
+        holds = found[1] or b""
+        return decode_holds(holds.decode() if isinstance(holds, bytes) else holds)
+
+    async def settle(
+        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+    ) -> tuple[int, list[int]]:
+        args: list[Any] = ["settle", self._now(), call_id, "" if actual is None else actual]
+        for hold in holds:
+            args += (hold.kind.value, hold.estimate, *hold.period)
+        reply = await self._run([record_key, *(h.key for h in holds)], args)
+        return reply[0], reply[1:]
+
+    async def reset(self, pattern: str) -> int:
+        deleted = 0
+        try:
+            batch: list[bytes] = []
+            async for key in self._client.scan_iter(match=pattern, count=_RESET_BATCH):
+                batch.append(key)
+                if len(batch) >= _RESET_BATCH:
+                    deleted += await self._client.unlink(*batch)
+                    batch = []
+            if batch:
+                deleted += await self._client.unlink(*batch)
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+        return deleted
+
+    def _now(self) -> str:
+        return str(self._clock.now_ms()) if self._clock else ""
 
     async def _run(self, keys: list[str], args: list[Any]) -> list[int]:
-        if not self._sha:
-            await self.start()
         try:
-            reply: list[int] = await self._client.evalsha(self._sha, len(keys), *keys, *args)
-        except NoScriptError:  # Redis restarted or SCRIPT FLUSH: load again, once
-            await self.start()
-            reply = await self._client.evalsha(self._sha, len(keys), *keys, *args)
+            if not self._sha:
+                await self.start()
+            try:
+                reply: list[int] = await self._client.evalsha(self._sha, len(keys), *keys, *args)
+            except NoScriptError:  # Redis restarted or SCRIPT FLUSH: load again, once
+                await self.start()
+                reply = await self._client.evalsha(self._sha, len(keys), *keys, *args)
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
         return reply
 
     async def ping(self) -> None:

@@ -1,0 +1,159 @@
+"""What the engine answers, and how each rule's outcome is worded for the model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from ratewarden.calls import Call
+from ratewarden.limiter.ops import OpResult
+from ratewarden.policy.durations import MICROS, format_amount
+from ratewarden.policy.messages import retry_text
+from ratewarden.policy.model import Applied, BudgetLimit, ConcurrencyLimit, Policy, RateLimit
+
+DecisionName = Literal["allow", "deny", "ask"]
+Number = int | float
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One rule's view of a call: its limit, what is left, and the sentence for the model."""
+
+    rule: str
+    kind: str  # rate, concurrency, budget, unavailable
+    limit: Number  # calls, slots, or money
+    remaining: Number
+    retry_after: float | None
+    reset_after: float
+    message: str = ""
+    on_exceed: str = "deny"
+    window: str | None = None  # rate rules
+    spent: float | None = None  # budget rules: settled (and expired) spend
+    reserved: float | None = None  # budget rules: held by calls not yet settled
+    currency: str | None = None
+    period: str | None = None
+    soft_limited: bool = False  # a budget past its soft limit after this call
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    decision: DecisionName
+    call_id: str
+    message: str = ""
+    retry_after: float | None = None
+    violations: tuple[Verdict, ...] = ()  # enforcing rules that refused the call
+    shadow: tuple[Verdict, ...] = ()  # shadow rules that would have refused it
+    limits: tuple[Verdict, ...] = ()  # every rule that applied, after this call
+    warnings: tuple[str, ...] = ()
+    degraded: bool = False
+    approved: bool = False
+    replayed: bool = False  # a repeated check, answered from the call's record
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision == "allow"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A rule's counter for one user, read without consuming (GET /v1/usage)."""
+
+    rule: str
+    kind: str
+    algorithm: str
+    mode: str
+    limit: Number | None  # None: unlimited for this user
+    used: Number  # calls in the window, slots in use, or money spent
+    remaining: Number | None
+    reset_after: float
+    scope: dict[str, str | None] = field(default_factory=dict)
+    window: str | None = None
+    reserved: float | None = None
+    currency: str | None = None
+    period: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    call_id: str
+    outcome: Literal["settled", "already_settled", "unknown"]
+    charged: dict[str, float] = field(default_factory=dict)  # budget rule -> amount charged
+
+
+def verdict(policy: Policy, applied: Applied, call: Call, result: OpResult) -> Verdict:
+    """Word one rule's outcome; the message is only built for a refusal."""
+    limit = applied.limit
+    found = Verdict(
+        rule=applied.rule.name,
+        kind=applied.rule.kind,
+        limit=0,
+        remaining=result.remaining,
+        retry_after=0.0 if result.admitted else _seconds(result.retry_after_ms),
+        reset_after=result.reset_after_ms / 1000,
+        on_exceed=applied.rule.on_exceed.value,
+    )
+    if isinstance(limit, BudgetLimit):
+        held = result.used + result.reserved
+        soft = limit.soft_limit is not None and held >= limit.soft_limit * limit.limit > 0
+        found = replace(
+            found,
+            limit=limit.budget.amount,
+            remaining=result.remaining / MICROS,
+            spent=result.used / MICROS,
+            reserved=result.reserved / MICROS,
+            currency=limit.currency,
+            period=limit.budget.period,
+            soft_limited=soft and result.admitted,
+        )
+    elif isinstance(limit, ConcurrencyLimit):
+        found = replace(found, limit=limit.slots)
+    else:
+        assert isinstance(limit, RateLimit)
+        found = replace(found, limit=limit.limit, window=limit.rate.window)
+    return found if result.admitted else _with_message(found, policy, applied, call)
+
+
+def _with_message(found: Verdict, policy: Policy, applied: Applied, call: Call) -> Verdict:
+    rule = applied.rule
+    fields: dict[str, object] = {
+        "limit": found.limit,
+        "label": rule.label or policy.label_for(call.tool),
+        "retry_after": retry_text(found.retry_after),
+        "remaining": found.remaining,
+        "user": call.user,
+        "tool": call.tool,
+        "rule": rule.name,
+        "window": found.window,
+    }
+    if isinstance(applied.limit, BudgetLimit):
+        micros = applied.limit.limit
+        fields |= {
+            "limit": format_amount(micros),
+            "budget": format_amount(micros),
+            "spent": f"{found.spent:.2f}",
+            "reserved": f"{found.reserved:.2f}",
+            "remaining": f"{found.remaining:.2f}",
+            "currency": found.currency,
+            "period": found.period,
+        }
+    return replace(found, message=rule.template.render(fields, found.retry_after))
+
+
+def soft_limit_warning(found: Verdict, label: str) -> str:
+    assert found.spent is not None
+    assert found.reserved is not None
+    share = 100 * (found.spent + found.reserved) / float(found.limit)
+    return (
+        f"Budget soft limit: {label} tools at {share:.0f}% of {found.limit:.2f} "
+        f"{found.currency} this {found.period} ({found.rule})"
+    )
+
+
+def binding(verdicts: Sequence[Verdict]) -> Verdict:
+    """The refusal that holds longest (never, for a limit of 0); the first one on a tie."""
+    return max(verdicts, key=lambda v: float("inf") if v.retry_after is None else v.retry_after)
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
