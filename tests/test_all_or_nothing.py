@@ -3,23 +3,24 @@
 A call matches three rules with three different algorithms. One of them (the "tight"
 rule, counted per tool) has been exhausted by another user; the two others (per user)
 would still admit. The refused call must leave every counter exactly as it was, as
-seen through `Engine.usage` and through the store's raw state, on all three stores.
+seen through `Engine.usage` and through the store's raw state, on all three stores,
+and must leave no call record behind (only allowed calls are recorded).
 """
 
 from __future__ import annotations
 
 import copy
+import fnmatch
 
 import pytest
 
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import Engine
-from ratewarden.limiter.ops import CounterOp, Role
+from ratewarden.limiter.ops import CallRecord, CounterOp, Kind, Role
 from ratewarden.policy import parse_policy
-from ratewarden.policy.model import Algorithm
 from ratewarden.store import MemoryStore, Store
-from ratewarden.store.keys import all_keys_pattern
+from ratewarden.store.keys import all_keys_pattern, record_key
 from ratewarden.store.redis_store import RedisStore
 
 ALGORITHMS = ("sliding_window", "token_bucket", "fixed_window")
@@ -27,17 +28,32 @@ CODES = {"sliding_window": "sw", "token_bucket": "tb", "fixed_window": "fw"}
 
 
 async def raw_state(store: Store) -> dict[str, object]:
-    """Every counter cell the store holds, byte for byte (TTLs aside)."""
+    """Every key the store holds (counters and call records), byte for byte (TTLs aside)."""
     if isinstance(store, MemoryStore):
         return {key: copy.deepcopy(value) for key, (value, _) in store._cells.values.items()}
     assert isinstance(store, RedisStore)
     client = store._client
-    keys = [key async for key in client.scan_iter(match=all_keys_pattern())]
-    state = {}
+    keys = [key async for key in client.scan_iter(match="rw:*")]
+    state: dict[str, object] = {}
     for key in keys:
-        assert await client.pttl(key) > 0, key  # every counter key expires
-        state[key.decode()] = await client.get(key)
+        assert await client.pttl(key) > 0, key  # every key expires
+        kind = (await client.type(key)).decode()
+        if kind == "hash":  # a call record (or a budget)
+            state[key.decode()] = await client.hgetall(key)
+        elif kind == "zset":  # concurrency slots
+            state[key.decode()] = await client.zrange(key, 0, -1, withscores=True)
+        else:
+            assert kind == "string", (key, kind)
+            state[key.decode()] = await client.get(key)
     return state
+
+
+def counters(state: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in state.items() if fnmatch.fnmatchcase(k, all_keys_pattern())}
+
+
+def records(state: dict[str, object]) -> set[str]:
+    return {k for k in state if k.startswith("rw:call:")}
 
 
 def policy_with_tight_rule(tight: str, position: int) -> bytes:
@@ -72,7 +88,10 @@ async def test_a_refused_call_consumes_nothing(
         (name, 2 if name == "tight" else 1) for name in names
     ]
     state_before = await raw_state(store)
-    assert len(state_before) == 5  # tight, and two loose counters for each user
+    assert len(counters(state_before)) == 5  # tight, and two loose counters for each user
+    # The caller named both allowed calls (call_id given), so each left a record.
+    assert records(state_before) == {record_key("a1"), record_key("b1")}
+    assert len(state_before) == 7
 
     for i in range(3):
         refused = await engine.check(Call(user="alice", tool="terminal", call_id=f"a-refused-{i}"))
@@ -84,6 +103,7 @@ async def test_a_refused_call_consumes_nothing(
             name: 0 if name == "tight" else 4 for name in names
         }
 
+    # No counter moved, and no record was left for the refused calls.
     assert await raw_state(store) == state_before
     assert await engine.usage("alice", tool="terminal") == usage_before
 
@@ -93,46 +113,56 @@ async def test_a_refused_call_consumes_nothing(
     assert {v.rule: v.remaining for v in allowed.limits} == {
         name: 1 if name == "tight" else 3 for name in names
     }
-    assert await raw_state(store) != state_before
+    state_after = await raw_state(store)
+    assert counters(state_after) != counters(state_before)
+    assert records(state_after) == {record_key("a1"), record_key("b1"), record_key("a2")}
 
 
 async def test_raw_ops_blocked_by_one_enforcing_op(store: Store, clock: FakeClock) -> None:
     """At the store interface: a shadow, a forced and two enforcing ops; the last refuses."""
     minute = 60_000
 
-    def op(key: str, algorithm: Algorithm, limit: int, role: Role) -> CounterOp:
-        return CounterOp(f"rw:{{aon-{key}}}:x", algorithm, limit, minute, limit, role)
+    def op(key: str, kind: Kind, limit: int, role: Role) -> CounterOp:
+        return CounterOp(f"rw:{{aon-{key}}}:x", kind, role, limit, minute, limit)
 
-    shadow = op("shadow", Algorithm.SLIDING_WINDOW, 3, Role.SHADOW)
-    forced = op("forced", Algorithm.TOKEN_BUCKET, 3, Role.FORCED)
-    loose = op("loose", Algorithm.FIXED_WINDOW, 3, Role.ENFORCE)
-    tight = op("tight", Algorithm.SLIDING_WINDOW, 1, Role.ENFORCE)
+    def record(call_id: str) -> CallRecord:
+        return CallRecord(record_key(call_id), call_id, "u|t", 3_600_000, keep=True)
 
-    [taken] = await store.evaluate([tight])
+    shadow = op("shadow", Kind.SLIDING_WINDOW, 3, Role.SHADOW)
+    forced = op("forced", Kind.TOKEN_BUCKET, 3, Role.FORCED)
+    loose = op("loose", Kind.FIXED_WINDOW, 3, Role.ENFORCE)
+    tight = op("tight", Kind.SLIDING_WINDOW, 1, Role.ENFORCE)
+
+    [taken] = (await store.evaluate([tight])).results
     assert taken.admitted
     before = await raw_state(store)
     clock.advance(1_000)
-    for _ in range(3):
-        results = await store.evaluate([shadow, forced, loose, tight])
+    for i in range(3):
+        found = await store.evaluate([shadow, forced, loose, tight], record(f"refused-{i}"))
+        assert (found.replayed, found.conflict) == (False, False)
+        results = found.results
         assert [r.admitted for r in results] == [True, True, True, False]
         assert [r.remaining for r in results] == [3, 3, 3, 0]  # nothing was taken
         assert results[3].retry_after_ms == 59_000
-    assert await raw_state(store) == before
+    assert await raw_state(store) == before  # no counter moved, and no record was written
 
     # Once the tight op admits, every op is charged once (the forced one always).
     clock.advance(59_000)
-    results = await store.evaluate([shadow, forced, loose, tight])
-    assert [r.admitted for r in results] == [True, True, True, True]
-    assert [r.remaining for r in results] == [2, 2, 2, 0]
+    found = await store.evaluate([shadow, forced, loose, tight], record("allowed"))
+    assert [r.admitted for r in found.results] == [True, True, True, True]
+    assert [r.remaining for r in found.results] == [2, 2, 2, 0]
+    assert records(await raw_state(store)) == {record_key("allowed")}
 
 
 async def test_dry_run_consumes_nothing(store: Store, clock: FakeClock) -> None:
     ops = [
-        CounterOp(f"rw:{{dry-{a.value}}}:x", a, 2, 60_000, 2, Role.ENFORCE)
-        for a in (Algorithm.SLIDING_WINDOW, Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW)
+        CounterOp(f"rw:{{dry-{k.value}}}:x", k, Role.ENFORCE, 2, 60_000, 2)
+        for k in (Kind.SLIDING_WINDOW, Kind.TOKEN_BUCKET, Kind.FIXED_WINDOW)
     ]
+    # Even with a record the caller would keep: a dry run records nothing.
+    record = CallRecord(record_key("dry"), "dry", "u|t", 3_600_000, keep=True)
     for _ in range(5):
-        results = await store.evaluate(ops, dry_run=True)
+        results = (await store.evaluate(ops, record, dry_run=True)).results
         assert [(r.admitted, r.used, r.remaining) for r in results] == [(True, 0, 2)] * 3
     assert await raw_state(store) == {}
 
@@ -140,13 +170,13 @@ async def test_dry_run_consumes_nothing(store: Store, clock: FakeClock) -> None:
 async def test_dry_run_with_a_reduced_limit_changes_nothing(store: Store, clock: FakeClock) -> None:
     key = "rw:{dry-resize}:sw"
     for _ in range(10):
-        [result] = await store.evaluate(
-            [CounterOp(key, Algorithm.SLIDING_WINDOW, 10, 60_000, 10, Role.ENFORCE)]
-        )
+        [result] = (
+            await store.evaluate([CounterOp(key, Kind.SLIDING_WINDOW, Role.ENFORCE, 10, 60_000)])
+        ).results
         assert result.admitted
         clock.advance(100)
     before = await raw_state(store)
-    shrunk = CounterOp(key, Algorithm.SLIDING_WINDOW, 4, 60_000, 4, Role.ENFORCE)
-    [peek] = await store.evaluate([shrunk], dry_run=True)
+    shrunk = CounterOp(key, Kind.SLIDING_WINDOW, Role.ENFORCE, 4, 60_000)
+    [peek] = (await store.evaluate([shrunk], dry_run=True)).results
     assert (peek.admitted, peek.remaining) == (False, 0)
     assert await raw_state(store) == before

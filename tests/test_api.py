@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from ratewarden.clock import FakeClock
 from ratewarden.policy import parse_policy
 from ratewarden.store import Store, store_from_url
+from ratewarden.store.keys import all_keys_pattern, record_key
 from tests.apphelpers import assert_error_shape, build_app, serving
 from tests.redis_server import RedisServer, free_port, start_redis
 
@@ -46,6 +47,8 @@ rules:
     mode: shadow
 """
 
+# Fields only budget rules fill in; a rate or concurrency rule reports them as null.
+NOT_A_BUDGET = {"spent": None, "reserved": None, "currency": None, "period": None}
 TERMINAL_LIMIT_AFTER_FIRST = {
     "rule": "terminal-per-minute",
     "kind": "rate",
@@ -53,6 +56,7 @@ TERMINAL_LIMIT_AFTER_FIRST = {
     "window": "minute",
     "remaining": 9,
     "reset_after": 60.0,
+    **NOT_A_BUDGET,
 }
 GENERATED_CALL_ID = re.compile(r"^rw-[0-9a-f]{32}$")
 JSON_HEADERS = {"content-type": "application/json"}
@@ -100,6 +104,7 @@ async def test_check_allows_and_echoes_the_call_id(client: httpx.AsyncClient) ->
         "shadow": [],
         "warnings": [],
         "limits": [TERMINAL_LIMIT_AFTER_FIRST],
+        "replayed": False,
     }
 
 
@@ -137,6 +142,7 @@ async def test_eleventh_terminal_call_in_a_minute_is_denied(
                 "remaining": 0,
                 "retry_after": 47.4,
                 "message": message,
+                **NOT_A_BUDGET,
             }
         ],
         "shadow": [],
@@ -149,8 +155,10 @@ async def test_eleventh_terminal_call_in_a_minute_is_denied(
                 "window": "minute",
                 "remaining": 0,
                 "reset_after": 47.4,
+                **NOT_A_BUDGET,
             }
         ],
+        "replayed": False,
     }
     # Another user has a counter of their own.
     assert (await check(client, user="v", tool="terminal"))["decision"] == "allow"
@@ -227,6 +235,7 @@ async def test_shadow_rule_reports_but_allows(client: httpx.AsyncClient) -> None
             "remaining": 0,
             "retry_after": 60.0,
             "message": "Rate limit: max 1 browser calls per minute (retry in 1m)",
+            **NOT_A_BUDGET,
         }
     ]
 
@@ -352,6 +361,9 @@ async def test_usage_reports_used_and_remaining_without_consuming(
                 "remaining": 7,
                 "reset_after": 55.0,
                 "scope": {"user": "discord:1234"},
+                "reserved": None,
+                "currency": None,
+                "period": None,
             }
         ],
     }
@@ -731,9 +743,14 @@ async def test_the_app_runs_on_a_real_redis(redis_server: RedisServer, redis_url
             ("browser-shadow", 0, 1),
         ]
         assert (await client.get("/readyz")).status_code == 200
-    keys = redis_server.client().keys("*")
+    sync = redis_server.client()
+    keys = sync.keys(all_keys_pattern())
     assert keys == [b"rw:{terminal-per-minute|user=discord%3A1234}:sw"]
-    assert 0 < redis_server.client().pttl(keys[0]) <= 60_000
+    assert 0 < sync.pttl(keys[0]) <= 60_000
+    # The call the caller named is recorded (for 1 h); the one with a generated id is not.
+    assert sorted(sync.keys("*")) == sorted([*keys, record_key("c1").encode()])
+    assert 3_590_000 < sync.pttl(record_key("c1")) <= 3_600_000
+    sync.close()
 
 
 # -- fuzz: nothing a client sends produces a 5xx -----------------------------------------

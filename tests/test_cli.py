@@ -134,7 +134,7 @@ def test_policy_check_accepts_a_good_file(capsys: pytest.CaptureFixture[str]) ->
     assert main(["policy", "check", str(SPEC_EXAMPLE)]) == 0
     out, err = capsys.readouterr()
     version = load_policy(SPEC_EXAMPLE).version
-    assert out == f"{SPEC_EXAMPLE}: ok (version {version}, 3 rules)\n"
+    assert out == f"{SPEC_EXAMPLE}: ok (version {version}, 5 rules)\n"
     assert err == ""
 
 
@@ -201,7 +201,7 @@ def test_explain_names_applying_and_skipped_rules_with_override_sources(
     lines = explain(capsys, str(SPEC_EXAMPLE), "--user", "alice", "--tool", "terminal")
     version = load_policy(SPEC_EXAMPLE).version
     assert lines == [
-        f"policy {SPEC_EXAMPLE} (version {version}, 3 rules)",
+        f"policy {SPEC_EXAMPLE} (version {version}, 5 rules)",
         "call: user='alice' tool='terminal' session=None team=None",
         "user's groups: pro",
         "tool metadata: read_only=False, destructive=True, idempotent=False, open_world=True, "
@@ -209,11 +209,25 @@ def test_explain_names_applying_and_skipped_rules_with_override_sources(
         "",
         "  APPLIES  terminal-per-minute: rate 100/minute (overrides[0]) per user; "
         "sliding_window, enforce, on_exceed deny",
+        "  skip     browser-concurrency: tool 'terminal' is not in ['browser_*']",
         "  APPLIES  destructive-per-hour: rate 3/hour (rule default) per user; "
         "sliding_window, enforce, on_exceed ask",
+        # alice is in the group pro: its override sets her budget.
+        "  APPLIES  daily-spend: budget 50.00/day USD (overrides[1]) per user; "
+        "budget, enforce, on_exceed deny",
         "  APPLIES  all-tools-burst: rate 30/minute (rule default) per user, tool; "
         "token_bucket, enforce, on_exceed deny",
     ]
+    browser = explain(capsys, str(SPEC_EXAMPLE), "--user", "bob", "--tool", "browser_open")
+    assert browser[5:7] == [
+        "  skip     terminal-per-minute: tool 'browser_open' is not in ['terminal']",
+        "  APPLIES  browser-concurrency: concurrency 2 (lease 600s) (rule default) per user; "
+        "concurrency, enforce, on_exceed deny",
+    ]
+    assert browser[8] == (
+        "  APPLIES  daily-spend: budget 5.00/day USD (rule default) per user; "
+        "budget, enforce, on_exceed deny"
+    )
 
 
 def test_explain_with_metadata_flags(capsys: pytest.CaptureFixture[str]) -> None:
@@ -227,17 +241,20 @@ def test_explain_with_metadata_flags(capsys: pytest.CaptureFixture[str]) -> None
         "requires_confirmation=False (unset fields take the MCP defaults)",
         "",
         "  skip     terminal-per-minute: tool 'web_search' is not in ['terminal']",
+        "  skip     browser-concurrency: tool 'web_search' is not in ['browser_*']",
         "  skip     destructive-per-hour: destructive is False (given), rule wants True",
+        "  APPLIES  daily-spend: budget 5.00/day USD (rule default) per user; "
+        "budget, enforce, on_exceed deny",
         "  APPLIES  all-tools-burst: rate 30/minute (rule default) per user, tool; "
         "token_bucket, enforce, on_exceed deny",
     ]
     banned = explain(capsys, str(SPEC_EXAMPLE), "--user", "banned-7", "--tool", "terminal",
                      "--destructive")  # fmt: skip
     assert banned[5] == (
-        "  APPLIES  terminal-per-minute: rate 0/minute (overrides[1]) per user; "
+        "  APPLIES  terminal-per-minute: rate 0/minute (overrides[2]) per user; "
         "sliding_window, enforce, on_exceed deny"
     )
-    assert banned[6].startswith("  APPLIES  destructive-per-hour: rate 3/hour (rule default)")
+    assert banned[7].startswith("  APPLIES  destructive-per-hour: rate 3/hour (rule default)")
 
 
 def test_explain_with_tags_sessions_unlimited_and_global_counters(
@@ -297,8 +314,9 @@ def test_serve_with_no_flags_uses_the_memory_store_and_the_packaged_policy(
         assert len(ready) == 1, log
         assert f"ready on http://127.0.0.1:{daemon.port} " in ready[0]
         assert "| store memory:// (embedded, this process only) |" in ready[0]
+        rules = len(example.rules)
         assert ready[0].endswith(
-            f"| policy <packaged example.yaml> (version {example.version}, 4 rules)"
+            f"| policy <packaged example.yaml> (version {example.version}, {rules} rules)"
         )
         with httpx.Client(trust_env=False) as http:
             assert http.get(f"{daemon.url}/v1/policy").json()["version"] == example.version
@@ -313,6 +331,17 @@ def test_serve_with_no_flags_uses_the_memory_store_and_the_packaged_policy(
             "terminal-per-minute",
             "destructive-per-hour",
             "all-tools-burst",
+            "daily-spend",
+        ]
+        budget_line = usage.stdout.splitlines()[5]
+        assert budget_line.split()[:7] == [
+            "daily-spend",
+            "budget",
+            "5.00",
+            "USD/day",
+            "0.00",
+            "5.00",
+            "-",
         ]
         terminal = rows[0]
         assert terminal[1:5] == ["rate", "10/minute", "1", "9"]

@@ -4,6 +4,10 @@ A raw MONITOR connection to the real redis-server records every command in execu
 order. Commands run inside the script are reported as from `[<db> lua]` and are left
 out: only what the store's own connection sends is counted. ECHO markers from a
 separate connection delimit each measurement.
+
+The one EVALSHA runs counters.lua in `decide` mode: KEYS[1] is the call's record and
+one counter key per rule follows; ARGV is 'decide', now, dry, call_id, fingerprint,
+record TTL, keep, then ten values per rule (see the script's header).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import redis.asyncio as aioredis
 
 from ratewarden.calls import Call
 from ratewarden.engine import Engine
-from ratewarden.limiter.ops import CounterOp, OpResult
+from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation
 from ratewarden.policy import parse_policy
+from ratewarden.store.keys import record_key
 from ratewarden.store.redis_store import RedisStore
 from tests.redis_server import RedisServer
 
@@ -44,6 +49,10 @@ rules:
   - {name: t6-b, match: {tool: t6}, per: [], rate: 100/hour, algorithm: token_bucket}
   - {name: t6-c, match: {tool: t6}, per: [tool], rate: 100/day, algorithm: fixed_window}
 """
+# Each rule's kind, in policy order, as ARGV names it.
+KINDS = {"t1": ["sw"], "t3": ["sw", "tb", "fw"], "t6": ["sw", "tb", "fw", "sw", "tb", "fw"]}
+HEADER = 7  # 'decide', now, dry, call_id, fingerprint, record TTL, keep
+PER_OP = 10
 
 
 def parse_monitor_line(line: str) -> Command | None:
@@ -147,15 +156,19 @@ async def test_one_evalsha_per_decision(
     assert [len(d.limits) for d in decisions] == [rules] * 4
     expected_decisions = ["allow"] * 4 if rules < 6 else ["allow", "allow", "deny", "deny"]
     assert [d.decision for d in decisions] == expected_decisions
-    assert names_and_numkeys(commands) == [("EVALSHA", str(rules))] * 4
+    # One EVALSHA per decision, refused or not: the record's key and one key per rule.
+    assert names_and_numkeys(commands) == [("EVALSHA", str(1 + rules))] * 4
     assert len({c[0] for c in commands}) == 1  # all from the store's one connection
-    for command in commands:
+    for i, command in enumerate(commands):
         sha, numkeys, *rest = command[2:]
         assert sha == store._sha
         keys, argv = rest[: int(numkeys)], rest[int(numkeys) :]
-        assert all(key.startswith("rw:{") for key in keys)
-        assert argv[:2] == ["", "0"]  # Redis TIME, not a dry run
-        assert len(argv) == 2 + 5 * rules
+        assert keys[0] == record_key(str(i))
+        assert all(key.startswith("rw:{") for key in keys[1:])
+        # Redis TIME, not a dry run; the caller named the call, so it is recorded for 1 h.
+        assert argv[:HEADER] == ["decide", "", "0", str(i), f"u|{tool}", "3600000", "1"]
+        assert len(argv) == HEADER + PER_OP * rules
+        assert argv[HEADER::PER_OP] == KINDS[tool]
 
 
 async def test_usage_and_unmatched_calls(monitor: Monitor, redis_url: str) -> None:
@@ -170,8 +183,11 @@ async def test_usage_and_unmatched_calls(monitor: Monitor, redis_url: str) -> No
     finally:
         await store.close()
     assert len(usage) == 6
-    assert names_and_numkeys(usage_commands) == [("EVALSHA", "6")]
-    assert usage_commands[0][4 + 6 : 4 + 6 + 2] == ("", "1")  # a dry run
+    assert names_and_numkeys(usage_commands) == [("EVALSHA", "7")]
+    argv = usage_commands[0][4 + 7 :]
+    # A dry run, with no record: no call_id, nothing kept.
+    assert argv[:HEADER] == ("decide", "", "1", "", "", "0", "0")
+    assert len(argv) == HEADER + PER_OP * 6
     assert decision.decision == "allow"
     assert unmatched_commands == []  # nothing to count, nothing sent
 
@@ -179,25 +195,29 @@ async def test_usage_and_unmatched_calls(monitor: Monitor, redis_url: str) -> No
 class ChattyStore(RedisStore):
     """A store that sends one command too many per decision: the check must notice."""
 
-    async def evaluate(self, ops: Sequence[CounterOp], dry_run: bool = False) -> list[OpResult]:
+    async def evaluate(
+        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
+    ) -> Evaluation:
         await self._client.exists(*[op.key for op in ops])
-        return await super().evaluate(ops, dry_run)
+        return await super().evaluate(ops, record, dry_run)
 
 
 class RestartingStore(RedisStore):
     """A store that forgets its script SHA, as if Redis had flushed its script cache."""
 
-    async def evaluate(self, ops: Sequence[CounterOp], dry_run: bool = False) -> list[OpResult]:
+    async def evaluate(
+        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
+    ) -> Evaluation:
         await self._client.script_flush()
-        return await super().evaluate(ops, dry_run)
+        return await super().evaluate(ops, record, dry_run)
 
 
 @pytest.mark.parametrize(
     ("cls", "expected"),
     [
-        (ChattyStore, [("EXISTS",), ("EVALSHA", "3")] * 2),
+        (ChattyStore, [("EXISTS",), ("EVALSHA", "4")] * 2),
         # NOSCRIPT: the store reloads the script and retries, once.
-        (RestartingStore, [("SCRIPT",), ("EVALSHA", "3"), ("SCRIPT",), ("EVALSHA", "3")] * 2),
+        (RestartingStore, [("SCRIPT",), ("EVALSHA", "4"), ("SCRIPT",), ("EVALSHA", "4")] * 2),
     ],
     ids=["extra-command", "script-reload"],
 )
@@ -214,7 +234,7 @@ async def test_the_monitor_sees_every_extra_command(
     finally:
         await store.close()
     assert names_and_numkeys(commands) == expected
-    assert names_and_numkeys(commands) != [("EVALSHA", "3")] * 2
+    assert names_and_numkeys(commands) != [("EVALSHA", "4")] * 2
 
 
 def test_monitor_line_parsing() -> None:

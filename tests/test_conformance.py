@@ -11,6 +11,7 @@ so the first clock-aligned minute window ends 22_655 ms after the start.
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 
 import pytest
@@ -19,9 +20,9 @@ import redis.asyncio as aioredis
 from ratewarden.calls import UNCLASSIFIED, Call, ToolFacts
 from ratewarden.clock import FakeClock
 from ratewarden.engine import Decision, Engine
-from ratewarden.policy import parse_policy
+from ratewarden.policy import Policy, PolicyError, parse_policy
 from ratewarden.store import MemoryStore, Store
-from ratewarden.store.keys import all_keys_pattern
+from ratewarden.store.keys import all_keys_pattern, record_key
 from ratewarden.store.redis_store import RedisStore
 from tests.redis_server import RedisServer
 
@@ -579,11 +580,18 @@ async def test_every_redis_key_has_a_ttl_bounded_by_its_algorithm(
         "rw:{tb|user=alice}:tb",
     ]
     ttl = {key.split("|")[0][4:]: sync.pttl(key) for key in keys}
+    # Only the two allowed calls (named by their caller) are recorded: not the refused
+    # ones, and not the usage read.
+    records = sorted(k.decode() for k in sync.scan_iter(match="rw:call:*"))
+    assert records == [record_key("0"), record_key("1")]
+    assert sorted(k.decode() for k in sync.scan_iter(match="*")) == sorted(keys + records)
+    record_ttls = [sync.pttl(key) for key in records]
     sync.close()
     # Real time passes while the test runs (fake time does not): allow 5 s of slack.
     assert 55_000 < ttl["sw"] <= 60_000  # the window, from the last admission
     assert 55_000 < ttl["tb"] <= 60_000  # until TAT: two intervals of 30 s after time 0
     assert MINUTE_ENDS_AT - 5_000 < ttl["fw"] <= MINUTE_ENDS_AT  # until the aligned minute ends
+    assert all(3_595_000 < t <= 3_600_000 for t in record_ttls)  # the policy's call_ttl: 1 h
 
 
 @pytest.mark.redis
@@ -609,19 +617,92 @@ async def test_sliding_window_memory_is_bounded_by_the_limit(
     assert sizes == [8 + 6 * min(n, 10) for n in range(1, 41)]
 
 
+def live_keys(store: MemoryStore, pattern: str) -> int:
+    now = store.clock.now_ms()
+    return sum(
+        1
+        for key in list(store._cells.values)
+        if fnmatch.fnmatchcase(key, pattern) and store._cells.get(key, now) is not None
+    )
+
+
 async def test_memory_store_forgets_idle_counters(clock: FakeClock) -> None:
     store = MemoryStore(clock)
     engine = Engine(parse_policy(EXPIRY_POLICY), store)
     for i in range(3):
         await engine.check(Call(user="alice", tool="terminal", call_id=str(i)))
     await engine.check(Call(user="banned", tool="terminal", call_id="b"))
-    assert store.key_count() == 3
+    # Three counters, and the records of the two allowed calls (the refused ones: none).
+    assert live_keys(store, all_keys_pattern()) == 3
+    assert live_keys(store, "rw:call:*") == 2
+    assert store.key_count() == 5
     clock.advance(MINUTE_ENDS_AT)  # the fixed window has ended
-    assert store.key_count() == 2
+    assert live_keys(store, all_keys_pattern()) == 2
     clock.advance(60_000 - MINUTE_ENDS_AT - 1)
-    assert store.key_count() == 2  # 1 ms before the window passes: still needed
+    assert live_keys(store, all_keys_pattern()) == 2  # 1 ms before the window passes: still needed
+    clock.advance(1)
+    assert live_keys(store, all_keys_pattern()) == 0
+    assert store.key_count() == 2  # the records live for the policy's call_ttl (1 h)
+    clock.advance(3_600_000 - 60_000 - 1)
+    assert store.key_count() == 2
     clock.advance(1)
     assert store.key_count() == 0
     # And the counters really are empty again.
     decision = await engine.check(Call(user="alice", tool="terminal", call_id="again"))
     assert {v.rule: v.remaining for v in decision.limits} == {"sw": 1, "tb": 1, "fw": 1}
+
+
+# ---------------------------------------------------------------------------- call records
+
+LONG_LEASE_POLICY = b"""
+version: 1
+rules:
+  - {name: gpu-slots, match: {tool: gpu}, concurrency: 1, lease_timeout: 2h}
+"""
+
+
+def long_lease_policy() -> Policy | None:
+    """The policy, or None if it is refused for the right reason (a fix either way)."""
+    try:
+        return parse_policy(LONG_LEASE_POLICY)
+    except PolicyError as exc:
+        problem = str(exc)
+    assert "lease_timeout" in problem, problem
+    assert "call_ttl" in problem, problem
+    return None
+
+
+async def test_a_slot_can_be_released_by_its_settle_until_its_lease_ends(
+    clock: FakeClock,
+) -> None:
+    """keys.py: a call record lives at least as long as the lease, so a late settle finds it."""
+    policy = long_lease_policy()
+    if policy is None:
+        return
+    engine = Engine(policy, MemoryStore(clock), clock=clock)
+    assert (await engine.check(Call(user="u", tool="gpu", call_id="job-1"))).allowed
+    clock.advance(90 * 60_000)  # the job ends after 90 minutes, within its 2 h lease
+    assert (await engine.settle("job-1")).outcome == "settled"
+    assert (await engine.check(Call(user="u", tool="gpu", call_id="job-2"))).allowed
+
+
+@pytest.mark.redis
+async def test_a_call_record_on_redis_outlives_its_lease(
+    redis_server: RedisServer, redis_url: str, clock: FakeClock
+) -> None:
+    """Redis expires keys on its own clock: check the record's TTL against the lease."""
+    policy = long_lease_policy()
+    if policy is None:
+        return
+    store = RedisStore(aioredis.Redis.from_url(redis_url), redis_url, clock)
+    try:
+        engine = Engine(policy, store, clock=clock)
+        assert (await engine.check(Call(user="u", tool="gpu", call_id="job-1"))).allowed
+    finally:
+        await store.close()
+    sync = redis_server.client()
+    lease_ttl = sync.pttl("rw:{gpu-slots|user=u}:cc")
+    record_ttl = sync.pttl(record_key("job-1"))
+    sync.close()
+    assert 7_190_000 < lease_ttl <= 7_200_000
+    assert record_ttl >= lease_ttl, (record_ttl, lease_ttl)  # today: 3_600_000

@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import pytest
@@ -30,10 +31,19 @@ from hypothesis import strategies as st
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import Engine
-from ratewarden.limiter.ops import CounterOp, OpResult, Role
+from ratewarden.limiter.ops import (
+    CallRecord,
+    CounterOp,
+    Evaluation,
+    Hold,
+    Kind,
+    OpResult,
+    Role,
+)
 from ratewarden.policy import parse_policy
-from ratewarden.policy.model import Algorithm
 from ratewarden.store import MemoryStore, Store
+from ratewarden.store.base import StoreError
+from ratewarden.store.keys import record_key
 from ratewarden.store.redis_store import RedisStore
 from tests.redis_server import RedisServer
 
@@ -188,7 +198,7 @@ async def drive(
     results = []
     for t in times:
         clock.set(start + t)
-        [result] = await store.evaluate([op])
+        [result] = (await store.evaluate([op])).results
         results.append(result)
     return results
 
@@ -209,7 +219,7 @@ def as_dicts(results: Sequence[OpResult]) -> list[dict[str, object]]:
 
 
 def check_sliding(run: Runner, limit: int, window: int, times: list[int]) -> None:
-    op = CounterOp(fresh_key("sw"), Algorithm.SLIDING_WINDOW, limit, window, limit, Role.ENFORCE)
+    op = CounterOp(fresh_key("sw"), Kind.SLIDING_WINDOW, Role.ENFORCE, limit, window)
     got: list[OpResult] = []
 
     async def body(store: Store, clock: FakeClock) -> None:
@@ -270,7 +280,9 @@ def check_sliding_via_engine(run: Runner, limit: int, window_text: str, times: l
         engine = Engine(policy, store)
         for i, t in enumerate(times):
             clock.set(START_MS + t)
-            decisions.append(await engine.check(Call(user="u", tool="t", call_id=str(i))))
+            # Generated call_ids (named=False) leave no call record: only counters here.
+            call = Call(user="u", tool="t", call_id=f"{rule}-{i}", named=False)
+            decisions.append(await engine.check(call))
 
     run(body)
     expected = sliding_oracle(times, limit, window)
@@ -318,7 +330,7 @@ def check_token_bucket(run: Runner, limit: int, window: int, burst: int, times: 
     needed TAT_before <= b + (burst-1)*I with TAT_before >= a + (k-1)*I, so
     k <= burst + (b - a)/I, i.e. k <= burst + floor((b - a) * limit / window).
     """
-    op = CounterOp(fresh_key("tb"), Algorithm.TOKEN_BUCKET, limit, window, burst, Role.ENFORCE)
+    op = CounterOp(fresh_key("tb"), Kind.TOKEN_BUCKET, Role.ENFORCE, limit, window, burst)
     got: list[OpResult] = []
 
     async def body(store: Store, clock: FakeClock) -> None:
@@ -374,23 +386,23 @@ async def test_token_bucket_burst_then_steady_rate() -> None:
     """Hand-checked GCRA: 3/minute, burst 3 -> 3 at once, then one every 20 s."""
     clock = FakeClock(START_MS)
     store = MemoryStore(clock)
-    op = CounterOp("tb", Algorithm.TOKEN_BUCKET, 3, 60_000, 3, Role.ENFORCE)
-    got = [(await store.evaluate([op]))[0] for _ in range(4)]
+    op = CounterOp("tb", Kind.TOKEN_BUCKET, Role.ENFORCE, 3, 60_000, 3)
+    got = [(await store.evaluate([op])).results[0] for _ in range(4)]
     assert [r.admitted for r in got] == [True, True, True, False]
     assert [r.remaining for r in got] == [2, 1, 0, 0]
     assert got[3].retry_after_ms == 20_000
     clock.advance(19_999)
-    assert not (await store.evaluate([op]))[0].admitted
+    assert not (await store.evaluate([op])).results[0].admitted
     clock.advance(1)
-    assert (await store.evaluate([op]))[0].admitted
-    assert not (await store.evaluate([op]))[0].admitted
+    assert (await store.evaluate([op])).results[0].admitted
+    assert not (await store.evaluate([op])).results[0].admitted
 
 
 # ---------------------------------------------------------------------------- fixed window
 
 
 def check_fixed(run: Runner, limit: int, window: int, phase: int, times: list[int]) -> None:
-    op = CounterOp(fresh_key("fw"), Algorithm.FIXED_WINDOW, limit, window, limit, Role.ENFORCE)
+    op = CounterOp(fresh_key("fw"), Kind.FIXED_WINDOW, Role.ENFORCE, limit, window)
     start = START_MS - START_MS % window + phase
     got: list[OpResult] = []
 
@@ -444,8 +456,8 @@ def check_limit_changes(
     async def body(store: Store, clock: FakeClock) -> None:
         for limit, t in schedule:
             clock.set(START_MS + t)
-            op = CounterOp(key, Algorithm.SLIDING_WINDOW, limit, window, limit, Role.ENFORCE)
-            got.append((await store.evaluate([op]))[0].admitted)
+            op = CounterOp(key, Kind.SLIDING_WINDOW, Role.ENFORCE, limit, window)
+            got.append((await store.evaluate([op])).results[0].admitted)
 
     run(body)
     admitted: list[int] = []
@@ -523,57 +535,242 @@ def test_limit_shrink_then_grow_within_one_window(redis_server: RedisServer, kin
 
 # ---------------------------------------------------------------------------- twin parity
 
+BUDGET_PERIODS = (600_000, 3_600_000)  # short periods: a run rolls over several times
+COSTS = (0, 250_000, 1_000_000, 3_000_000)  # micro-units; 3.00 exceeds some budgets
+RECORD_TTL = 36_000_000  # outlives every run, on the fake clock and on Redis's own
+
+
+@dataclass(frozen=True)
+class Counter:
+    """One counter of the parity mix (a call picks some of them, each with a role)."""
+
+    kind: Kind
+    limit: int  # calls, slots, or micro-units
+    window_ms: int  # rate window, lease timeout, or reservation TTL
+    burst: int = 0
+    period_ms: int = 0  # budgets: the length of the (clock-aligned) period
+
+
+@dataclass(frozen=True)
+class CheckStep:
+    gap: int
+    picks: tuple[tuple[int, Role, int], ...]  # (counter, role, cost for budgets)
+    call: int  # the call_id's number: an earlier one makes a repeated check
+    user: int  # the fingerprint: an earlier call_id with another user is a conflict
+    keep: bool  # the caller chose the call_id: record the call even without holds
+    dry_run: bool
+    lag: int  # the daemon computed the budget period this long ago (its clock lags)
+
+
+@dataclass(frozen=True)
+class SettleStep:
+    gap: int
+    call: int
+    actual: int | None  # None: settle at the estimate
+    forgotten: bool  # the budget rule is gone from the policy: no period, (0, 0, 0)
+
+
+Step = CheckStep | SettleStep
+
+
+def draw_counter(draw: st.DrawFn) -> Counter:
+    kind = draw(st.sampled_from(list(Kind)))
+    window = draw(st.sampled_from((7_750, 60_000, 3_600_000)))
+    if kind is Kind.BUDGET:
+        limit = draw(st.sampled_from((0, 1_000_000, 2_500_000, 10_000_000)))
+        return Counter(kind, limit, window, period_ms=draw(st.sampled_from(BUDGET_PERIODS)))
+    if kind is Kind.CONCURRENCY:
+        return Counter(kind, draw(st.sampled_from((0, 1, 2, 3))), window)
+    limit = draw(st.sampled_from((0, 1, 2, 3, 10)))
+    burst = draw(st.sampled_from((1, 2, 5))) if kind is Kind.TOKEN_BUCKET else limit
+    return Counter(kind, limit, window, max(burst, 1))
+
 
 @st.composite
-def multi_op_calls(
-    draw: st.DrawFn,
-) -> tuple[list[CounterOp], list[tuple[int, list[tuple[int, Role]]]]]:
-    """A few counters of mixed algorithms, and calls that each touch a subset of them."""
-    counters = []
-    for i in range(draw(st.integers(1, 4))):
-        algorithm = draw(st.sampled_from(list(Algorithm)))
-        limit = draw(st.sampled_from((0, 1, 2, 3, 10)))
-        window = draw(st.sampled_from((7_750, 60_000, 3_600_000)))
-        burst = draw(st.sampled_from((1, 2, 5))) if algorithm is Algorithm.TOKEN_BUCKET else limit
-        key = f"rw:{{twin-{next(_keys)}-{i}}}:x"
-        counters.append(CounterOp(key, algorithm, limit, window, max(burst, 1), Role.ENFORCE))
+def parity_cases(draw: st.DrawFn) -> tuple[list[Counter], list[Step]]:
+    """A few counters of every kind, then checks touching a subset of them and settles.
+
+    Checks sometimes repeat an earlier call_id (answered from its record, or a conflict
+    when another user reuses it) and are sometimes dry runs; settles release slots and
+    swap reservations for an actual cost (or charge the estimate).
+    """
+    counters = [draw_counter(draw) for _ in range(draw(st.integers(1, 4)))]
     picks = st.lists(
-        st.tuples(st.integers(0, len(counters) - 1), st.sampled_from(list(Role))),
+        st.tuples(
+            st.integers(0, len(counters) - 1), st.sampled_from(list(Role)), st.sampled_from(COSTS)
+        ),
         min_size=1,
         max_size=len(counters),
         unique_by=lambda pick: pick[0],
     )
     # Times on a 50 ms grid keep real-Redis TTLs long (see the module docstring).
-    gap = st.one_of(st.just(0), st.integers(0, 40), st.integers(0, 2_400))
-    calls = draw(st.lists(st.tuples(gap.map(lambda g: g * 50), picks), min_size=1, max_size=60))
-    return counters, calls
+    gap = st.one_of(st.just(0), st.integers(0, 40), st.integers(0, 2_400)).map(lambda g: g * 50)
+    steps: list[Step] = []
+    calls = 0
+    for _ in range(draw(st.integers(1, 60))):
+        if calls and draw(st.integers(0, 4)) == 0:
+            actual = draw(st.one_of(st.none(), st.sampled_from(COSTS)))
+            forgotten = draw(st.integers(0, 5)) == 0
+            steps.append(SettleStep(draw(gap), draw(st.integers(0, calls - 1)), actual, forgotten))
+            continue
+        repeat = calls and draw(st.integers(0, 5)) == 0
+        call = draw(st.integers(0, calls - 1)) if repeat else calls
+        calls += not repeat
+        steps.append(
+            CheckStep(
+                draw(gap),
+                tuple(draw(picks)),
+                call,
+                draw(st.sampled_from((0, 0, 0, 1))),
+                draw(st.booleans()),
+                draw(st.integers(0, 9)) == 0,
+                draw(st.sampled_from((0, 0, 30_000, 300_000))),
+            )
+        )
+    return counters, steps
+
+
+def budget_period(counter: Counter, now: int, lag: int = 0) -> tuple[int, int, int]:
+    """(start, end, next end) of the clock-aligned period containing `now - lag`."""
+    length = counter.period_ms
+    start = (now - lag) - (now - lag) % length
+    return start, start + length, start + 2 * length
+
+
+def parity_op(
+    counter: Counter, key: str, index: int, role: Role, cost: int, now: int, lag: int
+) -> CounterOp:
+    if counter.kind is not Kind.BUDGET:
+        return CounterOp(
+            key,
+            counter.kind,
+            role,
+            counter.limit,
+            counter.window_ms,
+            counter.burst,
+            rule=f"c{index}",
+        )
+    period = budget_period(counter, now, lag)
+    # Reservations may outlive their period: the counter is kept until the period in
+    # which they expire has ended, so both stores still charge them.
+    return CounterOp(
+        key, Kind.BUDGET, role, counter.limit, counter.window_ms, 0, cost, period, f"c{index}"
+    )
 
 
 @pytest.mark.redis
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=multi_op_calls())
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=parity_cases())
 def test_memory_and_lua_agree_on_every_field(
-    redis_server: RedisServer,
-    case: tuple[list[CounterOp], list[tuple[int, list[tuple[int, Role]]]]],
+    redis_server: RedisServer, case: tuple[list[Counter], list[Step]]
 ) -> None:
-    """The Python twin and decide.lua, op for op: roles, limit 0, all or nothing."""
-    counters, calls = case
+    """The Python twin and counters.lua, op for op and field for field, on every kind:
+    roles, limit 0, all or nothing, budget reservations across period rollovers,
+    concurrency leases, call records (replays, conflicts), dry runs and settles.
 
-    def run(runner: Runner) -> list[list[OpResult]]:
-        out: list[list[OpResult]] = []
+    On the fake clock the memory store expires keys and the real Redis keeps them. An
+    expired counter answers as a fresh one either way, except when a settle reaches a
+    budget whose key is gone (memory: nothing left to charge; Redis: the stale counter
+    is charged). The memory run notes such settles and both runs leave them out.
+    """
+    counters, steps = case
+    namespace = f"twin{next(_keys)}"  # keys and call_ids no earlier example used
+    keys = [f"rw:{{{namespace}-{i}}}:{c.kind.value}" for i, c in enumerate(counters)]
+    skipped: list[bool] = []  # per settle step; decided by the memory run
+
+    def with_period(hold: Hold, now: int, forgotten: bool) -> Hold:
+        if hold.kind is not Kind.BUDGET or forgotten:
+            return hold
+        return replace(hold, period=budget_period(counters[int(hold.rule[1:])], now))
+
+    async def settle(store: Store, call_id: str, step: SettleStep, now: int, n: int) -> object:
+        found = await store.read_holds(record_key(call_id))
+        holds = None if found is None else [with_period(h, now, step.forgotten) for h in found]
+        if isinstance(store, MemoryStore):
+            skipped.append(
+                any(h.kind is Kind.BUDGET and store._cells.get(h.key, now) is None for h in holds)
+                if holds is not None
+                else False
+            )
+        if skipped[n]:
+            return "skipped"
+        if holds is None:
+            return None
+        return holds, await store.settle(record_key(call_id), call_id, step.actual, holds)
+
+    def run(runner: Runner) -> list[object]:
+        out: list[object] = []
 
         async def body(store: Store, clock: FakeClock) -> None:
             now = START_MS - START_MS % 60_000
-            for gap, picks in calls:
-                now += gap
+            settles = itertools.count()
+            for step in steps:
+                now += step.gap
                 clock.set(now)
+                call_id = f"{namespace}-call-{step.call}"
+                if isinstance(step, SettleStep):
+                    out.append(await settle(store, call_id, step, now, next(settles)))
+                    continue
                 ops = [
-                    CounterOp(c.key, c.algorithm, c.limit, c.window_ms, c.burst, role)
-                    for c, role in ((counters[i], role) for i, role in picks)
+                    parity_op(counters[i], keys[i], i, role, cost, now, step.lag)
+                    for i, role, cost in step.picks
                 ]
-                out.append(await store.evaluate(ops))
+                record = CallRecord(
+                    record_key(call_id), call_id, f"user{step.user}|t", RECORD_TTL, step.keep
+                )
+                out.append(await store.evaluate(ops, record, step.dry_run))
 
         runner(body)
         return out
 
-    assert run(run_on_memory) == run(redis_runner(redis_server))
+    on_memory = run(run_on_memory)
+    on_redis = run(redis_runner(redis_server))
+    for i, (mine, theirs) in enumerate(zip(on_memory, on_redis, strict=True)):
+        assert mine == theirs, f"step {i}: {steps[i]}"
+
+
+@pytest.mark.redis
+def test_amounts_of_a_hundred_million_and_more_survive_the_lua_twin(
+    redis_server: RedisServer,
+) -> None:
+    """Budgets have no upper bound and a call may cost up to 1e9: both twins stay exact."""
+    cost = 123_456_789_012_345  # 123,456,789.012345 in micro-units
+    namespace = f"big{next(_keys)}"
+    start = START_MS - START_MS % 3_600_000
+    period = (start, start + 3_600_000, start + 7_200_000)
+    op = CounterOp(
+        f"rw:{{{namespace}}}:bg", Kind.BUDGET, Role.ENFORCE, 900_000_000_000_000, 3_600_000,
+        cost=cost, period=period, rule="big",
+    )  # fmt: skip
+
+    def run(runner: Runner) -> list[object]:
+        out: list[object] = []
+
+        async def body(store: Store, clock: FakeClock) -> None:
+            call_id = f"{namespace}-call"
+            record = CallRecord(record_key(call_id), call_id, "u|t", RECORD_TTL, keep=True)
+            out.append(await store.evaluate([op], record))
+            out.append(await store.evaluate([op], record))  # answered from the record
+            holds = [replace(h, period=period) for h in await store.read_holds(record.key) or []]
+            out.append(holds)
+            try:
+                out.append(await store.settle(record.key, call_id, cost + 1, holds))
+            except StoreError as exc:
+                out.append(f"settle failed: {exc}")
+            out.append(await store.evaluate([op], dry_run=True))
+
+        runner(body)
+        return out
+
+    on_memory = run(run_on_memory)
+    first, replay, _, settled, after = on_memory
+    assert isinstance(first, Evaluation)
+    assert isinstance(replay, Evaluation)
+    assert isinstance(after, Evaluation)
+    [reserved] = first.results
+    assert (reserved.reserved, replay.results, replay.replayed) == (cost, [reserved], True)
+    assert settled == (0, [cost + 1])
+    assert (after.results[0].used, after.results[0].reserved) == (cost + 1, 0)
+    on_redis = run(redis_runner(redis_server))
+    for i, (mine, theirs) in enumerate(zip(on_memory, on_redis, strict=True)):
+        assert mine == theirs, f"step {i}"

@@ -64,17 +64,25 @@ def test_default_templates_are_the_documented_ones() -> None:
     assert DEFAULT_TEMPLATES == {
         "rate": "Rate limit: max {limit} {label} calls per {window}",
         "concurrency": "Concurrency limit: max {limit} {label} calls at once",
-        "budget": "Budget exceeded for {label} tools",
+        "budget": (
+            "Budget exceeded for {label} tools: spent {spent} of {budget} {currency} this {period}"
+        ),
         "unavailable": "Tool guard unavailable; {label} calls are paused",
     }
     fields = {"limit": 2, "label": "browser", "window": "minute"}
+    money = {"spent": "4.98", "budget": "5.00", "currency": "USD", "period": "day"}
     assert default_template("rate").render(fields, 12) == (
         "Rate limit: max 2 browser calls per minute (retry in 12s)"
     )
     assert default_template("concurrency").render(fields, None) == (
         "Concurrency limit: max 2 browser calls at once"
     )
-    assert default_template("budget").render(fields, None) == "Budget exceeded for browser tools"
+    assert default_template("budget").render(fields | money, None) == (
+        "Budget exceeded for browser tools: spent 4.98 of 5.00 USD this day"
+    )
+    assert default_template("budget").render(fields | money, 3_600) == (
+        "Budget exceeded for browser tools: spent 4.98 of 5.00 USD this day (retry in 1h)"
+    )
     assert default_template("unavailable").render(fields, None) == (
         "Tool guard unavailable; browser calls are paused"
     )

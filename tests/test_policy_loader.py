@@ -21,8 +21,8 @@ from ratewarden.policy import (
     load_policy,
     parse_policy,
 )
-from ratewarden.policy.durations import Rate, parse_rate
-from ratewarden.policy.model import Unlimited
+from ratewarden.policy.durations import Rate, parse_budget, parse_rate
+from ratewarden.policy.model import BudgetLimit, ConcurrencyLimit, Unlimited
 
 POLICIES = Path(__file__).parent / "policies"
 BAD = POLICIES / "bad"
@@ -83,17 +83,14 @@ BAD_FILES: dict[str, list[tuple[int, str, str]]] = {
     "burst_without_token_bucket.yaml": [
         (3, "rules[0]", "burst only applies to algorithm: token_bucket")
     ],
-    # While concurrency rules are unsupported, that is what gets reported first.
     "two_limits_in_one_rule.yaml": [
-        (5, "rules[0].concurrency", "concurrency rules are not supported by this version yet"),
+        (
+            3,
+            "rules[0]",
+            "a rule needs exactly one of rate, concurrency, budget (got rate, concurrency)",
+        ),
     ],
     "no_limit.yaml": [(3, "rules[0]", "a rule needs exactly one of rate, concurrency, budget")],
-    "budget_not_supported_yet.yaml": [
-        (4, "rules[0].budget", "budget rules are not supported by this version yet")
-    ],
-    "concurrency_not_supported_yet.yaml": [
-        (4, "rules[0].concurrency", "concurrency rules are not supported by this version yet")
-    ],
     "bad_timezone.yaml": [(3, "defaults.timezone", "unknown timezone 'Mars/Olympus'")],
     "bad_mode.yaml": [(3, "defaults.mode", "Input should be 'enforce' or 'shadow', got 'audit'")],
     "bad_algorithm.yaml": [
@@ -110,6 +107,24 @@ BAD_FILES: dict[str, list[tuple[int, str, str]]] = {
             "rules[0].message",
             "unknown placeholder {username} in 'Slow down, {username}'; known: label, limit, "
             "remaining, retry_after, rule, tool, user, window",
+        )
+    ],
+    # Placeholders are checked against the rule's kind: budget fields only in budgets...
+    "rate_template_uses_budget_fields.yaml": [
+        (
+            5,
+            "rules[0].message",
+            "unknown placeholder {spent} in 'Spent {spent} of {budget} already'; known: label, "
+            "limit, remaining, retry_after, rule, tool, user, window",
+        )
+    ],
+    # ... and {window} only in rate rules.
+    "concurrency_template_uses_window.yaml": [
+        (
+            5,
+            "rules[0].message",
+            "unknown placeholder {window} in 'Max {limit} calls per {window}'; known: label, "
+            "limit, remaining, retry_after, rule, tool, user",
         )
     ],
     "unbalanced_template.yaml": [
@@ -152,8 +167,8 @@ BAD_FILES: dict[str, list[tuple[int, str, str]]] = {
     "several_reference_errors.yaml": [
         (5, "rules[1].name", "duplicate rule name 'a'"),
         (7, "rules[1].match.group", "unknown group 'ghosts'"),
-        (9, "rules[2].budget", "budget rules are not supported by this version yet"),
-        (12, "overrides[0].rule", "unknown rule 'missing'"),
+        (9, "rules[2].match.group", "unknown group 'staff'"),
+        (13, "overrides[0].rule", "unknown rule 'missing'"),
     ],
     "empty_tool_name.yaml": [
         (4, "rules[0].match.tool[0]", "String should have at least 1 character"),
@@ -239,24 +254,71 @@ def test_good_policy_loads_and_its_version_is_the_hash_of_its_bytes(path: Path) 
 
 def test_spec_example_compiles_to_the_documented_rules() -> None:
     policy = load_policy(GOOD / "spec_example.yaml")
-    summary = [
-        (r.name, str(r.limit.rate), r.limit.algorithm, r.per, r.mode, r.on_exceed, r.limit.burst)
-        for r in policy.rules
-    ]
+    summary = [(r.name, r.kind, r.algorithm, r.per, r.mode, r.on_exceed) for r in policy.rules]
     assert summary == [
-        ("terminal-per-minute", "10/minute", Algorithm.SLIDING_WINDOW, ("user",), Mode.ENFORCE,
-         OnExceed.DENY, None),
-        ("destructive-per-hour", "3/hour", Algorithm.SLIDING_WINDOW, ("user",), Mode.ENFORCE,
-         OnExceed.ASK, None),
-        ("all-tools-burst", "30/minute", Algorithm.TOKEN_BUCKET, ("user", "tool"), Mode.ENFORCE,
-         OnExceed.DENY, 10),
+        ("terminal-per-minute", "rate", "sliding_window", ("user",), Mode.ENFORCE, OnExceed.DENY),
+        ("browser-concurrency", "concurrency", "concurrency", ("user",), Mode.ENFORCE,
+         OnExceed.DENY),
+        ("destructive-per-hour", "rate", "sliding_window", ("user",), Mode.ENFORCE, OnExceed.ASK),
+        ("daily-spend", "budget", "budget", ("user",), Mode.ENFORCE, OnExceed.DENY),
+        ("all-tools-burst", "rate", "token_bucket", ("user", "tool"), Mode.ENFORCE,
+         OnExceed.DENY),
     ]  # fmt: skip
-    assert policy.defaults == {
+    limits = {r.name: r.limit for r in policy.rules}
+    assert limits == {
+        "terminal-per-minute": RateLimit(parse_rate("10/minute"), Algorithm.SLIDING_WINDOW),
+        # Leases of vanished callers are reclaimed after the default 10 minutes.
+        "browser-concurrency": ConcurrencyLimit(2, 600_000),
+        "destructive-per-hour": RateLimit(parse_rate("3/hour"), Algorithm.SLIDING_WINDOW),
+        "daily-spend": BudgetLimit(parse_budget("5.00/day"), "USD", 0.8),
+        "all-tools-burst": RateLimit(parse_rate("30/minute"), Algorithm.TOKEN_BUCKET, 10),
+    }
+    budget = limits["daily-spend"]
+    assert isinstance(budget, BudgetLimit)
+    assert (budget.limit, budget.budget.period, str(budget.budget)) == (
+        5_000_000,
+        "day",
+        "5.00/day",
+    )
+    # Overrides: exact user > group > glob > rule default.
+    alice = {
+        e.rule.name: (e.limit, e.source) for e in policy.explain(Call("alice", "terminal", "c"))
+    }
+    assert alice["terminal-per-minute"] == (
+        RateLimit(parse_rate("100/minute"), Algorithm.SLIDING_WINDOW),
+        "overrides[0]",
+    )
+    assert alice["daily-spend"] == (
+        BudgetLimit(parse_budget("50/day"), "USD", 0.8),  # pro's budget; currency, soft limit kept
+        "overrides[1]",
+    )
+    banned = {
+        e.rule.name: (e.limit, e.source) for e in policy.explain(Call("banned-7", "terminal", "c"))
+    }
+    assert banned["terminal-per-minute"] == (
+        RateLimit(parse_rate("0/minute"), Algorithm.SLIDING_WINDOW),
+        "overrides[2]",
+    )
+    assert banned["daily-spend"] == (limits["daily-spend"], "rule")
+    browser = {e.rule.name: e.applies for e in policy.explain(Call("bob", "browser_open", "c"))}
+    assert browser == {
+        "terminal-per-minute": False,
+        "browser-concurrency": True,
+        "destructive-per-hour": True,  # unclassified tools count as destructive
+        "daily-spend": True,
+        "all-tools-burst": True,
+    }
+    assert {k: policy.defaults[k] for k in ("mode", "fail", "algorithm", "timezone")} == {
         "mode": "enforce",
         "fail": "open",
         "algorithm": "sliding_window",
         "timezone": "UTC",
     }
+    # Not in the file: the defaults for leases, reservations and call records.
+    assert set(policy.defaults) == {
+        "mode", "fail", "algorithm", "timezone", "lease_timeout", "reservation_ttl", "call_ttl"
+    }  # fmt: skip
+    assert (policy.reservation_ttl_ms, policy.call_ttl_ms) == (3_600_000, 3_600_000)
     assert (policy.label_for("browser_open"), policy.cost_for("browser_open")) == ("browser", 0.05)
     assert (policy.label_for("web_search"), policy.cost_for("web_search")) == ("web_search", 0.01)
     assert (policy.label_for("terminal"), policy.cost_for("terminal")) == ("terminal", 0.0)
@@ -350,7 +412,11 @@ def test_the_packaged_example_loads() -> None:
         "browser-per-minute",
         "destructive-per-hour",
         "all-tools-burst",
+        "browser-concurrency",
+        "daily-spend",
     ]
+    assert [r.kind for r in policy.rules][-2:] == ["concurrency", "budget"]
+    assert policy.cost_for("browser_open") == 0.05
     ops = explained(policy, call(user="ops-1", tool="terminal"))
     assert ops["terminal-per-minute"] == (True, 60, "overrides[0]")
     assert explained(policy, call(user="bob", tool="terminal"))["terminal-per-minute"] == (

@@ -12,6 +12,7 @@ from ratewarden.calls import Call
 from ratewarden.engine import Engine
 from ratewarden.policy import parse_policy
 from ratewarden.store import MemoryStore, StoreURLError, redact, store_from_url
+from ratewarden.store.keys import all_keys_pattern, record_key
 from tests.redis_server import RedisServer, free_port, running_redis
 
 pytestmark = pytest.mark.redis
@@ -70,7 +71,12 @@ async def test_unix_socket(tls_redis: tuple[RedisServer, int, Path]) -> None:
         "allow",
         "deny",
     ]
-    assert server.client().keys("rw:*") == [b"rw:{two|user=u}:sw"]
+    client = server.client()
+    assert client.keys(all_keys_pattern()) == [b"rw:{two|user=u}:sw"]
+    # The two allowed calls are recorded; the refused third one is not.
+    assert sorted(client.keys("rw:call:*")) == [record_key("0").encode(), record_key("1").encode()]
+    assert len(client.keys("*")) == 3
+    client.close()
 
 
 def test_memory_url_builds_the_embedded_store() -> None:

@@ -264,7 +264,10 @@ def _usage_row(item: Any) -> list[str]:
         limit = f"{item.limit:.2f} {item.currency}/{item.period}"
         used = f"{item.used:.2f}" + (f" (+{item.reserved:.2f} reserved)" if item.reserved else "")
         return [item.rule, item.kind, limit, used, f"{item.remaining:.2f}", resets, item.mode]
-    limit = f"{item.limit}/{item.window}" if item.kind == "rate" else f"{item.limit} at once"
+    if item.kind == "concurrency":  # slots free on settle or lease expiry, not at a time
+        limit, resets = f"{item.limit} at once", "-"
+    else:
+        limit = f"{item.limit}/{item.window}"
     return [item.rule, item.kind, limit, str(item.used), str(item.remaining), resets, item.mode]
 
 

@@ -21,7 +21,16 @@ from ratewarden.engine.decision import (
     soft_limit_warning,
     verdict,
 )
-from ratewarden.limiter.ops import KIND_OF, CallRecord, CounterOp, Hold, Kind, OpResult, Role
+from ratewarden.limiter.ops import (
+    HOLDING,
+    KIND_OF,
+    CallRecord,
+    CounterOp,
+    Hold,
+    Kind,
+    OpResult,
+    Role,
+)
 from ratewarden.policy.durations import MICROS, to_micros
 from ratewarden.policy.messages import default_template
 from ratewarden.policy.model import (
@@ -60,11 +69,14 @@ class Engine:
         if not applied:
             return Decision("allow", call.call_id, approved=call.approved)
         ops = [self._op(policy, a, call) for a in applied]
+        # The record must outlive every lease and reservation it lists, or a late settle
+        # could not release them (a rule's own lease_timeout may exceed call_ttl).
+        held = [op.window_ms for op in ops if op.kind in HOLDING]
         record = CallRecord(
             record_key(call.call_id),
             call.call_id,
             f"{encode(call.user)}|{encode(call.tool)}",
-            policy.call_ttl_ms,
+            max([policy.call_ttl_ms, *held]),
             keep=call.named,
         )
         try:
@@ -215,7 +227,7 @@ class Engine:
             approved=call.approved,
             replayed=replayed,
         )
-        if not violations:
+        if not violations or replayed:  # only allowed calls are recorded, so a replay allows
             return decided
         denials = [v for v in violations if v.on_exceed == OnExceed.DENY]
         first = binding(denials or violations)

@@ -31,6 +31,10 @@ else
   now = tonumber(ARGV[2])
 end
 
+local function int(n)  -- Lua 5.1 writes numbers as %.14g; money needs every digit
+  return string.format('%d', n)
+end
+
 local function enc(n, width)
   local bytes = {}
   for i = width, 1, -1 do
@@ -212,9 +216,11 @@ end
 
 local function budget_save(key, b, min_ttl)
   if not b.dirty then return end
-  redis.call('HSET', key, 'p', b.p, 's', b.s, 'r', b.r)
-  if b.n then redis.call('HSET', key, 'n', b.n) else redis.call('HDEL', key, 'n') end
-  local ttl = math.max(b.finish - now, min_ttl, 1)  -- the period, and every reservation
+  redis.call('HSET', key, 'p', int(b.p), 's', int(b.s), 'r', int(b.r))
+  if b.n then redis.call('HSET', key, 'n', int(b.n)) else redis.call('HDEL', key, 'n') end
+  -- Live through the period, every reservation, and the period in which the latest
+  -- reservation expires, so its charge is still there to be read.
+  local ttl = math.max(b.finish - now, min_ttl, (b.keep or now) - now, 1)
   if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 end
 
@@ -227,9 +233,10 @@ local function budget(key, op, call_id)
   c.commit = function()
     if op.cost > 0 then
       local expiry = now + op.window
-      redis.call('HSET', key, 'h:' .. call_id, op.cost .. ':' .. expiry)
+      redis.call('HSET', key, 'h:' .. call_id, int(op.cost) .. ':' .. int(expiry))
       if not b.n or expiry < b.n then b.n = expiry end
       b.r, b.dirty = b.r + op.cost, true
+      if expiry >= b.finish then b.keep = expiry + (op.p2 - op.p1) end
     end
     c.reserved = b.r
   end
@@ -291,7 +298,9 @@ local function decide()
     end
   end
   if not dry and not blocked and call_id ~= '' and (keep or #holds > 0) then
-    redis.call('HSET', KEYS[1], 'f', fingerprint, 'r', table.concat(numbers, ','),
+    local stored = {}
+    for i, v in ipairs(numbers) do stored[i] = int(v) end
+    redis.call('HSET', KEYS[1], 'f', fingerprint, 'r', table.concat(stored, ','),
       'h', table.concat(holds, '\n'), 's', 'open')
     redis.call('PEXPIRE', KEYS[1], record_ttl)
   end
@@ -312,7 +321,7 @@ local function settle()
     local charged = 0
     if kind == 'cc' then
       redis.call('ZREM', KEYS[i], call_id)
-    elseif redis.call('EXISTS', KEYS[i]) == 1 then
+    elseif tonumber(ARGV[a + 3]) ~= 0 or redis.call('EXISTS', KEYS[i]) == 1 then
       local cost = actual == '' and estimate or tonumber(actual)
       local b = budget_load(KEYS[i], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
       local held = redis.call('HGET', KEYS[i], 'h:' .. call_id)

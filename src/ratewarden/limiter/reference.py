@@ -124,9 +124,10 @@ def settle(
             charged.append(0)
             continue
         state: Budget | None = table.get(hold.key, now)
-        if state is None:
+        if state is None and hold.period[1] == 0:  # gone, and its rule too: nothing to charge
             charged.append(0)
             continue
+        state = state or Budget()  # e.g. a call estimated at 0 reserved nothing
         cost = hold.estimate if actual is None else actual
         budget = _load_budget(state, *hold.period, now)
         if call_id in budget.holds:  # still reserved: swap the reservation for the actual cost
@@ -250,6 +251,7 @@ class Budget:
     holds: dict[str, tuple[int, int]] = field(default_factory=dict)  # call_id -> (amount, expiry)
     finish: int = 0  # end of the current period (not stored in Redis; recomputed)
     dirty: bool = False  # changed since loaded: write it back
+    keep: int = 0  # live until then: the period in which the latest reservation expires
 
 
 def _charge_expired(budget: Budget, upto: int) -> None:
@@ -263,7 +265,7 @@ def _charge_expired(budget: Budget, upto: int) -> None:
 
 def _load_budget(budget: Budget, p0: int, p1: int, p2: int, now: int) -> Budget:
     """Roll the period over if it ended, then charge expired reservations at their estimate."""
-    budget.dirty = False
+    budget.dirty, budget.keep = False, 0
     if p1 == 0:  # period unknown (a settle for a rule since removed): keep the counter's
         start, budget.finish = (now if budget.period is None else budget.period), now
     else:
@@ -280,7 +282,9 @@ def _load_budget(budget: Budget, p0: int, p1: int, p2: int, now: int) -> Budget:
 def _save_budget(table: Table, key: str, budget: Budget, min_ttl: int, now: int) -> None:
     if not budget.dirty:
         return
-    ttl = max(budget.finish - now, min_ttl, 1)  # the period, and every reservation
+    # Live through the period, every reservation, and the period in which the latest
+    # reservation expires, so its charge is still there to be read.
+    ttl = max(budget.finish - now, min_ttl, budget.keep - now, 1)
     table.put(key, budget, max(ttl, table.ttl(key, now)), now)
 
 
@@ -293,9 +297,12 @@ def budget(table: Table, op: CounterOp, now: int, call_id: str) -> Check:
 
     def commit() -> None:
         if op.cost > 0:
-            state.holds[call_id] = (op.cost, now + op.window_ms)
+            expiry = now + op.window_ms
+            state.holds[call_id] = (op.cost, expiry)
             state.reserved += op.cost
             state.dirty = True
+            if expiry >= state.finish:
+                state.keep = expiry + (op.period[2] - op.period[1])
         check.reserved = state.reserved
 
     check.commit = commit

@@ -72,6 +72,8 @@ def parse_duration(text: object) -> int:
 
 
 MICROS = 1_000_000  # budgets and costs are counted in millionths, so sums are exact
+# Amounts stay far below 2**53 millionths, where Lua's doubles stop counting exactly.
+MAX_AMOUNT = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,10 @@ def parse_budget(text: object) -> Budget:
             'expected "AMOUNT/period" with period hour, day, week or month '
             f'(e.g. "5.00/day"), got {text!r}'
         )
-    return Budget(to_micros(found.group(1)), found.group(2))
+    budget = Budget(to_micros(found.group(1)), found.group(2))
+    if budget.micros > MAX_AMOUNT * MICROS:
+        raise ValueError(f"a budget is at most {MAX_AMOUNT:,} per period, got {text!r}")
+    return budget
 
 
 def to_micros(amount: str | float) -> int:
