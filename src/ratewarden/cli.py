@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -64,7 +66,7 @@ def _add_serve(commands: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ratewarden.logs import configure_logging
+    from ratewarden.logs import configure_audit, configure_logging
     from ratewarden.policy import PolicyError
 
     settings = Settings(**_given(args, "host", "port", "workers", "store_url", "policy", "fail",
@@ -75,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
             "or a shared store such as --store-url redis://localhost:6379/0"
         )
     configure_logging(settings.log_format, settings.log_level)
+    configure_audit(settings.audit_log)
     try:
         return _run_uvicorn(settings)
     except PolicyError as exc:
@@ -102,8 +105,10 @@ def _run_uvicorn(settings: Settings) -> int:
     if app is not None:
         uvicorn.run(app, **options)
     else:
-        # Workers import the app themselves; they read the same settings from the environment.
+        # Workers import the app themselves; they read the same settings from the environment,
+        # and write their metrics where /metrics in any worker can merge them.
         os.environ.update(_as_environment(settings))
+        _prepare_multiprocess_metrics()
         uvicorn.run(
             "ratewarden.service.app:create_app_from_env",
             factory=True,
@@ -111,6 +116,16 @@ def _run_uvicorn(settings: Settings) -> int:
             **options,
         )
     return 0
+
+
+def _prepare_multiprocess_metrics() -> None:
+    """prometheus-client multiprocess mode: a directory that starts empty for this run."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        for stale in Path(directory).glob("*.db"):
+            stale.unlink()  # values of a previous run would be merged in otherwise
+    else:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="ratewarden-metrics-")
 
 
 def _as_environment(settings: Settings) -> dict[str, str]:

@@ -21,6 +21,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+def configure_audit(destination: str) -> None:
+    """Audit lines are JSON already: write them bare, to stderr, a file, or nowhere."""
+    audit = logging.getLogger("ratewarden.audit")
+    audit.propagate = False
+    audit.setLevel(logging.INFO)
+    if destination == "off":
+        audit.handlers[:] = [logging.NullHandler()]
+        return
+    handler = (
+        logging.StreamHandler(sys.stderr)
+        if destination == "-"
+        else logging.FileHandler(destination)
+    )
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    audit.handlers[:] = [handler]
+
+
 def configure_logging(log_format: str, level: str) -> None:
     """Send every logger (ours and uvicorn's) to stderr in the chosen format."""
     handler = logging.StreamHandler(sys.stderr)

@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     store_timeout_ms: int = Field(100, ge=1, le=60_000)
     log_format: Literal["json", "text"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Audit lines (one JSON object per deny, ask, shadow deny, approved ask): "-" for
+    # stderr, a file path, or "off".
+    audit_log: str = "-"
+    # Include each call's `args` in audit lines. Off by default: args may hold secrets.
+    audit_args: bool = False
     # Clients (CLI, hooks, adapters): where the daemon is, and the token to send.
     url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
     token: str | None = None

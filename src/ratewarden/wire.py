@@ -146,6 +146,14 @@ class ResetResponse(BaseModel):
     deleted: int
 
 
+class DenialsResponse(BaseModel):
+    """Audit entries: id, time, event (deny, ask, shadow_deny, approved), decision, user,
+    tool, session, team, call_id, rule, rules, reason, message, retry_after, degraded
+    (and args, when the operator enabled them)."""
+
+    denials: list[dict[str, Any]]
+
+
 class PolicyResponse(BaseModel):
     version: str
     source: str

@@ -22,6 +22,7 @@ class Verdict:
 
     rule: str
     kind: str  # rate, concurrency, budget, unavailable
+    admitted: bool  # this rule alone would let the call through
     limit: Number  # calls, slots, or money
     remaining: Number
     retry_after: float | None
@@ -87,6 +88,7 @@ def verdict(policy: Policy, applied: Applied, call: Call, result: OpResult) -> V
     found = Verdict(
         rule=applied.rule.name,
         kind=applied.rule.kind,
+        admitted=result.admitted,
         limit=0,
         remaining=result.remaining,
         retry_after=0.0 if result.admitted else _seconds(result.retry_after_ms),

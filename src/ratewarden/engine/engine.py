@@ -257,7 +257,7 @@ class Engine:
         rule = closed[0]
         label = rule.label or policy.label_for(call.tool)
         message = default_template("unavailable").render({"label": label}, None)
-        refusal = Verdict(rule.name, "unavailable", 0, 0, None, 0.0, message)
+        refusal = Verdict(rule.name, "unavailable", False, 0, 0, None, 0.0, message)
         return Decision("deny", call.call_id, message, None, (refusal,), degraded=True)
 
 

@@ -252,6 +252,9 @@ class Policy:
     reservation_ttl_ms: int = 3_600_000
     call_ttl_ms: int = 3_600_000
     _periods: dict[str, PeriodClock] = field(init=False, repr=False)
+    _metric_tool: Callable[[str], str] = field(init=False, repr=False)
+    _by_name: dict[str, Rule] = field(init=False, repr=False)
+    _named_tools: frozenset[str] = field(init=False, repr=False)
     _candidates: Callable[[str, str], tuple[Applied, ...]] = field(init=False, repr=False)
     _label: Callable[[str], str] = field(init=False, repr=False)
 
@@ -259,7 +262,16 @@ class Policy:
         # Per-instance caches: a reloaded policy starts with empty ones.
         self._candidates = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_candidates)
         self._label = lru_cache(maxsize=4096)(self._find_label)
+        self._metric_tool = lru_cache(maxsize=4096)(self._find_metric_tool)
         self._periods = {}
+        self._by_name = {rule.name: rule for rule in self.rules}
+        # Tools the policy names exactly: the only tool names that may become metric labels.
+        self._named_tools = frozenset(
+            name
+            for names in [*(n for n, _ in self.tools), *(r.match.tools for r in self.rules)]
+            if names is not None
+            for name in names.exact
+        )
 
     def period(self, name: str, now_ms: int) -> Bounds:
         """The budget period `name` (day, week...) containing `now_ms`, in the policy's zone."""
@@ -309,6 +321,25 @@ class Policy:
 
     def cost_for(self, tool: str) -> float:
         return self._tool_entry(tool).cost
+
+    def metric_tool(self, tool: str) -> str:
+        """A bounded metric label: a tool the policy names, its catalogue label, or `other`."""
+        return self._metric_tool(tool)
+
+    def currency_of(self, rule_name: str) -> str | None:
+        rule = self._by_name.get(rule_name)
+        return rule.limit.currency if rule and isinstance(rule.limit, BudgetLimit) else None
+
+    def _find_metric_tool(self, tool: str) -> str:
+        if tool in self._named_tools:
+            return tool
+        for names, entry in self.tools:
+            if tool in names:
+                return entry.label or names.source[0]
+        for rule in self.rules:
+            if rule.match.tools is not None and tool in rule.match.tools:
+                return rule.label or rule.match.tools.source[0]
+        return "other"
 
     def _find_candidates(self, user: str, tool: str) -> tuple[Applied, ...]:
         groups = self.groups_of(user)

@@ -7,11 +7,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 
 from ratewarden import __version__
+from ratewarden.audit import AuditTrail
 from ratewarden.engine import Engine
+from ratewarden.metrics import Metrics, TimedStore
 from ratewarden.policy import Policy, load_example_policy, load_policy
 from ratewarden.service.errors import install_error_handlers
+from ratewarden.service.observer import Observer
 from ratewarden.service.routes import router
 from ratewarden.settings import Settings
 from ratewarden.store import Store, StoreError, store_from_url
@@ -20,36 +24,46 @@ log = logging.getLogger("ratewarden")
 
 
 def create_app(
-    settings: Settings | None = None, *, store: Store | None = None, policy: Policy | None = None
+    settings: Settings | None = None,
+    *,
+    store: Store | None = None,
+    policy: Policy | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> FastAPI:
-    """Build the daemon. Tests pass their own store and policy; `serve` passes neither."""
+    """Build the daemon. Tests pass their own store, policy and metrics registry."""
     settings = settings or Settings()
     policy = policy or load_configured_policy(settings)
-    store = store or store_from_url(settings.store_url, timeout_ms=settings.store_timeout_ms)
+    raw_store = store or store_from_url(settings.store_url, timeout_ms=settings.store_timeout_ms)
+    metrics = Metrics(registry or CollectorRegistry())
+    timed = TimedStore(raw_store, metrics)
+    audit = AuditTrail(timed, include_args=settings.audit_args)
     # Budget periods are picked on the store's clock when it has one (the embedded store);
     # Redis stores use Redis TIME and the engine's clock only proposes the period.
-    engine = Engine(policy, store, fail=settings.fail, clock=getattr(store, "clock", None))
+    engine = Engine(policy, timed, fail=settings.fail, clock=getattr(raw_store, "clock", None))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
-            await store.start()
+            await timed.start()
         except StoreError as exc:
             # Keep serving: decisions follow the fail mode and /readyz says 503 until the
             # store answers; the script is loaded again on first use.
             log.warning("store not reachable at start-up (%s); will retry on use", exc)
+        metrics.policy_loaded(policy)
+        audit.start()
         log.info(
             "ratewarden %s ready on http://%s:%s | store %s | policy %s (version %s, %d rules)",
             __version__,
             settings.host,
             settings.port,
-            store.description,
+            raw_store.description,
             policy.source,
             policy.version,
             len(policy.rules),
         )
         yield
-        await store.close()
+        await audit.stop()
+        await timed.close()
 
     app = FastAPI(
         title="ratewarden",
@@ -59,6 +73,7 @@ def create_app(
     )
     app.state.engine = engine
     app.state.settings = settings
+    app.state.observer = Observer(metrics, audit)
     app.include_router(router)
     install_error_handlers(app)
     return app

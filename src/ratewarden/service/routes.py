@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
-from ratewarden.engine import CallIdConflict, Engine
+from ratewarden.audit import RECENT_LIMIT
+from ratewarden.engine import CallIdConflict, Decision, Engine
+from ratewarden.metrics import exposition
 from ratewarden.service.convert import to_call, to_response, to_usage_item
 from ratewarden.service.errors import error_response
+from ratewarden.service.observer import Observer
 from ratewarden.store import StoreError
 from ratewarden.wire import (
     BatchRequest,
     BatchResponse,
     CheckRequest,
     CheckResponse,
+    DenialsResponse,
     ErrorResponse,
     FieldError,
     PolicyResponse,
@@ -38,6 +43,22 @@ def engine_of(request: Request) -> Engine:
     return engine
 
 
+def observer_of(request: Request) -> Observer:
+    observer: Observer = request.app.state.observer
+    return observer
+
+
+async def _decide(request: Request, body: CheckRequest) -> Decision:
+    """Decide, then report the decision (metrics, audit); `args` only reach the audit."""
+    engine = engine_of(request)
+    policy = engine.policy
+    call = to_call(body)
+    started = time.perf_counter()
+    decision = await engine.check(call)
+    observer_of(request).checked(decision, call, body.args, policy, time.perf_counter() - started)
+    return decision
+
+
 CallIdPath = Annotated[str, Path(min_length=1, max_length=128)]
 
 
@@ -49,11 +70,10 @@ async def check(body: CheckRequest, request: Request) -> CheckResponse | JSONRes
     call and consumes nothing; a refused call consumed nothing and is decided afresh.
     """
     try:
-        decision = await engine_of(request).check(to_call(body))
+        decision = await _decide(request, body)
     except CallIdConflict as exc:
-        return error_response(
-            409, "call_id_conflict", str(exc), [FieldError(field="call_id", message=str(exc))]
-        )
+        field = FieldError(field="call_id", message=str(exc))
+        return error_response(409, "call_id_conflict", str(exc), [field])
     return to_response(decision)
 
 
@@ -62,11 +82,10 @@ async def check(body: CheckRequest, request: Request) -> CheckResponse | JSONRes
 )
 async def check_batch(body: BatchRequest, request: Request) -> BatchResponse | JSONResponse:
     """Decide a model's parallel tool calls, in order; each call is all or nothing on its own."""
-    engine = engine_of(request)
     results = []
     for i, call in enumerate(body.calls):
         try:
-            results.append(to_response(await engine.check(to_call(call))))
+            results.append(to_response(await _decide(request, call)))
         except CallIdConflict as exc:
             field = FieldError(field=f"calls[{i}].call_id", message=str(exc))
             return error_response(409, "call_id_conflict", f"{field.field}: {exc}", [field])
@@ -87,10 +106,12 @@ async def settle(
     Settling twice changes nothing; the second answer says `already_settled`.
     """
     cost = body.cost if body else None
+    engine = engine_of(request)
     try:
-        found = await engine_of(request).settle(call_id, cost)
+        found = await engine.settle(call_id, cost)
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
+    observer_of(request).settled(found, engine.policy)
     if found.outcome == "unknown":
         message = (
             f"no allowed call {call_id!r} holds anything to settle "
@@ -139,6 +160,29 @@ async def usage(
     return UsageResponse(
         user=user, tool=tool, session=session, team=team, limits=[to_usage_item(i) for i in items]
     )
+
+
+@router.get("/v1/denials", response_model=DenialsResponse, responses=ERRORS, tags=["inspect"])
+async def denials(
+    request: Request,
+    user: OptionalSubject = None,
+    tool: OptionalSubject = None,
+    rule: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=RECENT_LIMIT)] = 100,
+) -> DenialsResponse | JSONResponse:
+    """Recent denials, asks, shadow denials and approved asks, newest first (bounded)."""
+    try:
+        found = await observer_of(request).audit.recent(user, tool, rule, limit)
+    except StoreError as exc:
+        return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
+    return DenialsResponse(denials=found)
+
+
+@router.get("/metrics", tags=["health"], response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition."""
+    body, content_type = exposition(observer_of(request).metrics.registry)
+    return Response(body, media_type=content_type)
 
 
 @router.get("/v1/policy", response_model=PolicyResponse, tags=["inspect"])

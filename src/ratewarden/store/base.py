@@ -44,6 +44,14 @@ class Store(Protocol):
         """Delete every key matching the glob `pattern`; return how many."""
         ...
 
+    async def push_denials(self, entries: Sequence[str], keep: int) -> None:
+        """Prepend audit entries (JSON lines, oldest first) to the recent list; keep `keep`."""
+        ...
+
+    async def recent_denials(self, count: int) -> list[str]:
+        """The newest `count` audit entries, newest first."""
+        ...
+
     async def ping(self) -> None:
         """Raise StoreError unless the store answers."""
         ...

@@ -18,6 +18,9 @@ Call records: `rw:call:{<call_id>}`, a hash kept for allowed calls that hold som
 (a reservation, a slot) or whose caller chose the call_id. Their own prefix keeps them
 out of reach of counter patterns (`rw:{...`), whatever the rules are named.
 
+Recent denials: `rw:denials`, a list capped at its length (1000 audit entries), no TTL:
+it is the operator's window on what was blocked, and never grows.
+
 TTLs (each key expires once it can no longer change a decision):
 - sliding window (`sw`): the window length, refreshed at every admission: once the
   newest admission has left the window, the counter holds nothing that counts.
@@ -41,6 +44,7 @@ from urllib.parse import quote
 from ratewarden.limiter.ops import Kind
 
 PREFIX = "rw"
+DENIALS_KEY = f"{PREFIX}:denials"
 
 
 @lru_cache(maxsize=65_536)

@@ -6,7 +6,9 @@ cells are swept lazily, a slice at a time, so memory stays bounded by live count
 
 from __future__ import annotations
 
+import collections
 import fnmatch
+import itertools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -59,6 +61,7 @@ class MemoryStore:
         self.clock = clock or SystemClock()
         self._cells = _Cells()
         self._lock = threading.Lock()  # atomicity if used from several threads
+        self._denials: collections.deque[str] = collections.deque()
 
     @property
     def description(self) -> str:
@@ -92,6 +95,16 @@ class MemoryStore:
             for key in doomed:
                 del self._cells.values[key]
             return len(doomed)
+
+    async def push_denials(self, entries: Sequence[str], keep: int) -> None:
+        with self._lock:
+            self._denials.extendleft(entries)
+            while len(self._denials) > keep:
+                self._denials.pop()
+
+    async def recent_denials(self, count: int) -> list[str]:
+        with self._lock:
+            return list(itertools.islice(self._denials, count))
 
     async def ping(self) -> None:
         return None

@@ -13,6 +13,7 @@ from ratewarden.clock import Clock
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, decode_holds
 from ratewarden.limiter.reference import results_from
 from ratewarden.store.base import StoreError
+from ratewarden.store.keys import DENIALS_KEY
 
 COUNTERS_LUA = resources.files("ratewarden.limiter").joinpath("counters.lua").read_text()
 _DECIDED, _BLOCKED, _REPLAYED, _CONFLICT = 0, 1, 2, 3
@@ -103,6 +104,22 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
         return deleted
+
+    async def push_denials(self, entries: Sequence[str], keep: int) -> None:
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.lpush(DENIALS_KEY, *entries)
+                pipe.ltrim(DENIALS_KEY, 0, keep - 1)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def recent_denials(self, count: int) -> list[str]:
+        try:
+            found: list[bytes | str] = await self._client.lrange(DENIALS_KEY, 0, count - 1)
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+        return [line.decode() if isinstance(line, bytes) else line for line in found]
 
     def _now(self) -> str:
         return str(self._clock.now_ms()) if self._clock else ""

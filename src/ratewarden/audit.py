@@ -1,0 +1,135 @@
+"""The audit trail: one JSON line per notable decision, and a list of recent ones.
+
+Notable: a deny, an ask, a shadow rule that would have blocked, an approved ask. Each is
+written to the audit log at once, and queued for the store's bounded recent-denials
+list (`GET /v1/denials`), which a background task fills in batches: a decision never
+waits for it, so deciding stays one round trip.
+
+A call's `args` are never written unless the operator sets RATEWARDEN_AUDIT_ARGS=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from ratewarden.calls import Call
+from ratewarden.engine import Decision
+from ratewarden.store import Store, StoreError
+
+log = logging.getLogger("ratewarden.audit")
+RECENT_LIMIT = 1000  # entries kept in the recent-denials list
+_FLUSH_EVERY_S = 0.2
+
+
+def audit_entry(
+    decision: Decision, call: Call, args: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The audit record of `decision`, or None when there is nothing to audit."""
+    event = _event(decision)
+    if event is None:
+        return None
+    verdicts = (
+        decision.violations
+        or decision.shadow
+        or tuple(v for v in decision.limits if not v.admitted)
+    )
+    first = verdicts[0] if verdicts else None
+    entry: dict[str, Any] = {
+        "id": uuid.uuid4().hex,
+        "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "event": event,
+        "decision": decision.decision,
+        "user": call.user,
+        "tool": call.tool,
+        "session": call.session,
+        "team": call.team,
+        "call_id": call.call_id,
+        "rule": first.rule if first else None,
+        "rules": [v.rule for v in verdicts],
+        "reason": first.kind if first else None,
+        "message": decision.message or (first.message if first else ""),
+        "retry_after": decision.retry_after,
+        "degraded": decision.degraded,
+    }
+    if args is not None:
+        entry["args"] = args
+    return entry
+
+
+def _event(decision: Decision) -> str | None:
+    if decision.decision in ("deny", "ask"):
+        return decision.decision
+    if decision.replayed:
+        return None
+    if decision.approved and any(not v.admitted and v.on_exceed == "ask" for v in decision.limits):
+        return "approved"
+    return "shadow_deny" if decision.shadow else None
+
+
+class AuditTrail:
+    """Writes audit lines and keeps the store's recent-denials list filled."""
+
+    def __init__(self, store: Store, include_args: bool = False) -> None:
+        self.store = store
+        self.include_args = include_args
+        self._pending: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def record(self, decision: Decision, call: Call, args: dict[str, Any] | None) -> None:
+        entry = audit_entry(decision, call, args if self.include_args else None)
+        if entry is None:
+            return
+        line = json.dumps(entry, ensure_ascii=False, default=str)
+        log.info(line)
+        self._pending.append(line)
+
+    async def recent(
+        self,
+        user: str | None = None,
+        tool: str | None = None,
+        rule: str | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """Newest first, filtered; what this process queued is flushed first."""
+        await self.flush()
+        found = []
+        for line in await self.store.recent_denials(RECENT_LIMIT):
+            entry = json.loads(line)
+            if (user and entry["user"] != user) or (tool and entry["tool"] != tool):
+                continue
+            if rule and rule not in entry["rules"]:
+                continue
+            found.append(entry)
+            if len(found) >= limit:
+                break
+        return found
+
+    async def flush(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        try:
+            await self.store.push_denials(batch, RECENT_LIMIT)
+        except StoreError as exc:  # the log lines are written; only the list misses them
+            logging.getLogger("ratewarden").warning("recent denials not stored: %s", exc)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._flush_forever())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(_FLUSH_EVERY_S)
+            await self.flush()

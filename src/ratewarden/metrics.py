@@ -1,0 +1,242 @@
+"""Prometheus metrics: the names of SPEC §7, and the few more operators ask for.
+
+Every metric is registered on the registry given to `Metrics`, so tests build a fresh
+`CollectorRegistry` and read values with `get_sample_value`. Label values are bounded:
+`tool` is a tool or label named in the policy, else `other` (see `Policy.metric_tool`);
+`rule` is a rule name; no user identity is ever a label.
+
+With several worker processes, prometheus-client's multiprocess mode is used: `serve`
+points PROMETHEUS_MULTIPROC_DIR at a fresh directory before the workers start, each
+worker writes its values there, and `/metrics` merges them (see `exposition`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from ratewarden.calls import Call
+from ratewarden.engine import Decision, Settlement, Verdict
+from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
+from ratewarden.policy import Policy
+from ratewarden.store import Store, StoreError
+
+# Sub-millisecond to a second: a check normally takes well under 5 ms.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+T = TypeVar("T")
+NEAR_LIMIT = 0.8  # an allowed call that leaves a rule at least this full is "near the limit"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+            return Counter(name, doc, labels, registry=registry)
+
+        self.checks = counter(
+            "ratewarden_checks_total",
+            "Decisions made, by decision and mode (shadow: a shadow rule would have blocked).",
+            ["decision", "mode"],
+        )
+        self.blocked = counter(
+            "ratewarden_blocked_calls_total",
+            "Calls denied, per refusing rule.",
+            ["tool", "rule", "reason"],
+        )
+        self.asked = counter(
+            "ratewarden_ask_decisions_total",
+            "Calls sent for human approval, per rule that asked.",
+            ["tool", "rule", "reason"],
+        )
+        self.approved = counter(
+            "ratewarden_approved_calls_total",
+            "Approved calls let past an `ask` rule's limit.",
+            ["tool", "rule"],
+        )
+        self.shadow = counter(
+            "ratewarden_shadow_blocks_total",
+            "Calls a shadow-mode rule would have blocked (they were allowed).",
+            ["tool", "rule", "reason"],
+        )
+        self.near_limit = counter(
+            "ratewarden_near_limit_total",
+            f"Allowed calls that left a rule at least {NEAR_LIMIT:.0%} used.",
+            ["tool", "rule"],
+        )
+        self.soft_limit = counter(
+            "ratewarden_budget_soft_limit_total",
+            "Allowed calls flagged by a budget's soft limit.",
+            ["rule"],
+        )
+        self.degraded = counter(
+            "ratewarden_degraded_decisions_total",
+            "Decisions made without the store (by the fail mode): allow is fail-open.",
+            ["decision"],
+        )
+        self.duration = Histogram(
+            "ratewarden_check_duration_seconds",
+            "Time to decide one call, store round trip included.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.store_errors = counter(
+            "ratewarden_store_errors_total",
+            "Store operations that failed or timed out.",
+            ["operation"],
+        )
+        self.store_duration = Histogram(
+            "ratewarden_store_duration_seconds",
+            "Time of one store operation (one round trip for evaluate).",
+            ["operation"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.budget_reserved = counter(
+            "ratewarden_budget_reserved_total",
+            "Money reserved by allowed calls at check time.",
+            ["rule", "currency"],
+        )
+        self.budget_spent = counter(
+            "ratewarden_budget_spent_total",
+            "Money charged when calls settle.",
+            ["rule", "currency"],
+        )
+        self.settles = counter(
+            "ratewarden_settles_total",
+            "Settle requests, by outcome (settled, already_settled, unknown).",
+            ["outcome"],
+        )
+        self.reloads = counter(
+            "ratewarden_policy_reloads_total",
+            "Policy loads and reloads, by result (ok, error).",
+            ["result"],
+        )
+        self.policy_info = Gauge(
+            "ratewarden_policy_info",
+            "The policy in force: 1 for its version.",
+            ["version"],
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        self._version = ""
+
+    def policy_loaded(self, policy: Policy) -> None:
+        self.reloads.labels("ok").inc()
+        if self._version:
+            self.policy_info.remove(self._version)
+        self._version = policy.version
+        self.policy_info.labels(policy.version).set(1)
+
+    def observe_check(self, decision: Decision, call: Call, policy: Policy, seconds: float) -> None:
+        """Count one decision: its outcome, each refusing rule, and the rules near their limit."""
+        self.duration.observe(seconds)
+        tool = policy.metric_tool(call.tool)
+        mode = "shadow" if decision.shadow else "enforce"
+        self.checks.labels(decision.decision, mode).inc()
+        if decision.degraded:
+            self.degraded.labels(decision.decision).inc()
+        for verdict in decision.shadow:
+            self.shadow.labels(tool, verdict.rule, verdict.kind).inc()
+        refused = self.blocked if decision.decision == "deny" else self.asked
+        for verdict in decision.violations:
+            refused.labels(tool, verdict.rule, verdict.kind).inc()
+        if decision.allowed and not decision.replayed:  # a replay consumed nothing
+            cost = call.cost if call.cost is not None else policy.cost_for(call.tool)
+            for verdict in decision.limits:
+                self._observe_allowed(verdict, tool, cost, decision.approved)
+
+    def _observe_allowed(self, verdict: Verdict, tool: str, cost: float, approved: bool) -> None:
+        if approved and not verdict.admitted and verdict.on_exceed == "ask":
+            self.approved.labels(tool, verdict.rule).inc()
+        if not verdict.admitted:
+            return  # a shadow rule that would have refused: counted above
+        if verdict.kind == "budget" and verdict.currency:
+            self.budget_reserved.labels(verdict.rule, verdict.currency).inc(cost)
+        if verdict.soft_limited:
+            self.soft_limit.labels(verdict.rule).inc()
+        limit = float(verdict.limit)
+        if limit > 0 and limit - float(verdict.remaining) >= NEAR_LIMIT * limit:
+            self.near_limit.labels(tool, verdict.rule).inc()
+
+    def observe_settle(self, settlement: Settlement, policy: Policy) -> None:
+        self.settles.labels(settlement.outcome).inc()
+        for rule, amount in settlement.charged.items():
+            self.budget_spent.labels(rule, policy.currency_of(rule) or "USD").inc(amount)
+
+
+class TimedStore:
+    """A store that times every operation and counts its failures; behaves like `store`."""
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        self._store = store
+        self._metrics = metrics
+
+    @property
+    def description(self) -> str:
+        return self._store.description
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)  # e.g. the memory store's clock
+
+    async def start(self) -> None:
+        await self._timed("start", self._store.start())
+
+    async def evaluate(
+        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
+    ) -> Evaluation:
+        return await self._timed("evaluate", self._store.evaluate(ops, record, dry_run))
+
+    async def read_holds(self, record_key: str) -> list[Hold] | None:
+        return await self._timed("read_holds", self._store.read_holds(record_key))
+
+    async def settle(
+        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+    ) -> tuple[int, list[int]]:
+        return await self._timed("settle", self._store.settle(record_key, call_id, actual, holds))
+
+    async def reset(self, pattern: str) -> int:
+        return await self._timed("reset", self._store.reset(pattern))
+
+    async def push_denials(self, entries: Sequence[str], keep: int) -> None:
+        await self._timed("push_denials", self._store.push_denials(entries, keep))
+
+    async def recent_denials(self, count: int) -> list[str]:
+        return await self._timed("recent_denials", self._store.recent_denials(count))
+
+    async def ping(self) -> None:
+        await self._timed("ping", self._store.ping())
+
+    async def close(self) -> None:
+        await self._store.close()
+
+    async def _timed(self, operation: str, call: Awaitable[T]) -> T:
+        started = time.perf_counter()
+        try:
+            return await call
+        except StoreError:
+            self._metrics.store_errors.labels(operation).inc()
+            raise
+        finally:
+            self._metrics.store_duration.labels(operation).observe(time.perf_counter() - started)
+
+
+def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The text format: this process's registry, or every worker's in multiprocess mode."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+        return generate_latest(merged), CONTENT_TYPE_LATEST
+    return generate_latest(registry), CONTENT_TYPE_LATEST
