@@ -1,11 +1,16 @@
-"""Talk to a running daemon: a sync and an async client over httpx.
+"""Talk to a running daemon: clients over httpx, and the guard the adapters use.
 
-Used by the CLI and the framework adapters. Only `ratewarden.wire` is imported, so a
-host agent loads this without FastAPI or Redis.
+`Client`/`AsyncClient` raise on trouble (the CLI wants to know); `Guard`/`AsyncGuard`
+never raise for an outage and answer by their fail mode instead (a tool call must get
+an answer). Only `ratewarden.wire` is imported, so a host agent loads this without
+FastAPI or Redis.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from typing import Any
 from urllib.parse import quote
 
@@ -21,6 +26,7 @@ from ratewarden.wire import (
 )
 
 DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_URL = "http://127.0.0.1:8470"
 
 
 class ClientError(Exception):
@@ -136,3 +142,113 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+# -- the guard: what adapters use ------------------------------------------------------
+
+log = logging.getLogger("ratewarden.client")
+ADAPTER_TIMEOUT_S = 1.0  # a guard in front of every tool call must not stall the agent
+
+
+class Guard:
+    """Ask the daemon before a tool runs, report after; never raises for an outage.
+
+    When the daemon cannot be reached the answer is explicit: with `fail="open"` (the
+    default) the call is allowed, marked `degraded`, logged and counted in
+    `unreachable`; with `fail="closed"` it is denied with a message saying the guard is
+    unavailable. `url` and `token` default to RATEWARDEN_URL and RATEWARDEN_TOKEN.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = ADAPTER_TIMEOUT_S,
+        fail: str = "open",
+    ) -> None:
+        if fail not in ("open", "closed"):
+            raise ValueError(f"fail must be 'open' or 'closed', got {fail!r}")
+        url, token = _from_environment(url, token)
+        self.fail = fail
+        self.unreachable = 0  # checks answered by the fail mode
+        self._client = Client(url, token, timeout=timeout)
+        self._lock = threading.Lock()
+
+    def check(self, request: CheckRequest) -> CheckResponse:
+        try:
+            return self._client.check(request)
+        except DaemonUnavailable as exc:
+            with self._lock:
+                self.unreachable += 1
+            return unreachable_answer(request, self.fail, exc)
+
+    def settle(self, call_id: str, request: SettleRequest | None = None) -> SettleResponse | None:
+        """Report a finished call; an outage or an unknown call is logged, not raised."""
+        try:
+            return self._client.settle(call_id, request)
+        except (DaemonUnavailable, ClientError) as exc:
+            log.warning("ratewarden settle of %s failed: %s", call_id, exc)
+            return None
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class AsyncGuard:
+    """`Guard` for asyncio hosts."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = ADAPTER_TIMEOUT_S,
+        fail: str = "open",
+    ) -> None:
+        if fail not in ("open", "closed"):
+            raise ValueError(f"fail must be 'open' or 'closed', got {fail!r}")
+        url, token = _from_environment(url, token)
+        self.fail = fail
+        self.unreachable = 0
+        self._client = AsyncClient(url, token, timeout=timeout)
+
+    async def check(self, request: CheckRequest) -> CheckResponse:
+        try:
+            return await self._client.check(request)
+        except DaemonUnavailable as exc:
+            self.unreachable += 1
+            return unreachable_answer(request, self.fail, exc)
+
+    async def settle(
+        self, call_id: str, request: SettleRequest | None = None
+    ) -> SettleResponse | None:
+        try:
+            return await self._client.settle(call_id, request)
+        except (DaemonUnavailable, ClientError) as exc:
+            log.warning("ratewarden settle of %s failed: %s", call_id, exc)
+            return None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def unreachable_answer(request: CheckRequest, fail: str, error: Exception) -> CheckResponse:
+    """The decision when the daemon did not answer: the fail mode, said plainly."""
+    log.warning("ratewarden daemon unreachable (%s); failing %s for %s", error, fail, request.tool)
+    call_id = request.call_id or ""
+    if fail == "open":
+        return CheckResponse(
+            decision="allow", allowed=True, message="", call_id=call_id, degraded=True
+        )
+    message = f"Tool guard unavailable; {request.tool} calls are paused"
+    return CheckResponse(
+        decision="deny", allowed=False, message=message, call_id=call_id, degraded=True
+    )
+
+
+def _from_environment(url: str | None, token: str | None) -> tuple[str, str | None]:
+    return (
+        url or os.environ.get("RATEWARDEN_URL") or DEFAULT_URL,
+        token or os.environ.get("RATEWARDEN_TOKEN") or None,
+    )
