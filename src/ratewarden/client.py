@@ -150,13 +150,31 @@ log = logging.getLogger("ratewarden.client")
 ADAPTER_TIMEOUT_S = 1.0  # a guard in front of every tool call must not stall the agent
 
 
-class Guard:
+class _GuardBase:
+    """What both guards share: where the daemon is, and the answer when it is not there."""
+
+    def __init__(self, url: str | None, token: str | None, fail: str) -> None:
+        if fail not in ("open", "closed"):
+            raise ValueError(f"fail must be 'open' or 'closed', got {fail!r}")
+        self.url, self.token = _from_environment(url, token)
+        self.fail = fail
+        self.unreachable = 0  # checks answered by the fail mode
+        self._lock = threading.Lock()
+
+    def _unreachable(self, request: CheckRequest, error: Exception) -> CheckResponse:
+        with self._lock:
+            self.unreachable += 1
+        return unreachable_answer(request, self.fail, error)
+
+
+class Guard(_GuardBase):
     """Ask the daemon before a tool runs, report after; never raises for an outage.
 
     When the daemon cannot be reached the answer is explicit: with `fail="open"` (the
     default) the call is allowed, marked `degraded`, logged and counted in
     `unreachable`; with `fail="closed"` it is denied with a message saying the guard is
     unavailable. `url` and `token` default to RATEWARDEN_URL and RATEWARDEN_TOKEN.
+    Thread-safe: hosts may call it from worker threads.
     """
 
     def __init__(
@@ -167,21 +185,14 @@ class Guard:
         timeout: float = ADAPTER_TIMEOUT_S,
         fail: str = "open",
     ) -> None:
-        if fail not in ("open", "closed"):
-            raise ValueError(f"fail must be 'open' or 'closed', got {fail!r}")
-        url, token = _from_environment(url, token)
-        self.fail = fail
-        self.unreachable = 0  # checks answered by the fail mode
-        self._client = Client(url, token, timeout=timeout)
-        self._lock = threading.Lock()
+        super().__init__(url, token, fail)
+        self._client = Client(self.url, self.token, timeout=timeout)
 
     def check(self, request: CheckRequest) -> CheckResponse:
         try:
             return self._client.check(request)
         except DaemonUnavailable as exc:
-            with self._lock:
-                self.unreachable += 1
-            return unreachable_answer(request, self.fail, exc)
+            return self._unreachable(request, exc)
 
     def settle(self, call_id: str, request: SettleRequest | None = None) -> SettleResponse | None:
         """Report a finished call; an outage or an unknown call is logged, not raised."""
@@ -195,7 +206,7 @@ class Guard:
         self._client.close()
 
 
-class AsyncGuard:
+class AsyncGuard(_GuardBase):
     """`Guard` for asyncio hosts."""
 
     def __init__(
@@ -206,23 +217,19 @@ class AsyncGuard:
         timeout: float = ADAPTER_TIMEOUT_S,
         fail: str = "open",
     ) -> None:
-        if fail not in ("open", "closed"):
-            raise ValueError(f"fail must be 'open' or 'closed', got {fail!r}")
-        url, token = _from_environment(url, token)
-        self.fail = fail
-        self.unreachable = 0
-        self._client = AsyncClient(url, token, timeout=timeout)
+        super().__init__(url, token, fail)
+        self._client = AsyncClient(self.url, self.token, timeout=timeout)
 
     async def check(self, request: CheckRequest) -> CheckResponse:
         try:
             return await self._client.check(request)
         except DaemonUnavailable as exc:
-            self.unreachable += 1
-            return unreachable_answer(request, self.fail, exc)
+            return self._unreachable(request, exc)
 
     async def settle(
         self, call_id: str, request: SettleRequest | None = None
     ) -> SettleResponse | None:
+        """Report a finished call; an outage or an unknown call is logged, not raised."""
         try:
             return await self._client.settle(call_id, request)
         except (DaemonUnavailable, ClientError) as exc:

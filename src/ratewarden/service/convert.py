@@ -1,12 +1,16 @@
-"""Between the wire (request/response bodies) and the engine's own types."""
+"""Between the wire (request/response bodies) and the engine's own types.
+
+The engine's dataclasses carry the wire's field names, so pydantic reads them by
+attribute: a field added to both sides needs no copying code here.
+"""
 
 from __future__ import annotations
 
 import uuid
 
 from ratewarden.calls import UNCLASSIFIED, Call, ToolFacts
-from ratewarden.engine import Decision, Usage, Verdict
-from ratewarden.wire import CheckRequest, CheckResponse, LimitState, UsageItem, Violation
+from ratewarden.engine import Decision, Usage
+from ratewarden.wire import CheckRequest, CheckResponse, UsageItem
 
 
 def to_call(request: CheckRequest) -> Call:
@@ -42,66 +46,8 @@ def new_call_id() -> str:
 
 
 def to_response(decision: Decision) -> CheckResponse:
-    return CheckResponse(
-        decision=decision.decision,
-        allowed=decision.allowed,
-        message=decision.message,
-        call_id=decision.call_id,
-        retry_after=decision.retry_after,
-        degraded=decision.degraded,
-        approved=decision.approved,
-        violations=[_violation(v) for v in decision.violations],
-        shadow=[_violation(v) for v in decision.shadow],
-        warnings=list(decision.warnings),
-        limits=[_limit_state(v) for v in decision.limits],
-        replayed=decision.replayed,
-    )
-
-
-def _violation(verdict: Verdict) -> Violation:
-    return Violation(
-        rule=verdict.rule,
-        kind=verdict.kind,
-        limit=verdict.limit,
-        window=verdict.window,
-        remaining=verdict.remaining,
-        retry_after=verdict.retry_after,
-        message=verdict.message,
-        spent=verdict.spent,
-        reserved=verdict.reserved,
-        currency=verdict.currency,
-        period=verdict.period,
-    )
-
-
-def _limit_state(verdict: Verdict) -> LimitState:
-    return LimitState(
-        rule=verdict.rule,
-        kind=verdict.kind,
-        limit=verdict.limit,
-        window=verdict.window,
-        remaining=verdict.remaining,
-        reset_after=verdict.reset_after,
-        spent=verdict.spent,
-        reserved=verdict.reserved,
-        currency=verdict.currency,
-        period=verdict.period,
-    )
+    return CheckResponse.model_validate(decision, from_attributes=True)
 
 
 def to_usage_item(usage: Usage) -> UsageItem:
-    return UsageItem(
-        rule=usage.rule,
-        kind=usage.kind,
-        algorithm=usage.algorithm,
-        mode=usage.mode,
-        limit=usage.limit,
-        window=usage.window,
-        used=usage.used,
-        remaining=usage.remaining,
-        reset_after=usage.reset_after,
-        scope=usage.scope,
-        reserved=usage.reserved,
-        currency=usage.currency,
-        period=usage.period,
-    )
+    return UsageItem.model_validate(usage, from_attributes=True)
