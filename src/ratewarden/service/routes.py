@@ -93,7 +93,7 @@ async def check_batch(body: BatchRequest, request: Request) -> BatchResponse | J
 
 
 @router.post(
-    "/v1/calls/{call_id}/settle",
+    "/v1/calls/{call_id:path}/settle",
     response_model=SettleResponse,
     responses={**ERRORS, 404: {"model": ErrorResponse}},
     tags=["decide"],
