@@ -483,4 +483,8 @@ def test_serve_on_a_real_redis(tmp_path: Path, redis_server: RedisServer, redis_
         assert [row[:5] for row in usage_rows(usage.stdout)] == [
             ["terminal-per-minute", "rate", "1/minute", "1", "0"]
         ]
-    assert redis_server.client().keys("*") == [b"rw:{terminal-per-minute|user=discord%3A1234}:sw"]
+    # The counter, and the recent-denials list the denied call was audited into.
+    assert sorted(redis_server.client().keys("*")) == [
+        b"rw:denials",
+        b"rw:{terminal-per-minute|user=discord%3A1234}:sw",
+    ]
