@@ -1,0 +1,217 @@
+"""Strands Agents: ask ratewarden before every tool call, settle the call after it ran.
+
+    from strands import Agent
+    from ratewarden.integrations.strands import RatewardenHook
+
+    agent = Agent(model=..., tools=[...], hooks=[RatewardenHook()])
+    agent("tidy my home directory", invocation_state={"user_id": "slack:U42"})
+
+A refused call never runs: the hook sets `event.cancel_tool` to ratewarden's sentence,
+which Strands hands to the model as the tool's error result. The user is
+`invocation_state["user_id"]` (or the `user` callable's answer); `session_id` and
+`team_id` there become the call's session and team. The tool's metadata comes from its
+spec's `annotations`, where Strands keeps an MCP tool's ToolAnnotations (`readOnlyHint`
+and the rest), overridden by the `metadata` given to the hook.
+
+Strands runs a synchronous `agent(...)` on a fresh event loop each time, so the
+callbacks are coroutines that run the thread-safe, blocking `Guard` in a worker thread:
+parallel tool calls are checked in parallel and the loop never stalls on the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from ratewarden.client import ClientError, Guard, unreachable_answer
+from ratewarden.integrations._identity import resolve_user, user_from
+from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+
+try:
+    from strands.hooks import (
+        AfterToolCallEvent,
+        BeforeToolCallEvent,
+        HookProvider,
+        HookRegistry,
+    )
+except ImportError:  # the module imports without strands; only Agent(hooks=...) needs it
+    HookProvider = object  # type: ignore[misc,assignment,unused-ignore]
+
+log = logging.getLogger("ratewarden.integrations.strands")
+
+UserCallable = Callable[[dict[str, Any]], str | None]
+
+# MCP ToolAnnotations names (as Strands keeps them in tool_spec["annotations"]) -> ours.
+MCP_HINTS = {
+    "readOnlyHint": "read_only",
+    "destructiveHint": "destructive",
+    "idempotentHint": "idempotent",
+    "openWorldHint": "open_world",
+}
+FLAGS = ("read_only", "destructive", "idempotent", "open_world", "requires_confirmation")
+HOLDS = ("concurrency", "budget")  # what an allowed call holds until it is settled
+ASK_SUFFIX = (
+    "A human must approve this call before it can run: tell the user why, "
+    "and do not retry it until they have approved it."
+)
+
+
+class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
+    """A Strands `HookProvider` that asks ratewarden before each tool call.
+
+    `guard`: the `Guard` to ask (default: one reading RATEWARDEN_URL/RATEWARDEN_TOKEN,
+    with `fail`, "open" unless told "closed", for when the daemon is unreachable).
+    `user`: a callable taking the invocation state and returning the user id, in place
+    of `invocation_state["user_id"]`. `metadata`: per tool name, metadata that wins over
+    the tool's own annotations (ours or MCP's names, plus `tags`): annotations are hints
+    from whoever serves the tool, and the operator may know better.
+    """
+
+    def __init__(
+        self,
+        *,
+        guard: Guard | None = None,
+        user: UserCallable | None = None,
+        fail: str | None = None,
+        metadata: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        if guard is not None and fail is not None:
+            raise ValueError("pass fail= to the Guard you give, not to RatewardenHook")
+        self.guard = guard if guard is not None else Guard(fail=fail or "open")
+        self._user = user
+        self._metadata = dict(metadata or {})
+        # toolUseId -> call_ids of allowed calls that hold a slot or a reservation;
+        # a list, because a model may repeat a toolUseId. One hook may serve agents on
+        # several threads, hence the lock.
+        self._held: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+
+    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        registry.add_callback(BeforeToolCallEvent, self.before_tool_call)
+        registry.add_callback(AfterToolCallEvent, self.after_tool_call)
+
+    async def before_tool_call(self, event: BeforeToolCallEvent) -> None:
+        """Check the call; refuse it through `cancel_tool` unless ratewarden allows it."""
+        if event.cancel_tool:  # another hook already refused it: nothing to count
+            return
+        tool_use = event.tool_use
+        tool = str(tool_use.get("name", "tool"))
+        answer = await asyncio.to_thread(self._decide, self.request_for(event), tool)
+        if answer.decision == "allow":
+            if not answer.degraded and any(limit.kind in HOLDS for limit in answer.limits):
+                with self._lock:
+                    self._held.setdefault(_use_id(tool_use), []).append(answer.call_id)
+            return
+        event.cancel_tool = refusal_message(answer, tool)
+
+    async def after_tool_call(self, event: AfterToolCallEvent) -> None:
+        """Settle an allowed call that holds something, with its duration and status."""
+        call_id = self._take(_use_id(event.tool_use))
+        if call_id is None:  # refused, or it held nothing: nothing to settle
+            return
+        duration = event.duration
+        settle = SettleRequest(
+            status=_status(event),
+            duration_ms=None if duration is None else max(duration, 0.0) * 1000,
+        )
+        await asyncio.to_thread(self.guard.settle, call_id, settle)
+
+    def request_for(self, event: Any) -> CheckRequest | None:
+        """The check for a BeforeToolCallEvent; None if it cannot be expressed."""
+        state = event.invocation_state
+        tool_use = event.tool_use
+        try:
+            return CheckRequest(
+                user=resolve_user(state, self._user),
+                tool=tool_use["name"],
+                session=user_from(state, "session_id"),
+                team=user_from(state, "team_id"),
+                call_id=new_call_id(tool_use.get("toolUseId")),
+                metadata=self.metadata_for(event.selected_tool, tool_use["name"]),
+            )
+        except (ValidationError, KeyError) as exc:
+            log.error("ratewarden cannot describe the %s call: %s", tool_use.get("name"), exc)
+            return None
+
+    def metadata_for(self, tool: Any, name: str) -> ToolMetadata | None:
+        """The tool's annotations, then the operator's metadata for `name`, as ours."""
+        found = _flags(_annotations(tool))
+        found.update(_flags(self._metadata.get(name, {})))
+        return ToolMetadata(**found) if found else None
+
+    def _decide(self, request: CheckRequest | None, tool: str) -> CheckResponse:
+        """The guard's answer; a call the daemon cannot judge is answered by the fail mode."""
+        if request is None:  # e.g. a user id past the API's limits
+            unjudged = CheckRequest.model_construct(user="", tool=tool)
+            return unreachable_answer(unjudged, self.guard.fail, ValueError("invalid call"))
+        try:
+            return self.guard.check(request)
+        except (ClientError, ValidationError) as exc:  # a bad token, a rejected request
+            log.error("ratewarden refused the check of %s: %s", request.tool, exc)
+            return unreachable_answer(request, self.guard.fail, exc)
+
+    def _take(self, use_id: str) -> str | None:
+        with self._lock:
+            held = self._held.get(use_id)
+            if not held:
+                return None
+            call_id = held.pop(0)
+            if not held:
+                del self._held[use_id]
+            return call_id
+
+
+def refusal_message(answer: CheckResponse, tool: str) -> str:
+    """What the model reads instead of the tool's result."""
+    message = answer.message or f"ratewarden refused this {tool} call"
+    if answer.decision == "ask":
+        return f"{message.rstrip('. ')}. {ASK_SUFFIX}"
+    return message
+
+
+def new_call_id(tool_use_id: object) -> str:
+    """The toolUseId plus a fresh suffix: a new idempotency key for every attempt.
+
+    The daemon answers a repeated call_id from its record, consuming nothing. Strands
+    checks again when a hook retries a tool, and some model servers reuse ids such as
+    `call_0` on every turn, so the bare toolUseId would let those calls through unseen.
+    """
+    suffix = uuid.uuid4().hex[:12]
+    prefix = str(tool_use_id or "")[:100]
+    return f"{prefix}.{suffix}" if prefix else suffix
+
+
+def _use_id(tool_use: Mapping[str, Any]) -> str:
+    return str(tool_use.get("toolUseId") or "")
+
+
+def _annotations(tool: Any) -> Mapping[str, Any]:
+    """`tool_spec["annotations"]`: MCP ToolAnnotations for an MCPAgentTool, else the spec's."""
+    spec = getattr(tool, "tool_spec", None) if tool is not None else None
+    found = spec.get("annotations") if isinstance(spec, Mapping) else None
+    return found if isinstance(found, Mapping) else {}
+
+
+def _flags(source: Mapping[str, Any]) -> dict[str, Any]:
+    """Boolean hints under our names or MCP's, and valid tags; anything else is ignored."""
+    found: dict[str, Any] = {}
+    for key, value in source.items():
+        name = MCP_HINTS.get(key, key)
+        if name in FLAGS and isinstance(value, bool):
+            found[name] = value
+        elif name == "tags" and isinstance(value, list | tuple):
+            found["tags"] = [t for t in value if isinstance(t, str) and 0 < len(t) <= 64][:32]
+    return found
+
+
+def _status(event: Any) -> str:
+    if event.cancel_message is not None:  # allowed by us, cancelled by a later hook
+        return "cancelled"
+    result = event.result if isinstance(event.result, Mapping) else {}
+    return "error" if event.exception is not None or result.get("status") == "error" else "ok"
