@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,3 +183,28 @@ def test_client_module_loads_without_server_code(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# The pooled socket of a loop the host has closed cannot be closed any more (its loop is
+# gone); the garbage collector reclaims it, with a ResourceWarning we expect here.
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_async_guard_survives_a_new_event_loop_per_turn(daemon: Daemon) -> None:
+    """Hosts such as Strands run each turn in a fresh asyncio.run."""
+    guard = AsyncGuard(daemon.url)
+    first = asyncio.run(guard.check(CheckRequest(user="loops", tool="t")))
+    second = asyncio.run(guard.check(CheckRequest(user="loops", tool="t")))
+    assert (first.degraded, second.degraded) == (False, False)
+    assert guard.unreachable == 0
+    del guard
+    gc.collect()  # reclaim the closed loops' sockets here, under this test's warning filter
+
+
+def test_guards_answer_a_refused_request_by_their_fail_mode(daemon: Daemon) -> None:
+    bad = CheckRequest.model_construct(user="", tool="terminal")  # the daemon answers 422
+    open_guard, closed_guard = Guard(daemon.url), Guard(daemon.url, fail="closed")
+    assert open_guard.check(bad).decision == "allow"
+    assert closed_guard.check(bad).decision == "deny"
+    assert (open_guard.unreachable, closed_guard.unreachable) == (1, 1)
+    open_guard.close()
+    closed_guard.close()

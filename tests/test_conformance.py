@@ -705,4 +705,5 @@ async def test_a_call_record_on_redis_outlives_its_lease(
     record_ttl = sync.pttl(record_key("job-1"))
     sync.close()
     assert 7_190_000 < lease_ttl <= 7_200_000
-    assert record_ttl >= lease_ttl, (record_ttl, lease_ttl)  # today: 3_600_000
+    # Both TTLs are set by one script; the two PTTL reads are a few ms apart, so allow that.
+    assert record_ttl >= lease_ttl - 10, (record_ttl, lease_ttl)

@@ -34,11 +34,9 @@ def audit_entry(
     event = _event(decision)
     if event is None:
         return None
-    verdicts = (
-        decision.violations
-        or decision.shadow
-        or tuple(v for v in decision.limits if not v.admitted)
-    )
+    # An approval is named after the rules it was let past; anything else after its refusals.
+    approved = event == "approved"
+    verdicts = decision.approvals if approved else decision.violations or decision.shadow
     first = verdicts[0] if verdicts else None
     entry: dict[str, Any] = {
         "id": uuid.uuid4().hex,
@@ -67,7 +65,7 @@ def _event(decision: Decision) -> str | None:
         return decision.decision
     if decision.replayed:
         return None
-    if decision.approved and any(not v.admitted and v.on_exceed == "ask" for v in decision.limits):
+    if decision.approvals:
         return "approved"
     return "shadow_deny" if decision.shadow else None
 
@@ -85,7 +83,8 @@ class AuditTrail:
         entry = audit_entry(decision, call, args if self.include_args else None)
         if entry is None:
             return
-        line = json.dumps(entry, ensure_ascii=False, default=str)
+        # ASCII-only JSON: any log destination can take it, whatever its locale.
+        line = json.dumps(entry, ensure_ascii=True, default=str)
         log.info(line)
         self._pending.append(line)
 

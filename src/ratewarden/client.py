@@ -8,6 +8,7 @@ FastAPI or Redis.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -162,6 +163,7 @@ class _GuardBase:
         self._lock = threading.Lock()
 
     def _unreachable(self, request: CheckRequest, error: Exception) -> CheckResponse:
+        """The daemon did not answer (or refused the request, e.g. a bad token)."""
         with self._lock:
             self.unreachable += 1
         return unreachable_answer(request, self.fail, error)
@@ -191,7 +193,7 @@ class Guard(_GuardBase):
     def check(self, request: CheckRequest) -> CheckResponse:
         try:
             return self._client.check(request)
-        except DaemonUnavailable as exc:
+        except (DaemonUnavailable, ClientError) as exc:
             return self._unreachable(request, exc)
 
     def settle(self, call_id: str, request: SettleRequest | None = None) -> SettleResponse | None:
@@ -218,12 +220,23 @@ class AsyncGuard(_GuardBase):
         fail: str = "open",
     ) -> None:
         super().__init__(url, token, fail)
+        self._timeout = timeout
         self._client = AsyncClient(self.url, self.token, timeout=timeout)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _client_for_this_loop(self) -> AsyncClient:
+        """httpx pools belong to the loop that opened them: hosts that run each turn in a
+        fresh `asyncio.run` get a fresh client."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            self._client = AsyncClient(self.url, self.token, timeout=self._timeout)
+        self._loop = loop
+        return self._client
 
     async def check(self, request: CheckRequest) -> CheckResponse:
         try:
-            return await self._client.check(request)
-        except DaemonUnavailable as exc:
+            return await self._client_for_this_loop().check(request)
+        except (DaemonUnavailable, ClientError) as exc:
             return self._unreachable(request, exc)
 
     async def settle(
@@ -231,7 +244,7 @@ class AsyncGuard(_GuardBase):
     ) -> SettleResponse | None:
         """Report a finished call; an outage or an unknown call is logged, not raised."""
         try:
-            return await self._client.settle(call_id, request)
+            return await self._client_for_this_loop().settle(call_id, request)
         except (DaemonUnavailable, ClientError) as exc:
             log.warning("ratewarden settle of %s failed: %s", call_id, exc)
             return None

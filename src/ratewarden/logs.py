@@ -26,14 +26,15 @@ def configure_audit(destination: str) -> None:
     audit = logging.getLogger("ratewarden.audit")
     audit.propagate = False
     audit.setLevel(logging.INFO)
+    for old in audit.handlers:
+        old.close()
+    handler: logging.Handler
     if destination == "off":
-        audit.handlers[:] = [logging.NullHandler()]
-        return
-    handler = (
-        logging.StreamHandler(sys.stderr)
-        if destination == "-"
-        else logging.FileHandler(destination)
-    )
+        handler = logging.NullHandler()
+    elif destination == "-":
+        handler = logging.StreamHandler(sys.stderr)
+    else:  # UTF-8 whatever the locale: a line must never be lost to an encoding error
+        handler = logging.FileHandler(destination, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(message)s"))
     audit.handlers[:] = [handler]
 

@@ -37,6 +37,7 @@ from ratewarden.store import Store, StoreError
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 T = TypeVar("T")
 NEAR_LIMIT = 0.8  # an allowed call that leaves a rule at least this full is "near the limit"
+# (near_limit() compares 5 * used >= 4 * limit: keep the two in step)
 
 
 class Metrics:
@@ -148,33 +149,42 @@ class Metrics:
         self.checks.labels(decision.decision, mode).inc()
         if decision.degraded:
             self.degraded.labels(decision.decision).inc()
-        for verdict in decision.shadow:
-            self.shadow.labels(tool, verdict.rule, verdict.kind).inc()
         refused = self.blocked if decision.decision == "deny" else self.asked
         for verdict in decision.violations:
             refused.labels(tool, verdict.rule, verdict.kind).inc()
-        if decision.allowed and not decision.replayed:  # a replay consumed nothing
-            cost = call.cost if call.cost is not None else policy.cost_for(call.tool)
-            for verdict in decision.limits:
-                self._observe_allowed(verdict, tool, cost, decision.approved)
-
-    def _observe_allowed(self, verdict: Verdict, tool: str, cost: float, approved: bool) -> None:
-        if approved and not verdict.admitted and verdict.on_exceed == "ask":
+        if not decision.allowed or decision.replayed:  # a replay consumed nothing, again
+            return
+        for verdict in decision.shadow:
+            self.shadow.labels(tool, verdict.rule, verdict.kind).inc()
+        for verdict in decision.approvals:
             self.approved.labels(tool, verdict.rule).inc()
-        if not verdict.admitted:
-            return  # a shadow rule that would have refused: counted above
+        cost = call.cost if call.cost is not None else policy.cost_for(call.tool)
+        for verdict in decision.limits:
+            if verdict.admitted:
+                self._observe_consumed(verdict, cost)
+                if near_limit(verdict):
+                    self.near_limit.labels(tool, verdict.rule).inc()
+        for verdict in decision.approvals:  # past the limit: consumed, but not "near" it
+            self._observe_consumed(verdict, cost)
+
+    def _observe_consumed(self, verdict: Verdict, cost: float) -> None:
         if verdict.kind == "budget" and verdict.currency:
             self.budget_reserved.labels(verdict.rule, verdict.currency).inc(cost)
         if verdict.soft_limited:
             self.soft_limit.labels(verdict.rule).inc()
-        limit = float(verdict.limit)
-        if limit > 0 and limit - float(verdict.remaining) >= NEAR_LIMIT * limit:
-            self.near_limit.labels(tool, verdict.rule).inc()
 
     def observe_settle(self, settlement: Settlement, policy: Policy) -> None:
         self.settles.labels(settlement.outcome).inc()
         for rule, amount in settlement.charged.items():
             self.budget_spent.labels(rule, policy.currency_of(rule) or "USD").inc(amount)
+
+
+def near_limit(verdict: Verdict) -> bool:
+    """At least NEAR_LIMIT of the rule used after this call; money compared in whole
+    millionths, since 3.0 - 0.6 < 0.8 * 3.0 in floating point."""
+    limit = round(float(verdict.limit) * 1_000_000)
+    used = limit - round(float(verdict.remaining) * 1_000_000)
+    return limit > 0 and used * 5 >= limit * 4  # used >= 80 % of limit, exactly
 
 
 class TimedStore:

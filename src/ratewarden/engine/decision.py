@@ -45,6 +45,7 @@ class Decision:
     retry_after: float | None = None
     violations: tuple[Verdict, ...] = ()  # enforcing rules that refused the call
     shadow: tuple[Verdict, ...] = ()  # shadow rules that would have refused it
+    approvals: tuple[Verdict, ...] = ()  # `ask` rules an approved call was let past
     limits: tuple[Verdict, ...] = ()  # every rule that applied, after this call
     warnings: tuple[str, ...] = ()
     degraded: bool = False

@@ -202,7 +202,7 @@ class Engine:
     ) -> Decision:
         violations: list[Verdict] = []
         shadow: list[Verdict] = []
-        notes: list[str] = []  # approvals past a limit
+        approvals: list[Verdict] = []  # `ask` rules an approved call goes past
         soft: list[str] = []  # budgets past their soft limit: flagged on allowed calls
         limits = []
         for a, op, result in zip(applied, ops, results, strict=True):
@@ -215,13 +215,15 @@ class Engine:
             if op.role is Role.SHADOW:
                 shadow.append(found)
             elif op.role is Role.FORCED:
-                notes.append(f"approved past {a.rule.name}: {found.message}")
+                approvals.append(found)
             else:
                 violations.append(found)
+        notes = [f"approved past {v.rule}: {v.message}" for v in approvals]
         decided = Decision(
             "allow",
             call.call_id,
             shadow=tuple(shadow),
+            approvals=tuple(approvals),
             limits=tuple(limits),
             warnings=(*soft, *notes),
             approved=call.approved,
@@ -237,8 +239,8 @@ class Engine:
             message=first.message,
             retry_after=first.retry_after,
             violations=tuple(violations),
-            warnings=tuple(notes),
-            approved=False,
+            warnings=tuple(notes),  # what the approval would have let past; nothing was
+            approved=False,  # consumed, so metrics and the audit look at the refusal only
         )
 
     def _unavailable(

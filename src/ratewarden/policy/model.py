@@ -69,6 +69,11 @@ def is_glob(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
 
+def _matching_glob(names: NameSet, tool: str) -> str:
+    """The pattern, as written in the policy, that matched `tool` (not an exact name)."""
+    return next(p for p in names.source if is_glob(p) and fnmatch.fnmatchcase(tool, p))
+
+
 @dataclass(frozen=True, slots=True)
 class RateLimit:
     rate: Rate
@@ -333,12 +338,13 @@ class Policy:
     def _find_metric_tool(self, tool: str) -> str:
         if tool in self._named_tools:
             return tool
-        for names, entry in self.tools:
-            if tool in names:
-                return entry.label or names.source[0]
+        for catalogued, entry in self.tools:
+            if tool in catalogued:
+                return entry.label or _matching_glob(catalogued, tool)
         for rule in self.rules:
-            if rule.match.tools is not None and tool in rule.match.tools:
-                return rule.label or rule.match.tools.source[0]
+            matched = rule.match.tools
+            if matched is not None and tool in matched:
+                return rule.label or _matching_glob(matched, tool)
         return "other"
 
     def _find_candidates(self, user: str, tool: str) -> tuple[Applied, ...]:

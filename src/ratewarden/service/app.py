@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from ratewarden import __version__
 from ratewarden.audit import AuditTrail
 from ratewarden.engine import Engine
+from ratewarden.logs import configure_audit, configure_logging
 from ratewarden.metrics import Metrics, TimedStore
 from ratewarden.policy import Policy, load_example_policy, load_policy
 from ratewarden.service.errors import install_error_handlers
@@ -85,5 +86,11 @@ def load_configured_policy(settings: Settings) -> Policy:
 
 
 def create_app_from_env() -> FastAPI:
-    """uvicorn's factory for `serve --workers N`: each worker reads the same environment."""
-    return create_app(Settings())
+    """uvicorn's factory for `serve --workers N`: each worker reads the same environment.
+
+    Workers are fresh processes, so they set up their own logging and audit trail.
+    """
+    settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
+    configure_audit(settings.audit_log)
+    return create_app(settings)
