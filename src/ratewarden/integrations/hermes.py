@@ -1,0 +1,304 @@
+"""hermes-agent: ask ratewarden before every tool call, settle the call after it ran.
+
+Installed into hermes' environment (`pip install 'ratewarden[hermes]'`), this module is
+the plugin `ratewarden` of the entry-point group `hermes_agent.plugins`; hermes loads
+it once it is enabled in `$HERMES_HOME/config.yaml`:
+
+    plugins:
+      enabled: [ratewarden]
+
+`register(ctx)` adds a `pre_tool_call` and a `post_tool_call` hook. A refused call
+never runs: the hook returns `{"action": "block", "message": <ratewarden's sentence>}`
+and hermes hands the model the tool result `{"error": "<that sentence>"}`.
+
+The user is the gateway session's platform-qualified user id (`discord:1234`, from
+`gateway.session_context`), else RATEWARDEN_USER, else the OS login name; the session is
+hermes' session id. RATEWARDEN_URL and RATEWARDEN_TOKEN say where the daemon is, and
+RATEWARDEN_FAIL (`open`, the default, or `closed`) what to do when it cannot be asked.
+
+An `ask` decision goes to hermes' own human-approval gate (the one its dangerous-command
+prompt and plugin `approve` directives use: the CLI prompt, the gateway's approval
+buttons; refused when no human can answer). An approved call is checked again with
+`approved: true`, so it is counted and audited as approved before it runs.
+
+hermes may run hooks on worker threads, for parallel tool calls: one plugin instance
+holds one thread-safe `Guard`, and its table of calls in flight is behind a lock.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ratewarden.client import ClientError, Guard, unreachable_answer
+from ratewarden.integrations._identity import default_user
+from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+
+log = logging.getLogger("ratewarden.integrations.hermes")
+
+PLUGIN_NAME = "ratewarden"
+MAX_SUBJECT = 256  # the API's limit on user, tool and session
+MAX_IN_FLIGHT = 10_000  # calls remembered for settling; older ones expire in the daemon
+Directive = dict[str, str]
+UserCallable = Callable[[Mapping[str, Any]], str | None]
+
+
+class RatewardenPlugin:
+    """The two hooks, around one `Guard`.
+
+    `guard`: the `Guard` to ask (default: one reading RATEWARDEN_URL and
+    RATEWARDEN_TOKEN, failing by `fail`, else RATEWARDEN_FAIL, else "open").
+    `user`: a callable taking the hook's keyword arguments and returning the user id,
+    in place of the gateway session's; None or "" falls back to the default user.
+    """
+
+    def __init__(
+        self,
+        *,
+        guard: Guard | None = None,
+        user: UserCallable | None = None,
+        fail: str | None = None,
+    ) -> None:
+        if guard is not None and fail is not None:
+            raise ValueError("pass fail= to the Guard you give, not to RatewardenPlugin")
+        self.guard = guard if guard is not None else Guard(fail=fail or fail_from_environment())
+        self._user = user
+        self._lock = threading.Lock()
+        # (session, tool, tool_call_id or thread) -> call_ids of allowed calls, until
+        # settled; a list, because a model may repeat a tool_call_id within one batch.
+        self._in_flight: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
+
+    def register(self, ctx: Any) -> None:
+        """Add both hooks to hermes' plugin context (once per plugin manager)."""
+        if _already_registered(ctx):
+            log.warning("ratewarden is already registered with hermes; not adding it twice")
+            return
+        ctx.register_hook("pre_tool_call", self.pre_tool_call)
+        ctx.register_hook("post_tool_call", self.post_tool_call)
+
+    # -- the hooks --------------------------------------------------------------------
+
+    def pre_tool_call(self, **kwargs: Any) -> Directive | None:
+        """None lets the call run; a block directive refuses it with ratewarden's reason."""
+        tool = str(kwargs.get("tool_name") or "tool")
+        try:
+            return self._pre_tool_call(tool, kwargs)
+        except Exception as exc:  # hermes would fail open on our exception: apply ours
+            log.exception("ratewarden hook failed for %s", tool)
+            answer = self._fail_answer(CheckRequest.model_construct(user="", tool=tool), exc)
+            return None if answer.allowed else _block(answer.message)
+
+    def post_tool_call(self, **kwargs: Any) -> None:
+        """Settle an allowed call with its status and duration (a refused one holds nothing)."""
+        call_id = self._take(_call_key(kwargs))
+        if call_id is None:  # refused by us, unjudged, or answered by the fail mode
+            return
+        status = str(kwargs.get("status") or "ok")[:32]
+        if status == "blocked":
+            # Allowed by us, then refused by another plugin or hermes' guardrails: it
+            # never ran, so release what it holds and charge nothing.
+            settle = SettleRequest(status=status, duration_ms=0.0, cost=0.0)
+        else:
+            settle = SettleRequest(status=status, duration_ms=_duration(kwargs))
+        self.guard.settle(call_id, settle)
+
+    # -- the parts --------------------------------------------------------------------
+
+    def _pre_tool_call(self, tool: str, kwargs: Mapping[str, Any]) -> Directive | None:
+        request = self.request_for(tool, kwargs)
+        answer = self._check(request)
+        if answer.decision == "ask":
+            answer = self._ask_human(request, answer)
+        if not answer.allowed:
+            return _block(answer.message or f"ratewarden refused this {tool} call")
+        if not answer.degraded:
+            self._remember(_call_key(kwargs), answer.call_id or request.call_id or "")
+        return None
+
+    def request_for(self, tool: str, kwargs: Mapping[str, Any]) -> CheckRequest:
+        """The check for one hook invocation."""
+        user = (self._user(kwargs) if self._user is not None else None) or session_user()
+        return CheckRequest(
+            user=user[:MAX_SUBJECT],
+            tool=tool[:MAX_SUBJECT],
+            session=str(kwargs.get("session_id") or "")[:MAX_SUBJECT] or None,
+            call_id=new_call_id(kwargs.get("tool_call_id")),
+            metadata=tool_metadata(tool),
+        )
+
+    def _check(self, request: CheckRequest) -> CheckResponse:
+        try:
+            return self.guard.check(request)
+        except (ClientError, ValidationError) as exc:  # a bad token, a rejected request
+            log.error("ratewarden refused the check of %s: %s", request.tool, exc)
+            return self._fail_answer(request, exc)
+
+    def _fail_answer(self, request: CheckRequest, error: Exception) -> CheckResponse:
+        return unreachable_answer(request, self.guard.fail, error)
+
+    def _ask_human(self, request: CheckRequest, answer: CheckResponse) -> CheckResponse:
+        """hermes' approval gate for an `ask`; approved, the call is checked as approved."""
+        reason = answer.message or f"ratewarden asks a human to approve this {request.tool} call"
+        rules = sorted({violation.rule for violation in answer.violations})
+        try:
+            # hermes' top-level `tools` package (imported by name: not a typed dependency)
+            request_tool_approval = importlib.import_module("tools.approval").request_tool_approval
+            verdict = request_tool_approval(
+                request.tool, reason, rule_key=f"{PLUGIN_NAME}:{','.join(rules)}"
+            )
+        except Exception as exc:  # no gate (another hermes), or the gate failed: refuse
+            log.warning("hermes approval gate unavailable for %s: %s", request.tool, exc)
+            return answer
+        if not isinstance(verdict, Mapping) or not verdict.get("approved"):
+            message = verdict.get("message") if isinstance(verdict, Mapping) else None
+            return answer.model_copy(update={"message": str(message or reason)})
+        return self._check(request.model_copy(update={"approved": True}))
+
+    def _remember(self, key: tuple[str, str, str], call_id: str) -> None:
+        with self._lock:
+            self._in_flight.setdefault(key, []).append(call_id)
+            self._in_flight.move_to_end(key)
+            while len(self._in_flight) > MAX_IN_FLIGHT:  # posts that never came
+                self._in_flight.popitem(last=False)
+
+    def _take(self, key: tuple[str, str, str]) -> str | None:
+        with self._lock:
+            held = self._in_flight.get(key)
+            if not held:
+                return None
+            call_id = held.pop(0)
+            if not held:
+                del self._in_flight[key]
+            return call_id
+
+
+# -- what hermes knows about the call ---------------------------------------------------
+
+
+def session_user() -> str:
+    """The gateway session's user as `platform:user_id`, else the default user."""
+    try:
+        from gateway.session_context import get_session_env
+    except ImportError:
+        return default_user()
+    user_id = str(get_session_env("HERMES_SESSION_USER_ID", "") or "")
+    if not user_id:
+        return default_user()
+    platform = str(get_session_env("HERMES_SESSION_PLATFORM", "") or "")
+    return f"{platform}:{user_id}" if platform else user_id
+
+
+def tool_metadata(tool: str) -> ToolMetadata | None:
+    """hermes' registry says nothing about read-only or destructive; only the toolset.
+
+    The toolset becomes the tag `toolset:<name>` (rules can match `tags:
+    ["toolset:mcp-github"]`); the booleans stay unset, so the tool is unclassified.
+    """
+    try:
+        entry = importlib.import_module("tools.registry").registry.get_entry(tool)
+    except Exception:
+        return None
+    toolset = getattr(entry, "toolset", None)
+    if not isinstance(toolset, str) or not toolset:
+        return None
+    tag = f"toolset:{toolset}"
+    return ToolMetadata(tags=[tag]) if len(tag) <= 64 else None
+
+
+def new_call_id(tool_call_id: object) -> str:
+    """hermes' tool_call_id plus a fresh suffix: a new idempotency key for every call.
+
+    The daemon answers a repeated call_id from its record, consuming nothing, and some
+    model servers reuse ids such as `call_0` on every turn: the bare tool_call_id would
+    let those calls through uncounted.
+    """
+    suffix = uuid.uuid4().hex[:16]
+    prefix = str(tool_call_id or "")[:100]
+    return f"{prefix}.{suffix}" if prefix else suffix
+
+
+def _call_key(kwargs: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Pairs a post_tool_call with its pre_tool_call.
+
+    hermes passes the model's tool_call_id to both; without one, both hooks of a call
+    run on the same thread (hermes' dispatch calls them in one function).
+    """
+    call = str(kwargs.get("tool_call_id") or "") or f"thread-{threading.get_ident()}"
+    return (str(kwargs.get("session_id") or ""), str(kwargs.get("tool_name") or ""), call)
+
+
+def _duration(kwargs: Mapping[str, Any]) -> float | None:
+    value = kwargs.get("duration_ms")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 <= value < float("inf") else None
+
+
+def _block(message: str) -> Directive:
+    return {"action": "block", "message": message}
+
+
+def fail_from_environment() -> str:
+    """RATEWARDEN_FAIL: `open` (default) or `closed`; anything else is taken as closed."""
+    value = os.environ.get("RATEWARDEN_FAIL", "").strip().lower()
+    if value in ("", "open"):
+        return "open"
+    if value != "closed":
+        log.error("RATEWARDEN_FAIL=%r is neither 'open' nor 'closed'; failing closed", value)
+    return "closed"
+
+
+def _already_registered(ctx: Any) -> bool:
+    """True if a RatewardenPlugin's hook is already in this plugin manager.
+
+    hermes keeps one plugin per name (the pip entry point wins over a directory plugin
+    also called `ratewarden`), but a copy under another name would check every call
+    twice, counting it twice. A forced rediscovery clears the hooks first, so this
+    never stops a legitimate reload.
+    """
+    hooks = getattr(getattr(ctx, "_manager", None), "_hooks", None)
+    if not isinstance(hooks, dict):
+        return False
+    registered = hooks.get("pre_tool_call") or []
+    return any(isinstance(getattr(cb, "__self__", None), RatewardenPlugin) for cb in registered)
+
+
+# -- the entry point and the directory plugin -------------------------------------------
+
+
+def register(ctx: Any) -> None:
+    """hermes' entry point: one plugin, configured from the environment."""
+    RatewardenPlugin().register(ctx)
+
+
+PLUGIN_FILES = ("plugin.yaml", "__init__.py")
+
+
+def plugin_directory() -> Path:
+    """The packaged directory plugin (plugin.yaml and __init__.py)."""
+    return Path(__file__).resolve().parent / "hermes_plugin"
+
+
+def install_directory_plugin(hermes_home: Path | str | None = None) -> Path:
+    """Copy the directory plugin to `<hermes_home>/plugins/ratewarden/`; return that path.
+
+    `hermes_home` defaults to $HERMES_HOME, else ~/.hermes. The plugin still imports
+    ratewarden, which must be installed in hermes' environment; it is still loaded only
+    once `ratewarden` is listed under `plugins: enabled:` in config.yaml.
+    """
+    home = Path(hermes_home or os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
+    target = home.expanduser() / "plugins" / PLUGIN_NAME
+    target.mkdir(parents=True, exist_ok=True)
+    for name in PLUGIN_FILES:
+        shutil.copyfile(plugin_directory() / name, target / name)
+    return target
