@@ -1,7 +1,8 @@
-"""The `ratewarden` command: serve, check, usage, policy check, policy explain.
+"""The `ratewarden` command: serve, check, settle, usage, hook, policy check, policy explain.
 
 Exit codes of `check`: 0 allow, 1 deny (reason on stderr), 3 ask, 4 daemon unreachable,
-2 bad usage (a flag, or a request the daemon refused).
+2 bad usage (a flag, or a request the daemon refused). `hook HOST` answers in the host's
+own terms instead (see `ratewarden.integrations.hooks`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from ratewarden.settings import Settings
 
 EXIT_ALLOW, EXIT_DENY, EXIT_USAGE, EXIT_ASK, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 METADATA_FLAGS = ("read_only", "destructive", "idempotent", "open_world", "requires_confirmation")
+HOOK_HOSTS = {
+    "claude-code": "Claude Code PreToolUse / PostToolUse command hook (JSON on stdin and stdout)",
+    "agent-code": "agent-code pre_tool_use shell hook (veto: non-zero exit, reason on stderr)",
+    "hermes": "hermes-agent shell hook (pre_tool_call / post_tool_call, JSON on stdin and stdout)",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(commands)
     _add_settle(commands)
     _add_usage(commands)
+    _add_hook(commands)
     _add_policy(commands)
     return parser
 
@@ -294,6 +301,57 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in [header, *rows]]  # fmt: skip
     return "\n".join(lines)
+
+
+# -- hook ------------------------------------------------------------------------------
+
+
+def _add_hook(commands: Any) -> None:
+    hook = commands.add_parser(
+        "hook", help="run as a host agent's tool hook (the host's payload on stdin)"
+    )
+    hosts = hook.add_subparsers(title="hosts", metavar="HOST", required=True)
+    for name, summary in HOOK_HOSTS.items():
+        host = hosts.add_parser(name, help=summary, description=summary)
+        host.add_argument(
+            "--user", help="who calls (default $RATEWARDEN_USER, else the OS login name)"
+        )
+        host.add_argument("--team", help="the caller's team, for rules matching or scoped by team")
+        host.add_argument(
+            "--url", help="daemon URL (default $RATEWARDEN_URL or http://127.0.0.1:8470)"
+        )
+        host.add_argument("--token", help="API token (default $RATEWARDEN_TOKEN)")
+        host.add_argument(
+            "--fail",
+            choices=["open", "closed"],
+            default="open",
+            help="when the daemon cannot answer: allow (open, the default) or block (closed)",
+        )
+        host.add_argument(
+            "--timeout", type=_seconds, default=1.0, help="seconds to wait for the daemon (1)"
+        )
+        host.set_defaults(run=_hook, host=name)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 60:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 60], got {text}")
+    return value
+
+
+def _hook(args: argparse.Namespace) -> int:
+    from ratewarden.integrations import hooks
+
+    options = hooks.HookOptions(
+        user=args.user,
+        team=args.team,
+        url=args.url,
+        token=args.token,
+        fail=args.fail,
+        timeout=args.timeout,
+    )
+    return hooks.main(args.host, options)
 
 
 # -- policy ----------------------------------------------------------------------------
