@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -115,24 +116,33 @@ def _run_uvicorn(settings: Settings) -> int:
         # Workers import the app themselves; they read the same settings from the environment,
         # and write their metrics where /metrics in any worker can merge them.
         os.environ.update(_as_environment(settings))
-        _prepare_multiprocess_metrics()
-        uvicorn.run(
-            "ratewarden.service.app:create_app_from_env",
-            factory=True,
-            workers=settings.workers,
-            **options,
-        )
+        created = _prepare_multiprocess_metrics()
+        try:
+            uvicorn.run(
+                "ratewarden.service.app:create_app_from_env",
+                factory=True,
+                workers=settings.workers,
+                **options,
+            )
+        finally:
+            if created:  # ours: remove it; an operator's directory stays
+                shutil.rmtree(created, ignore_errors=True)
     return 0
 
 
-def _prepare_multiprocess_metrics() -> None:
-    """prometheus-client multiprocess mode: a directory that starts empty for this run."""
+def _prepare_multiprocess_metrics() -> str | None:
+    """prometheus-client multiprocess mode: a directory that starts empty for this run.
+
+    Returns the directory if this run created it (and should remove it at exit).
+    """
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
         for stale in Path(directory).glob("*.db"):
             stale.unlink()  # values of a previous run would be merged in otherwise
-    else:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="ratewarden-metrics-")
+        return None
+    created = tempfile.mkdtemp(prefix="ratewarden-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
+    return created
 
 
 def _as_environment(settings: Settings) -> dict[str, str]:
