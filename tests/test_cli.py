@@ -313,7 +313,8 @@ def test_serve_with_no_flags_uses_the_memory_store_and_the_packaged_policy(
         ready = [line for line in log.splitlines() if " ready on " in line]
         assert len(ready) == 1, log
         assert f"ready on http://127.0.0.1:{daemon.port} " in ready[0]
-        assert "| store memory:// (embedded, this process only) |" in ready[0]
+        assert "| store memory:// (embedded, this process only" in ready[0]
+        assert "ratewarden-state.json" in ready[0]  # where the embedded store keeps its state
         rules = len(example.rules)
         assert ready[0].endswith(
             f"| policy <packaged example.yaml> (version {example.version}, {rules} rules)"
@@ -459,7 +460,8 @@ def test_serve_with_an_invalid_policy_in_the_working_directory_refuses(tmp_path:
         (["--port", "abc"], "argument --port: invalid int value: 'abc'"),
         (["--fail", "maybe"], "argument --fail: invalid choice: 'maybe'"),
         (["--store-url", "foo://x"], "ratewarden: unsupported store URL 'foo://x'"),
-        (["--store-url", "redis+sentinel://h/0"], "redis+sentinel:// stores are not supported"),
+        (["--store-url", "redis+sentinel://h"], "name the master's service"),
+        (["--store-url", "redis+cluster://h:x"], "bad port 'x'"),
     ],
 )
 def test_serve_names_the_bad_flag(tmp_path: Path, flags: list[str], message: str) -> None:

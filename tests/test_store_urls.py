@@ -88,8 +88,15 @@ def test_memory_url_builds_the_embedded_store() -> None:
     [
         ("http://localhost:6379", "unsupported store URL"),
         ("localhost:6379", "unsupported store URL"),
-        ("redis+cluster://a:1", "not supported by this version yet"),
-        ("redis+sentinel://a:1", "not supported by this version yet"),
+        # Sentinel and Cluster URLs that cannot work (tests/test_store_sentinel.py and
+        # tests/test_store_cluster.py run the ones that do).
+        ("redis+sentinel://a:1", "name the master's service"),
+        ("redis+sentinel://a:1/mymaster/x", "bad database number"),
+        ("redis+sentinel://a:1/mymaster?nope=1", "unknown options nope"),
+        ("redis+cluster://a:x", "bad port 'x'"),
+        ("redis+cluster://a:1/2", "only database 0"),
+        ("redis+cluster://::1:7000", r"IPv6 hosts need brackets"),
+        ("redis+cluster://", "empty host"),
     ],
 )
 def test_unusable_urls_are_refused_with_what_would_work(url: str, problem: str) -> None:
@@ -98,6 +105,11 @@ def test_unusable_urls_are_refused_with_what_would_work(url: str, problem: str) 
     if "unsupported" in problem:
         assert "memory://" in str(caught.value)
         assert "redis://" in str(caught.value)
+        assert "redis+sentinel://" in str(caught.value)
+    elif url.startswith("redis+sentinel"):
+        assert "expected redis+sentinel://[:PASSWORD@]HOST:PORT" in str(caught.value)
+    else:
+        assert "expected redis+cluster://[:PASSWORD@]HOST:PORT" in str(caught.value)
 
 
 def test_passwords_never_reach_the_description() -> None:

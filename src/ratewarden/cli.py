@@ -70,15 +70,51 @@ def _add_serve(commands: Any) -> None:
     serve.add_argument("--store-timeout-ms", type=int, help="store timeout (default 100)")
     serve.add_argument("--log-format", choices=["text", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    tokens = "(repeatable; replaces $RATEWARDEN_%s, safer since flags show in `ps`)"
+    serve.add_argument(
+        "--api-token",
+        dest="api_tokens",
+        action="append",
+        metavar="TOKEN",
+        help="bearer token of the check role " + tokens % "API_TOKENS",
+    )
+    serve.add_argument(
+        "--admin-token",
+        dest="admin_tokens",
+        action="append",
+        metavar="TOKEN",
+        help="bearer token of the admin role " + tokens % "ADMIN_TOKENS",
+    )
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        default=None,
+        help="allow a non-loopback --host with no tokens (auth off)",
+    )
+    serve.add_argument(
+        "--reload-interval",
+        dest="reload_interval_s",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between checks of the policy file for changes (default 2; 0: off)",
+    )
     serve.set_defaults(run=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from ratewarden.logs import configure_audit, configure_logging
     from ratewarden.policy import PolicyError
+    from ratewarden.service.auth import bind_problem
 
-    settings = Settings(**_given(args, "host", "port", "workers", "store_url", "policy", "fail",
-                                 "store_timeout_ms", "log_format", "log_level"))  # fmt: skip
+    given = _given(args, "host", "port", "workers", "store_url", "policy", "fail",
+                   "store_timeout_ms", "log_format", "log_level", "insecure_no_auth",
+                   "reload_interval_s")  # fmt: skip
+    for name, tokens in _given(args, "api_tokens", "admin_tokens").items():
+        given[name] = ",".join(tokens)  # split like the environment's comma-separated lists
+    settings = Settings(**given)
+    problem = bind_problem(settings)
+    if problem is not None:
+        return _usage_error(problem)
     if settings.workers > 1 and settings.store_url.startswith("memory:"):
         return _usage_error(
             "the embedded memory:// store lives in one process; use --workers 1, "

@@ -32,6 +32,7 @@ from ratewarden.engine import Decision, Settlement, Verdict
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
 from ratewarden.policy import Policy
 from ratewarden.store import Store, StoreError
+from ratewarden.store.breaker import STATES as CIRCUIT_STATES
 
 # Sub-millisecond to a second: a check normally takes well under 5 ms.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -132,14 +133,44 @@ class Metrics:
             registry=registry,
             multiprocess_mode="max",
         )
+        self.circuit_open = Gauge(
+            "ratewarden_store_circuit_open",
+            "1 while the store's circuit breaker is open or half-open (decisions follow "
+            "the fail mode without waiting for the store), else 0.",
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        self.circuit_open.set(0)
+        self.circuit_transitions = counter(
+            "ratewarden_store_circuit_transitions_total",
+            "Store circuit breaker state changes, by the state entered (open, half_open, closed).",
+            ["state"],
+        )
+        for state in CIRCUIT_STATES:  # every series exists from the start
+            self.circuit_transitions.labels(state)
         self._version = ""
 
+    def circuit_changed(self, old: str, new: str) -> None:
+        """The store's circuit breaker moved from `old` to `new` (see store/breaker.py)."""
+        self.circuit_transitions.labels(new).inc()
+        self.circuit_open.set(0 if new == "closed" else 1)
+
     def policy_loaded(self, policy: Policy) -> None:
+        """A policy was loaded (at start-up) or reloaded: count it, and make its version the
+        one `ratewarden_policy_info` shows at 1."""
         self.reloads.labels("ok").inc()
-        if self._version:
-            self.policy_info.remove(self._version)
+        if self._version and self._version != policy.version:
+            # Worker processes share their values through files, where a series cannot be
+            # removed: the old version drops to 0 there (dashboards count `== 1`).
+            self.policy_info.labels(self._version).set(0)
+            if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                self.policy_info.remove(self._version)
         self._version = policy.version
         self.policy_info.labels(policy.version).set(1)
+
+    def policy_load_failed(self) -> None:
+        """A reload was refused (the file is invalid); the policy in force stays."""
+        self.reloads.labels("error").inc()
 
     def observe_check(self, decision: Decision, call: Call, policy: Policy, seconds: float) -> None:
         """Count one decision: its outcome, each refusing rule, and the rules near their limit."""

@@ -25,12 +25,31 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     workers: int = Field(1, ge=1, le=64)
+    # Bearer tokens: `check` role (check, settle, usage) and `admin` role (everything).
+    # None configured: auth is off and `serve` listens on loopback only.
     api_tokens: TokenList = []
     admin_tokens: TokenList = []
+    # Allow `serve` on a non-loopback address with no tokens (something else guards it).
+    insecure_no_auth: bool = False
+    # Seconds between checks of the policy file for changes (reloaded when it changes);
+    # 0 turns the watcher off (SIGHUP and POST /v1/admin/reload still reload).
+    reload_interval_s: float = Field(2.0, ge=0, le=3600)
     # What to answer when the store is unreachable; overrides the policy's defaults.fail.
     fail: Literal["open", "closed"] | None = None
-    # Longest wait for the store before deciding by the fail mode.
+    # Longest wait for the store before deciding by the fail mode: a hard deadline on
+    # every store operation (connect, retries and script reloads included).
     store_timeout_ms: int = Field(100, ge=1, le=60_000)
+    # Circuit breaker: after this many store failures in a row, stop calling the store
+    # for a cool-down and decide by the fail mode at once; 0 turns the breaker off.
+    store_breaker_failures: int = Field(5, ge=0, le=10_000)
+    # How long the circuit stays open before one probe call (stretched by a random 0-20 %).
+    store_breaker_cooldown_ms: int = Field(1000, ge=1, le=600_000)
+    # The embedded memory:// store's state file: counters, budgets, call records and recent
+    # denials survive a restart. Relative to the working directory; "off" keeps them in
+    # memory only. Saved every STATE_INTERVAL_S seconds (when changed) and at shutdown,
+    # so a crash loses at most the last interval. Unused with Redis.
+    state_file: str = "ratewarden-state.json"
+    state_interval_s: float = Field(5.0, gt=0, le=3600)
     log_format: Literal["json", "text"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Audit lines (one JSON object per deny, ask, shadow deny, approved ask): "-" for
@@ -38,6 +57,10 @@ class Settings(BaseSettings):
     audit_log: str = "-"
     # Include each call's `args` in audit lines. Off by default: args may hold secrets.
     audit_args: bool = False
+    # Largest request body accepted, in bytes, counted as it arrives (chunked bodies too);
+    # larger is a 413. 256 KiB holds a 100-call batch at ~2.5 kB per call, and one check
+    # with the largest `args` allowed (64 KiB as JSON).
+    max_body_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
     # Clients (CLI, hooks, adapters): where the daemon is, and the token to send.
     url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
     token: str | None = None
@@ -48,6 +71,21 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("api_tokens", "admin_tokens")
+    @classmethod
+    def _header_safe(cls, value: list[str]) -> list[str]:
+        for token in value:
+            if not all("!" <= char <= "~" for char in token):
+                raise ValueError(
+                    "a token must be printable ASCII without spaces (it travels in an HTTP header)"
+                )
+        return value
+
+    def state_path(self) -> Path | None:
+        """The memory store's state file, or None when persistence is off."""
+        text = self.state_file.strip()
+        return None if text.lower() in ("", "off", "none") else Path(text)
 
     def policy_path(self) -> Path | None:
         """The policy file to load, or None for the packaged example."""

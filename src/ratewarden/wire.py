@@ -6,14 +6,67 @@ load the client without FastAPI or Redis. `args` are accepted but never stored o
 
 from __future__ import annotations
 
+import json
+import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, StrictBool
 
 Subject = Annotated[str, Field(min_length=1, max_length=256)]
-CallId = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+def _no_control_characters(value: str) -> str:
+    if any(unicodedata.category(char) == "Cc" for char in value):
+        # A newline could never reach the settle route: the call could not be settled.
+        raise ValueError("must not contain control characters: it travels in the settle URL")
+    return value
+
+
+CallId = Annotated[
+    str,
+    Field(min_length=1, max_length=128, json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f-\x9f]+$"}),
+    AfterValidator(_no_control_characters),
+]
 Tag = Annotated[str, Field(min_length=1, max_length=64)]
 MAX_BATCH = 100
+# `args` only ever reach the audit log (when enabled): bounded so that no call can make an
+# audit entry, the recent-denials list or its serialisation blow up.
+MAX_ARGS_BYTES = 64 * 1024  # as compact UTF-8 JSON
+MAX_ARGS_DEPTH = 32  # {"a": 1} is 1 level, {"a": {"b": [1]}} is 3
+
+
+def _nesting(value: Any) -> int:
+    """How deep `value`'s objects and arrays go, stopping early past the cap (no recursion)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending and deepest <= MAX_ARGS_DEPTH:
+        item, level = pending.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, level)
+            pending.extend((child, level + 1) for child in item)
+    return deepest
+
+
+def _bounded_args(value: dict[str, Any]) -> dict[str, Any]:
+    if _nesting(value) > MAX_ARGS_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_ARGS_DEPTH} levels")
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_ARGS_BYTES:
+        raise ValueError(f"larger than {MAX_ARGS_BYTES} bytes as JSON (got {size})")
+    return value
+
+
+Args = Annotated[
+    dict[str, Any],
+    AfterValidator(_bounded_args),
+    Field(
+        description=f"the tool's arguments, for the audit log only: at most {MAX_ARGS_DEPTH} "
+        f"levels deep and {MAX_ARGS_BYTES} bytes as JSON"
+    ),
+]
 
 
 class _Body(BaseModel):
@@ -44,7 +97,7 @@ class CheckRequest(_Body):
     call_id: CallId | None = None
     cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)] | None = None
     metadata: ToolMetadata | None = None
-    args: dict[str, Any] | None = None
+    args: Args | None = None
     approved: StrictBool = False
 
 

@@ -44,6 +44,7 @@ from ratewarden.policy.model import (
     Unlimited,
 )
 from ratewarden.store.base import Store, StoreError
+from ratewarden.store.breaker import CircuitOpenError
 from ratewarden.store.keys import counter_key, encode, record_key, reset_patterns
 
 log = logging.getLogger("ratewarden.engine")
@@ -247,7 +248,13 @@ class Engine:
         self, policy: Policy, applied: Sequence[Applied], call: Call, error: StoreError
     ) -> Decision:
         """The store did not answer: each enforcing rule's `fail` mode decides."""
-        log.warning("store unavailable, deciding by fail mode: %s", error)
+        # An open circuit refuses every call at once and was logged when it opened.
+        quiet = isinstance(error, CircuitOpenError)
+        log.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "store unavailable, deciding by fail mode: %s",
+            error,
+        )
         default = self.fail or policy.defaults["fail"]
         closed = [
             a.rule

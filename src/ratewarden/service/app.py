@@ -15,11 +15,15 @@ from ratewarden.engine import Engine
 from ratewarden.logs import configure_audit, configure_logging
 from ratewarden.metrics import Metrics, TimedStore
 from ratewarden.policy import Policy, load_example_policy, load_policy
+from ratewarden.service import auth
 from ratewarden.service.errors import install_error_handlers
+from ratewarden.service.limits import BodySizeLimit
 from ratewarden.service.observer import Observer
+from ratewarden.service.reload import PolicyReloader
 from ratewarden.service.routes import router
 from ratewarden.settings import Settings
 from ratewarden.store import Store, StoreError, store_from_url
+from ratewarden.store.breaker import CircuitBreaker, GuardedStore
 
 log = logging.getLogger("ratewarden")
 
@@ -34,13 +38,28 @@ def create_app(
     """Build the daemon. Tests pass their own store, policy and metrics registry."""
     settings = settings or Settings()
     policy = policy or load_configured_policy(settings)
-    raw_store = store or store_from_url(settings.store_url, timeout_ms=settings.store_timeout_ms)
+    raw_store = store or store_from_url(
+        settings.store_url,
+        timeout_ms=settings.store_timeout_ms,
+        state_file=settings.state_path(),
+        state_interval_s=settings.state_interval_s,
+    )
     metrics = Metrics(registry or CollectorRegistry())
-    timed = TimedStore(raw_store, metrics)
+    # Every store operation answers within the store timeout, and a store that keeps
+    # failing is not called at all for a cool-down (decisions follow the fail mode).
+    breaker = CircuitBreaker(
+        settings.store_breaker_failures,
+        settings.store_breaker_cooldown_ms / 1000,
+        on_change=metrics.circuit_changed,
+    )
+    guarded = GuardedStore(raw_store, settings.store_timeout_ms, breaker)
+    timed = TimedStore(guarded, metrics)  # outermost: fast refusals count as store errors
     audit = AuditTrail(timed, include_args=settings.audit_args)
     # Budget periods are picked on the store's clock when it has one (the embedded store);
     # Redis stores use Redis TIME and the engine's clock only proposes the period.
     engine = Engine(policy, timed, fail=settings.fail, clock=getattr(raw_store, "clock", None))
+    # Reloads read the start-up source again: the same file, or the packaged example.
+    reloader = PolicyReloader(engine, metrics, settings.policy_path(), settings.reload_interval_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -52,17 +71,21 @@ def create_app(
             log.warning("store not reachable at start-up (%s); will retry on use", exc)
         metrics.policy_loaded(policy)
         audit.start()
+        reloader.start()
         log.info(
-            "ratewarden %s ready on http://%s:%s | store %s | policy %s (version %s, %d rules)",
+            "ratewarden %s ready on http://%s:%s | %s | store %s | policy %s "
+            "(version %s, %d rules)",
             __version__,
             settings.host,
             settings.port,
+            auth.describe(settings),
             raw_store.description,
             policy.source,
             policy.version,
             len(policy.rules),
         )
         yield
+        await reloader.stop()
         await audit.stop()
         await timed.close()
 
@@ -75,8 +98,19 @@ def create_app(
     app.state.engine = engine
     app.state.settings = settings
     app.state.observer = Observer(metrics, audit)
+    app.state.reloader = reloader
     app.include_router(router)
     install_error_handlers(app)
+    # Bodies are counted as they arrive (chunked ones too); past the cap, a 413.
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Added last, so outermost: a request without the role its route needs is refused
+    # before any other middleware or the route reads its body.
+    app.add_middleware(
+        auth.AuthMiddleware,
+        tokens=auth.Tokens.from_settings(settings),
+        insecure=settings.insecure_no_auth,
+    )
+    auth.document(app)
     return app
 
 

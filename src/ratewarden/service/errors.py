@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,10 +23,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def error_response(
-    status: int, error: str, message: str, fields: list[FieldError] | None = None
+    status: int,
+    error: str,
+    message: str,
+    fields: list[FieldError] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     body = ErrorResponse(error=error, message=message, fields=fields or [])
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -52,7 +57,10 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return error_response(
             422, "invalid_request", f"body: {problem}", [FieldError(field="body", message=problem)]
         )
-    return error_response(exc.status_code, _error_name(exc.status_code), str(exc.detail))
+    # Keep the exception's headers: a 405 must say which methods are allowed (`Allow`).
+    return error_response(
+        exc.status_code, _error_name(exc.status_code), str(exc.detail), headers=exc.headers
+    )
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

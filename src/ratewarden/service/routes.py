@@ -14,6 +14,7 @@ from ratewarden.metrics import exposition
 from ratewarden.service.convert import to_call, to_response, to_usage_item
 from ratewarden.service.errors import error_response
 from ratewarden.service.observer import Observer
+from ratewarden.service.reload import PolicyReloader, ReloadResponse
 from ratewarden.store import StoreError
 from ratewarden.wire import (
     BatchRequest,
@@ -35,7 +36,12 @@ router = APIRouter()
 Subject = Annotated[str, Query(min_length=1, max_length=256)]
 OptionalSubject = Annotated[str | None, Query(min_length=1, max_length=256)]
 ERRORS: dict[int | str, dict[str, object]] = {422: {"model": ErrorResponse}}
-CHECK_ERRORS: dict[int | str, dict[str, object]] = {**ERRORS, 409: {"model": ErrorResponse}}
+# Routes that take a body: one larger than RATEWARDEN_MAX_BODY_BYTES is a 413 (limits.py).
+BODY_ERRORS: dict[int | str, dict[str, object]] = {
+    **ERRORS,
+    413: {"model": ErrorResponse, "description": "Body larger than RATEWARDEN_MAX_BODY_BYTES"},
+}
+CHECK_ERRORS: dict[int | str, dict[str, object]] = {**BODY_ERRORS, 409: {"model": ErrorResponse}}
 
 
 def engine_of(request: Request) -> Engine:
@@ -95,7 +101,7 @@ async def check_batch(body: BatchRequest, request: Request) -> BatchResponse | J
 @router.post(
     "/v1/calls/{call_id:path}/settle",
     response_model=SettleResponse,
-    responses={**ERRORS, 404: {"model": ErrorResponse}},
+    responses={**BODY_ERRORS, 404: {"model": ErrorResponse}},
     tags=["decide"],
 )
 async def settle(
@@ -123,7 +129,7 @@ async def settle(
     return SettleResponse(call_id=call_id, outcome=found.outcome, charged=found.charged)
 
 
-@router.post("/v1/admin/reset", response_model=ResetResponse, responses=ERRORS, tags=["admin"])
+@router.post("/v1/admin/reset", response_model=ResetResponse, responses=BODY_ERRORS, tags=["admin"])
 async def reset(body: ResetRequest, request: Request) -> ResetResponse | JSONResponse:
     """Clear a user's counters (every rule, or one `rule`), or one rule's for everyone."""
     engine = engine_of(request)
@@ -142,6 +148,28 @@ async def reset(body: ResetRequest, request: Request) -> ResetResponse | JSONRes
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
     return ResetResponse(deleted=deleted)
+
+
+@router.post("/v1/admin/reload", response_model=ReloadResponse, responses=ERRORS, tags=["admin"])
+async def reload_policy(request: Request) -> ReloadResponse | JSONResponse:
+    """Load the policy file again. An invalid file is refused whole (422 naming every error,
+    `file:line: field: message`) and the policy in force stays; a valid one is swapped in
+    at once. With several workers, this reloads the worker that answers; the file watcher
+    (or SIGHUP) brings the others along."""
+    reloader: PolicyReloader = request.app.state.reloader
+    outcome = await reloader.reload("POST /v1/admin/reload")
+    if outcome.error is not None:
+        lines = outcome.error.lines()
+        fields = [
+            FieldError(field=issue.field, message=line)
+            for issue, line in zip(outcome.error.issues, lines, strict=True)
+        ]
+        message = (
+            f"policy not reloaded; version {outcome.current.version} stays in force: "
+            + "; ".join(lines)
+        )
+        return error_response(422, "invalid_policy", message, fields)
+    return outcome.response()
 
 
 @router.get("/v1/usage", response_model=UsageResponse, responses=ERRORS, tags=["inspect"])

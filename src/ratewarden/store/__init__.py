@@ -1,12 +1,16 @@
-"""Stores keep the counters. One URL picks one: `memory://`, `redis://`, `rediss://`, `unix://`."""
+"""Stores keep the counters. One URL picks one: `memory://`, `redis://`, `rediss://`, `unix://`,
+`redis+sentinel://`, `redis+cluster://`."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ratewarden.clock import Clock
 from ratewarden.store.base import Store, StoreError
 from ratewarden.store.memory import MemoryStore
+from ratewarden.store.snapshot import StateFile, StateFileError
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
@@ -15,32 +19,78 @@ class StoreURLError(ValueError):
     """A store URL ratewarden cannot use; the message says what would work."""
 
 
-def store_from_url(url: str, *, timeout_ms: int = 100, clock: Clock | None = None) -> Store:
-    """Build the store `url` names. Nothing connects until `start()`."""
+def store_from_url(
+    url: str,
+    *,
+    timeout_ms: int = 100,
+    clock: Clock | None = None,
+    state_file: Path | None = None,
+    state_interval_s: float = 5.0,
+) -> Store:
+    """Build the store `url` names. Nothing connects until `start()`.
+
+    `state_file` (memory:// only) is loaded here: a file that cannot be used is refused
+    with StoreURLError, before the daemon binds its port.
+    """
     scheme = urlsplit(url).scheme
     if scheme == "memory":
-        return MemoryStore(clock)
+        if state_file is None:
+            return MemoryStore(clock)
+        try:
+            return MemoryStore(clock, StateFile(state_file, state_interval_s))
+        except StateFileError as exc:
+            raise StoreURLError(str(exc)) from exc
     if scheme in REDIS_SCHEMES:
         import redis.asyncio as aioredis
+        from redis.maint_notifications import MaintNotificationsConfig
 
         from ratewarden.store.redis_store import RedisStore
 
         timeout = timeout_ms / 1000
         client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=False
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            decode_responses=False,
+            # redis-py's default ("auto") skips the pool's check for closed connections:
+            # after a Redis restart, every pooled connection would fail one command.
+            maint_notifications_config=MaintNotificationsConfig(enabled=False),
         )
         return RedisStore(client, redact(url), clock)
     if scheme in ("redis+sentinel", "redis+cluster"):
-        raise StoreURLError(f"{scheme}:// stores are not supported by this version yet")
+        return _replicated_store(url, scheme, timeout_ms, clock)
     raise StoreURLError(
         f"unsupported store URL {redact(url)!r}; use memory://, redis://HOST:PORT/DB, "
-        "rediss://HOST:PORT/DB or unix:///path/to/redis.sock"
+        "rediss://HOST:PORT/DB, unix:///path/to/redis.sock, "
+        f"{SENTINEL_FORM} or {CLUSTER_FORM}"
     )
+
+
+SENTINEL_FORM = "redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]"
+CLUSTER_FORM = "redis+cluster://[:PASSWORD@]HOST:PORT[,HOST:PORT...]"
+
+
+def _replicated_store(url: str, scheme: str, timeout_ms: int, clock: Clock | None) -> Store:
+    """Sentinel (the single-node store on the current master) or Cluster (per slot)."""
+    from ratewarden.store.cluster import URLProblem, cluster_store_from_url
+    from ratewarden.store.sentinel import sentinel_store_from_url
+
+    try:
+        if scheme == "redis+sentinel":
+            return sentinel_store_from_url(url, redact(url), timeout_ms=timeout_ms, clock=clock)
+        return cluster_store_from_url(url, redact(url), timeout_ms=timeout_ms, clock=clock)
+    except URLProblem as exc:
+        form = SENTINEL_FORM if scheme == "redis+sentinel" else CLUSTER_FORM
+        raise StoreURLError(f"bad store URL {redact(url)!r}: {exc}; expected {form}") from exc
 
 
 def redact(url: str) -> str:
     """The URL without its password, for logs and start-up messages."""
     parts = urlsplit(url)
+    if "sentinel_password=" in parts.query:
+        query = re.sub(r"(sentinel_password=)[^&]*", r"\1***", parts.query)
+        parts = parts._replace(query=query)
+        url = urlunsplit(parts)
     if parts.password is None:
         return url
     netloc = parts.netloc.rsplit("@", 1)[1]

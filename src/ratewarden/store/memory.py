@@ -2,20 +2,33 @@
 
 It runs `engine.reference`, the twin of the Lua script, on an injected clock. Expired
 cells are swept lazily, a slice at a time, so memory stays bounded by live counters.
+
+With a state file (`RATEWARDEN_STATE_FILE`), the cells and the recent denials are loaded
+at construction, saved every `interval_s` seconds when something changed, and saved once
+more by `close()` on a clean shutdown (see `store.snapshot`): a clean restart keeps every
+counter and budget, and a crash loses at most the changes of the last interval.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import fnmatch
 import itertools
+import logging
 import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from ratewarden.clock import Clock, SystemClock
 from ratewarden.limiter import reference
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
+from ratewarden.store import snapshot
+from ratewarden.store.snapshot import StateFile, StateFileError
+
+log = logging.getLogger("ratewarden.store")
 
 # Sweep expired cells at most this often (ms of clock time).
 _SWEEP_EVERY_MS = 1_000
@@ -57,18 +70,34 @@ class _Cells:
 class MemoryStore:
     """`memory://`: counters in this process; for one worker, tests and local use."""
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, state_file: StateFile | None = None) -> None:
+        """`state_file`: load it now (StateFileError if it is unusable), then keep it saved."""
         self.clock = clock or SystemClock()
         self._cells = _Cells()
         self._lock = threading.Lock()  # atomicity if used from several threads
         self._denials: collections.deque[str] = collections.deque()
+        self._state = state_file
+        self._changes = 0  # bumped by every write; a snapshot is taken only if it moved
+        self._saved_changes = 0
+        self._saving = asyncio.Lock()
+        self._saver: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._closed = False
+        if state_file is not None:
+            self._load_state(state_file)
 
     @property
     def description(self) -> str:
-        return "memory:// (embedded, this process only)"
+        if self._state is None:
+            return "memory:// (embedded, this process only)"
+        return (
+            f"memory:// (embedded, this process only; state file {self._state.path}, "
+            f"saved every {self._state.interval_s:g}s)"
+        )
 
     async def start(self) -> None:
-        return None
+        if self._state is not None and self._saver is None and not self._closed:
+            self._saver = asyncio.create_task(self._save_periodically(self._state))
 
     async def evaluate(
         self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
@@ -76,6 +105,8 @@ class MemoryStore:
         with self._lock:
             now = self.clock.now_ms()
             self._cells.sweep(now)
+            if not dry_run:
+                self._changes += 1
             return reference.decide(self._cells, list(ops), record, now, dry_run)
 
     async def read_holds(self, record_key: str) -> list[Hold] | None:
@@ -87,6 +118,7 @@ class MemoryStore:
     ) -> tuple[int, list[int]]:
         with self._lock:
             now = self.clock.now_ms()
+            self._changes += 1
             return reference.settle(self._cells, record_key, call_id, actual, list(holds), now)
 
     async def reset(self, pattern: str) -> int:
@@ -94,10 +126,12 @@ class MemoryStore:
             doomed = [key for key in self._cells.values if fnmatch.fnmatchcase(key, pattern)]
             for key in doomed:
                 del self._cells.values[key]
+            self._changes += 1
             return len(doomed)
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
         with self._lock:
+            self._changes += 1
             self._denials.extendleft(entries)
             while len(self._denials) > keep:
                 self._denials.pop()
@@ -110,7 +144,77 @@ class MemoryStore:
         return None
 
     async def close(self) -> None:
-        return None
+        """Stop the periodic snapshots and save once more (a clean shutdown loses nothing)."""
+        if self._state is None or self._closed:
+            return
+        self._closed = True
+        try:
+            if self._saver is not None:
+                self._stopping.set()
+                await self._saver  # its last round is the final save
+                self._saver = None
+            else:
+                await self._save_logged(self._state)
+        finally:
+            self._state.release()
+
+    async def save_state(self) -> bool:
+        """Write a snapshot now if anything changed since the last one; True if written.
+
+        The cells are copied under the lock (one consistent moment); the JSON encoding and
+        the atomic write run in a thread, so checks go on meanwhile.
+        """
+        state = self._state
+        if state is None:
+            return False
+        async with self._saving:
+            with self._lock:
+                if self._changes == self._saved_changes:
+                    return False
+                changes = self._changes
+                now = self.clock.now_ms()
+                document = snapshot.encode(self._cells.values, self._denials, now)
+            await asyncio.to_thread(lambda: state.write(snapshot.dumps(document), changes))
+            self._saved_changes = changes
+            return True
+
+    async def _save_periodically(self, state: StateFile) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), state.interval_s)
+            await self._save_logged(state)
+
+    async def _save_logged(self, state: StateFile) -> None:
+        try:
+            await self.save_state()
+        except StateFileError as exc:  # keep serving; try again next interval
+            log.error("%s", exc)
+        except Exception:  # a bug must not stop the snapshots for good
+            log.exception("cannot save the state file %s", state.path)
+
+    def _load_state(self, state: StateFile) -> None:
+        state.acquire()
+        try:
+            now = self.clock.now_ms()
+            loaded = state.load(now)
+            if loaded is None:
+                log.info("state file %s: none yet, starting from zero", state.path)
+            else:
+                self._cells.values = loaded.cells
+                self._denials.extend(loaded.denials)
+                saved = datetime.fromtimestamp(loaded.saved_at_ms / 1000, UTC)
+                log.info(
+                    "state file %s: loaded %d keys saved at %s (%d expired since)",
+                    state.path,
+                    len(loaded.cells),
+                    saved.isoformat(timespec="seconds"),
+                    loaded.dropped,
+                )
+            # Write at once: proves the file can be written before any call is counted.
+            state.write(snapshot.dumps(snapshot.encode(self._cells.values, self._denials, now)))
+        except BaseException:
+            state.release()
+            raise
 
     def key_count(self) -> int:
         """Live keys, after dropping expired ones (for tests and the memory benchmark)."""

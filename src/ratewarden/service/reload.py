@@ -1,0 +1,235 @@
+"""Hot reload of the policy: `POST /v1/admin/reload`, SIGHUP, and a file watcher.
+
+Every trigger does the same thing: read the policy source again (the file the daemon
+started with, or the packaged example when it started without one), validate it whole,
+and then either
+
+- swap it in with one assignment, `engine.policy = new`: a decision reads
+  `engine.policy` once and keeps that policy to its end, so each answer comes from
+  exactly one policy, never from a mix; or
+- refuse it whole: the policy in force stays, the errors are logged (each one
+  `file:line: field: message`) and counted as
+  `ratewarden_policy_reloads_total{result="error"}`.
+
+The watcher polls the file every `reload_interval_s` seconds (0: off). It reads the file
+only when its stat (mtime, size, inode) changed, and reloads when the content's hash is
+neither the version in force nor the last content already tried, once the content is
+the same on two reads a moment apart (an editor still writing is not half-applied).
+
+Each worker process has its own engine, so each reloads on its own: on SIGHUP sent to
+it, on a reload request that reaches it, and on its watcher, which is what keeps
+several workers in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from ratewarden.engine import Engine
+from ratewarden.metrics import Metrics
+from ratewarden.policy import (
+    Policy,
+    PolicyError,
+    PolicyIssue,
+    load_example_policy,
+    parse_policy,
+)
+
+log = logging.getLogger("ratewarden.reload")
+
+# Pause between the two reads that must agree before the watcher reloads a changed file.
+SETTLE_S = 0.1
+
+
+class ReloadResponse(BaseModel):
+    """The answer of `POST /v1/admin/reload` when the new policy is in force."""
+
+    version: str = Field(description="the version (content hash) now in force")
+    previous_version: str = Field(description="the version in force before this reload")
+    changed: bool = Field(description="false when the file was unchanged")
+    source: str
+    rules: int
+    pid: int = Field(description="the worker that reloaded (each worker reloads on its own)")
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadOutcome:
+    trigger: str
+    previous: Policy
+    current: Policy  # the policy in force after the attempt
+    error: PolicyError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def response(self) -> ReloadResponse:
+        return ReloadResponse(
+            version=self.current.version,
+            previous_version=self.previous.version,
+            changed=self.current.version != self.previous.version,
+            source=self.current.source,
+            rules=len(self.current.rules),
+            pid=os.getpid(),
+        )
+
+
+class PolicyReloader:
+    """Reloads `engine.policy` from `path` (None: the packaged example policy)."""
+
+    def __init__(
+        self, engine: Engine, metrics: Metrics, path: Path | None, interval_s: float = 0
+    ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.path = path
+        self.interval_s = interval_s
+        self._lock = asyncio.Lock()
+        self._last_tried: str | None = None  # content hash of the last file tried
+        self._seen_stat: tuple[int, ...] | None = None
+        self._tasks: set[asyncio.Task[ReloadOutcome]] = set()
+        self._watcher: asyncio.Task[None] | None = None
+        self._signal_installed = False
+
+    # -- reload ------------------------------------------------------------------------
+
+    async def reload(self, trigger: str, raw: bytes | None = None) -> ReloadOutcome:
+        """Load the source again and swap it in, or keep the policy in force if it is invalid.
+
+        `raw` is the file's content when the caller already read it (the watcher), so the
+        content judged stable is the content loaded.
+        """
+        async with self._lock:
+            previous = self.engine.policy
+            try:
+                if raw is None and self.path is not None:
+                    raw = await asyncio.to_thread(_read, self.path)
+                new = await asyncio.to_thread(self._parse, raw)
+            except PolicyError as exc:
+                if raw is not None:
+                    self._last_tried = version_of(raw)
+                self.metrics.policy_load_failed()
+                log.error(
+                    "policy reload (%s) refused; version %s stays in force:\n%s",
+                    trigger,
+                    previous.version,
+                    exc.render(),
+                )
+                return ReloadOutcome(trigger, previous, previous, exc)
+            self._last_tried = new.version
+            self.engine.policy = new  # the swap: one assignment, seen whole by every decision
+            self.metrics.policy_loaded(new)
+            if new.version == previous.version:
+                log.info("policy reload (%s): %s unchanged (version %s)", trigger, new.source,
+                         new.version)  # fmt: skip
+            else:
+                log.info(
+                    "policy reloaded (%s): %s version %s -> %s, %d rules",
+                    trigger,
+                    new.source,
+                    previous.version,
+                    new.version,
+                    len(new.rules),
+                )
+            return ReloadOutcome(trigger, previous, new)
+
+    def _parse(self, raw: bytes | None) -> Policy:
+        if self.path is None or raw is None:
+            return load_example_policy()
+        return parse_policy(raw, source=str(self.path))
+
+    # -- lifespan: watcher and SIGHUP ---------------------------------------------------
+
+    def start(self) -> None:
+        """Start the watcher (when there is a file and an interval) and the SIGHUP handler."""
+        if self.path is not None and self.interval_s > 0:
+            self._watcher = asyncio.create_task(self._watch(), name="ratewarden-policy-watcher")
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
+        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
+            # Not the main thread, or no SIGHUP here: the other triggers still work.
+            log.debug("no SIGHUP handler installed")
+        else:
+            self._signal_installed = True
+
+    async def stop(self) -> None:
+        if self._signal_installed:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            self._signal_installed = False
+        tasks = [*self._tasks, *([self._watcher] if self._watcher else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watcher = None
+
+    def _on_sighup(self) -> None:
+        task = asyncio.create_task(self.reload("SIGHUP"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.poll()
+            except Exception:  # the watcher must outlive any surprise
+                log.exception("policy watcher: unexpected error; still watching")
+
+    async def poll(self) -> bool:
+        """One look at the file; reload if it changed. True when a reload was attempted."""
+        assert self.path is not None
+        path = self.path
+        stat = await asyncio.to_thread(_stat, path)
+        if stat is not None and stat == self._seen_stat:
+            return False
+        first = await asyncio.to_thread(_read_or_none, path)
+        digest = version_of(first) if first is not None else "unreadable"
+        if digest in (self.engine.policy.version, self._last_tried):
+            self._seen_stat = stat
+            return False
+        await asyncio.sleep(SETTLE_S)
+        again = await asyncio.to_thread(_read_or_none, path)
+        if again != first:
+            return False  # still being written: look again at the next poll
+        self._seen_stat = stat
+        if first is None:
+            self._last_tried = digest  # report a missing file once, not every poll
+        await self.reload("file change", first)
+        return True
+
+
+def version_of(raw: bytes) -> str:
+    """The version a policy built from `raw` has (see `compile_policy`)."""
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise PolicyError(
+            str(path), [PolicyIssue((), f"cannot read: {exc.strerror or exc}")]
+        ) from None
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _stat(path: Path) -> tuple[int, ...] | None:
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return (found.st_mtime_ns, found.st_size, found.st_ino, found.st_dev)
