@@ -31,6 +31,7 @@ from ratewarden.policy import parse_policy
 from ratewarden.service.app import create_app
 from ratewarden.settings import Settings
 from ratewarden.store import MemoryStore, Store, StoreError, store_from_url
+from ratewarden.store.breaker import CircuitOpenError
 from ratewarden.store.keys import DENIALS_KEY
 from ratewarden.store.redis_store import RedisStore
 from tests.apphelpers import serving
@@ -744,3 +745,38 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
             if time.monotonic() > deadline:
                 pytest.fail(f"serve did not answer within 30s:\n{log.read_text()}")
             time.sleep(0.05)  # bounded polling for the subprocess to listen
+
+
+class UnwritableDenials(MemoryStore):
+    """A store whose recent-denials list cannot be written, failing with `error`."""
+
+    def __init__(self, error: StoreError) -> None:
+        super().__init__(FakeClock())
+        self.error = error
+
+    async def push_denials(self, entries: Sequence[str], keep: int) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "level"),
+    [
+        (StoreError("connection refused"), logging.WARNING),
+        (CircuitOpenError("circuit open"), logging.DEBUG),
+    ],
+    ids=["store-error", "circuit-open"],
+)
+async def test_an_unstored_denial_warns_unless_the_circuit_is_open(
+    caplog: pytest.LogCaptureFixture, error: StoreError, level: int
+) -> None:
+    """The breaker reports an outage once; the flusher must not add a line five times a
+    second for as long as it lasts."""
+    from ratewarden.audit import AuditTrail
+
+    trail = AuditTrail(UnwritableDenials(error))
+    trail._pending = ['{"event": "deny"}']
+    with caplog.at_level(logging.DEBUG, logger="ratewarden"):
+        await trail.flush()
+    found = [r for r in caplog.records if "recent denials not stored" in r.getMessage()]
+    assert [r.levelno for r in found] == [level]
+    assert trail._pending == []  # the lines were written to the log; the batch is not retried

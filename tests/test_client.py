@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,3 +209,36 @@ def test_guards_answer_a_refused_request_by_their_fail_mode(daemon: Daemon) -> N
     assert (open_guard.unreachable, closed_guard.unreachable) == (1, 1)
     open_guard.close()
     closed_guard.close()
+
+
+def test_a_refused_token_is_logged_as_an_error_not_as_an_outage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With tokens on, a guard holding the wrong one is a misconfiguration: answered by the
+    fail mode (a typo must not stop every tool), but at error level, naming the token."""
+    request = CheckRequest(user="u", tool="terminal")
+    with running_daemon(POLICY, tmp_path, "--api-token", "right-token") as secured:
+        guards = [
+            Guard(secured.url, token="wrong-token"),
+            Guard(secured.url, token="wrong-token", fail="closed"),
+            Guard(secured.url, token="right-token"),
+        ]
+        with caplog.at_level(logging.WARNING, logger="ratewarden.client"):
+            answers = [guard.check(request) for guard in guards]
+        for guard in guards:
+            guard.close()
+    assert [(a.decision, a.degraded) for a in answers] == [
+        ("allow", True),
+        ("deny", True),
+        ("allow", False),
+    ]
+    refusals = [r for r in caplog.records if "refused the guard's token" in r.getMessage()]
+    assert [r.levelno for r in refusals] == [logging.ERROR, logging.ERROR], caplog.text
+    assert "401" in refusals[0].getMessage()
+    # An outage stays a warning.
+    caplog.clear()
+    outage = Guard(nowhere())
+    with caplog.at_level(logging.WARNING, logger="ratewarden.client"):
+        outage.check(request)
+    outage.close()
+    assert [r.levelno for r in caplog.records] == [logging.WARNING], caplog.text

@@ -21,6 +21,7 @@ from typing import Any
 from ratewarden.calls import Call
 from ratewarden.engine import Decision
 from ratewarden.store import Store, StoreError
+from ratewarden.store.breaker import CircuitOpenError
 
 log = logging.getLogger("ratewarden.audit")
 RECENT_LIMIT = 1000  # entries kept in the recent-denials list
@@ -116,7 +117,10 @@ class AuditTrail:
         try:
             await self.store.push_denials(batch, RECENT_LIMIT)
         except StoreError as exc:  # the log lines are written; only the list misses them
-            logging.getLogger("ratewarden").warning("recent denials not stored: %s", exc)
+            # With the circuit open the breaker has said so once; one line per flush
+            # (five a second) would drown the log for the whole outage.
+            level = logging.DEBUG if isinstance(exc, CircuitOpenError) else logging.WARNING
+            logging.getLogger("ratewarden").log(level, "recent denials not stored: %s", exc)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._flush_forever())

@@ -254,8 +254,22 @@ class AsyncGuard(_GuardBase):
 
 
 def unreachable_answer(request: CheckRequest, fail: str, error: Exception) -> CheckResponse:
-    """The decision when the daemon did not answer: the fail mode, said plainly."""
-    log.warning("ratewarden daemon unreachable (%s); failing %s for %s", error, fail, request.tool)
+    """The decision when the daemon did not answer: the fail mode, said plainly.
+
+    A refusal (a bad token, a request the daemon rejects) is a misconfiguration, not an
+    outage: it is answered the same way, so that a typo never stops every tool of a
+    gateway, but logged as an error, since with `fail="open"` nothing is being limited.
+    """
+    if isinstance(error, ClientError):
+        what = "refused the guard's token" if error.status in (401, 403) else "refused a check"
+        log.error(
+            "ratewarden daemon %s (%s %s); failing %s for %s until it is fixed",
+            what, error.status, error, fail, request.tool,
+        )  # fmt: skip
+    else:
+        log.warning(
+            "ratewarden daemon unreachable (%s); failing %s for %s", error, fail, request.tool
+        )
     call_id = request.call_id or ""
     if fail == "open":
         return CheckResponse(
