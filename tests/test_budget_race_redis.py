@@ -2,7 +2,7 @@
 
 Four spawned processes, each with its own Engine (system clock, which only picks the
 budget period) and RedisStore (no injected clock), wait on a barrier and then fire 50
-checks each with `asyncio.gather`. The budget fits exactly 50 reservations: exactly 50
+checks each, 5 at a time with `asyncio.gather`. The budget fits exactly 50 reservations: exactly 50
 are allowed, and a separate connection sampling the budget hash in a tight loop during
 the race never sees spent + reserved above the budget.
 
@@ -38,6 +38,7 @@ pytestmark = pytest.mark.redis
 
 PROCESSES = 4
 CALLS_PER_PROCESS = 50
+WAVE = 5  # concurrent checks per process at a time
 COST_MICROS = 100_000  # 0.10
 FITS = 50
 BUDGET_MICROS = FITS * COST_MICROS  # 5.00
@@ -78,19 +79,24 @@ async def _race(
             )
             outcomes = [f"{s.outcome} {s.charged}" for s in settled]
         else:
-            decisions = await asyncio.gather(
-                *(
-                    engine.check(
-                        Call(
-                            user="alice",
-                            tool="terminal",
-                            call_id="one" if mode == "same-id" else f"w{worker}-{i}",
-                            cost=COST_MICROS / 1_000_000,
+            # In waves: the store coalesces concurrent checks into one pipeline, which
+            # Redis runs without interleaving another client; waves of a few keep the
+            # four processes' pipelines interleaved, so the sampler sees the race.
+            decisions = []
+            for wave in range(0, CALLS_PER_PROCESS, WAVE):
+                decisions += await asyncio.gather(
+                    *(
+                        engine.check(
+                            Call(
+                                user="alice",
+                                tool="terminal",
+                                call_id="one" if mode == "same-id" else f"w{worker}-{i}",
+                                cost=COST_MICROS / 1_000_000,
+                            )
                         )
+                        for i in range(wave, wave + WAVE)
                     )
-                    for i in range(CALLS_PER_PROCESS)
                 )
-            )
             outcomes = [
                 d.decision
                 + (" degraded" if d.degraded else "")

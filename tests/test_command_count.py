@@ -161,7 +161,7 @@ async def test_one_evalsha_per_decision(
     assert len({c[0] for c in commands}) == 1  # all from the store's one connection
     for i, command in enumerate(commands):
         sha, numkeys, *rest = command[2:]
-        assert sha == store._sha
+        assert sha == store._script.sha
         keys, argv = rest[: int(numkeys)], rest[int(numkeys) :]
         assert keys[0] == record_key(str(i))
         assert all(key.startswith("rw:{") for key in keys[1:])

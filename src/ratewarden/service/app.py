@@ -17,6 +17,7 @@ from ratewarden.metrics import Metrics, TimedStore
 from ratewarden.policy import Policy, load_example_policy, load_policy
 from ratewarden.service import auth
 from ratewarden.service.errors import install_error_handlers
+from ratewarden.service.hotpath import HotPath
 from ratewarden.service.limits import BodySizeLimit
 from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader
@@ -101,6 +102,8 @@ def create_app(
     app.state.reloader = reloader
     app.include_router(router)
     install_error_handlers(app)
+    # Valid decisions skip FastAPI's routing and serialisation (inside auth and the cap).
+    app.add_middleware(HotPath)
     # Bodies are counted as they arrive (chunked ones too); past the cap, a 413.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Added last, so outermost: a request without the role its route needs is refused

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -54,18 +54,44 @@ def observer_of(request: Request) -> Observer:
     return observer
 
 
-async def _decide(request: Request, body: CheckRequest) -> Decision:
-    """Decide, then report the decision (metrics, audit); `args` only reach the audit."""
-    engine = engine_of(request)
+async def decide(app: Any, body: CheckRequest) -> Decision:
+    """Decide, then report the decision (metrics, audit); `args` only reach the audit.
+
+    Shared with the hot path (hotpath.py), which calls it with the app from the ASGI scope.
+    """
+    engine: Engine = app.state.engine
     policy = engine.policy
     call = to_call(body)
     started = time.perf_counter()
     decision = await engine.check(call)
-    observer_of(request).checked(decision, call, body.args, policy, time.perf_counter() - started)
+    observer: Observer = app.state.observer
+    observer.checked(decision, call, body.args, policy, time.perf_counter() - started)
     return decision
 
 
+async def decide_batch(app: Any, body: BatchRequest) -> BatchResponse | JSONResponse:
+    """Each call in order, all or nothing on its own; a conflicting call_id stops the batch."""
+    results = []
+    for i, call in enumerate(body.calls):
+        try:
+            results.append(to_response(await decide(app, call)))
+        except CallIdConflict as exc:
+            return conflict(exc, f"calls[{i}].call_id")
+    return BatchResponse(results=results)
+
+
+def conflict(exc: CallIdConflict, field: str = "call_id") -> JSONResponse:
+    message = str(exc) if field == "call_id" else f"{field}: {exc}"
+    return error_response(
+        409, "call_id_conflict", message, [FieldError(field=field, message=str(exc))]
+    )
+
+
 CallIdPath = Annotated[str, Path(min_length=1, max_length=128)]
+
+# The two decision routes are served by the hot path (hotpath.py) whenever the body is
+# valid JSON of the right shape; these handlers answer the rest (with FastAPI's
+# validation errors) and give the OpenAPI schema its description of both.
 
 
 @router.post("/v1/check", response_model=CheckResponse, responses=CHECK_ERRORS, tags=["decide"])
@@ -76,10 +102,9 @@ async def check(body: CheckRequest, request: Request) -> CheckResponse | JSONRes
     call and consumes nothing; a refused call consumed nothing and is decided afresh.
     """
     try:
-        decision = await _decide(request, body)
+        decision = await decide(request.app, body)
     except CallIdConflict as exc:
-        field = FieldError(field="call_id", message=str(exc))
-        return error_response(409, "call_id_conflict", str(exc), [field])
+        return conflict(exc)
     return to_response(decision)
 
 
@@ -88,14 +113,7 @@ async def check(body: CheckRequest, request: Request) -> CheckResponse | JSONRes
 )
 async def check_batch(body: BatchRequest, request: Request) -> BatchResponse | JSONResponse:
     """Decide a model's parallel tool calls, in order; each call is all or nothing on its own."""
-    results = []
-    for i, call in enumerate(body.calls):
-        try:
-            results.append(to_response(await _decide(request, call)))
-        except CallIdConflict as exc:
-            field = FieldError(field=f"calls[{i}].call_id", message=str(exc))
-            return error_response(409, "call_id_conflict", f"{field.field}: {exc}", [field])
-    return BatchResponse(results=results)
+    return await decide_batch(request.app, body)
 
 
 @router.post(

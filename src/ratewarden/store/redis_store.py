@@ -1,4 +1,8 @@
-"""Redis stores (`redis://`, `rediss://`, `unix://`): one EVALSHA per decision."""
+"""Redis stores (`redis://`, `rediss://`, `unix://`): one EVALSHA per decision.
+
+Concurrent decisions share round trips: their EVALSHAs are coalesced into pipelines
+(store/coalesce.py), still one script call, and so one atomic step, per decision.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,13 @@ from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from ratewarden.clock import Clock
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, decode_holds
 from ratewarden.limiter.reference import results_from
 from ratewarden.store.base import StoreError
+from ratewarden.store.coalesce import ScriptPipeline
 from ratewarden.store.keys import DENIALS_KEY
 
 COUNTERS_LUA = resources.files("ratewarden.limiter").joinpath("counters.lua").read_text()
@@ -33,7 +38,7 @@ class RedisStore:
         self._client = client
         self._description = description
         self._clock = clock
-        self._sha = ""
+        self._script = ScriptPipeline(client, COUNTERS_LUA)
 
     @property
     def description(self) -> str:
@@ -41,7 +46,7 @@ class RedisStore:
 
     async def start(self) -> None:
         try:
-            self._sha = await self._client.script_load(COUNTERS_LUA)
+            await self._script.load()
         except (RedisError, OSError) as exc:
             raise StoreError(f"cannot load the counters script: {exc}") from exc
 
@@ -126,13 +131,7 @@ class RedisStore:
 
     async def _run(self, keys: list[str], args: list[Any]) -> list[int]:
         try:
-            if not self._sha:
-                await self.start()
-            try:
-                reply: list[int] = await self._client.evalsha(self._sha, len(keys), *keys, *args)
-            except NoScriptError:  # Redis restarted or SCRIPT FLUSH: load again, once
-                await self.start()
-                reply = await self._client.evalsha(self._sha, len(keys), *keys, *args)
+            reply: list[int] = await self._script.call(keys, args)
         except (RedisError, OSError) as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
         return reply
@@ -144,4 +143,5 @@ class RedisStore:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
+        await self._script.aclose()
         await self._client.aclose()

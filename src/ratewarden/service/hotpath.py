@@ -1,0 +1,113 @@
+"""The hot path: valid `POST /v1/check` and `/v1/check/batch` straight to the engine.
+
+These two routes are what every tool call of a gateway waits on. Through FastAPI's
+router, dependency solver and response serialiser a decision spent more time in the
+framework than in the engine and Redis together. This pure ASGI middleware sits inside
+auth and the body cap (so both still apply) and serves those two routes directly:
+pydantic-core validates the raw bytes in one step, the engine decides, pydantic-core
+writes the JSON.
+
+It only ever serves what it can serve exactly like FastAPI would. Anything else (not
+JSON, invalid, a body that did not arrive whole) is handed on to FastAPI, with the body
+already read replayed, so every error keeps its one shape and wording (errors.py) and
+the OpenAPI schema still describes both routes (routes.py). tests/test_hotpath.py holds
+the two paths to the same answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ratewarden.engine import CallIdConflict
+from ratewarden.service import routes
+from ratewarden.service.convert import to_response
+from ratewarden.wire import BatchRequest, CheckRequest
+
+_JSON = (b"content-type", b"application/json")
+
+
+class HotPath:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._routes: dict[str, Callable[[Any, bytes], Awaitable[BaseModel | Any]]] = {
+            "/v1/check": self._check,
+            "/v1/check/batch": self._batch,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        serve = self._routes.get(scope["path"]) if scope["type"] == "http" else None
+        if serve is None or scope["method"] != "POST" or not _sends_json(scope):
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client left before its body arrived: nobody to answer
+        answer = await serve(scope["app"], body)
+        if answer is None:  # not ours to answer: FastAPI gives the exact error
+            await self.app(scope, _replay(body, receive), send)
+        elif isinstance(answer, BaseModel):
+            payload = answer.__pydantic_serializer__.to_json(answer)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [_JSON, (b"content-length", str(len(payload)).encode())],
+                }
+            )
+            await send({"type": "http.response.body", "body": payload})
+        else:
+            await answer(scope, receive, send)  # an error response of routes.py
+
+    async def _check(self, app: Any, body: bytes) -> Any:
+        try:
+            request = CheckRequest.model_validate_json(body)
+        except ValidationError:
+            return None
+        try:
+            decision = await routes.decide(app, request)
+        except CallIdConflict as exc:
+            return routes.conflict(exc)
+        return to_response(decision)
+
+    async def _batch(self, app: Any, body: bytes) -> Any:
+        try:
+            request = BatchRequest.model_validate_json(body)
+        except ValidationError:
+            return None
+        return await routes.decide_batch(app, request)
+
+
+def _sends_json(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return bool(value.split(b";", 1)[0].strip().lower() == b"application/json")
+    return False
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole body, or None if the client left first (the body cap is applied outside)."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay

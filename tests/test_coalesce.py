@@ -1,0 +1,146 @@
+"""Concurrent decisions share pipelines (store/coalesce.py), on a real redis-server.
+
+Coalescing must change the number of round trips and nothing else: every decision is
+still its own EVALSHA (one atomic step), exactness holds, one call's error stays its
+own, a flushed script is loaded again, and a caller that gave up is never sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from ratewarden.calls import Call
+from ratewarden.engine import Engine
+from ratewarden.policy import parse_policy
+from ratewarden.store.coalesce import ScriptPipeline
+from ratewarden.store.redis_store import RedisStore
+from tests.redis_server import RedisServer, free_port
+
+pytestmark = pytest.mark.redis
+
+POLICY = b"""\
+version: 1
+rules:
+  - {name: per-user, per: [user], rate: 50/minute}
+  - {name: per-tool, per: [tool], rate: 1000/minute}
+"""
+
+
+class CountingPipeline(ScriptPipeline):
+    """Counts round trips: each `_pipeline` is one write and one read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.round_trips: list[int] = []  # calls per round trip
+
+    async def _pipeline(self, batch: list[Any]) -> list[Any]:
+        self.round_trips.append(len(batch))
+        return await super()._pipeline(batch)
+
+
+def counting_store(url: str) -> tuple[RedisStore, CountingPipeline]:
+    client = aioredis.Redis.from_url(url)
+    store = RedisStore(client, url)
+    script = CountingPipeline(client, store._script._script)
+    store._script = script
+    return store, script
+
+
+async def test_concurrent_checks_share_round_trips_and_stay_exact(redis_url: str) -> None:
+    store, script = counting_store(redis_url)
+    await store.start()
+    try:
+        engine = Engine(parse_policy(POLICY), store)
+        calls = [Call(user="alice", tool="terminal", call_id=f"c{i}") for i in range(120)]
+        decisions = await asyncio.gather(*(engine.check(call) for call in calls))
+    finally:
+        await store.close()
+    assert Counter(d.decision for d in decisions) == {"allow": 50, "deny": 70}
+    # Every decision was sent, once; far fewer round trips than decisions.
+    assert sum(script.round_trips) == 120
+    assert len(script.round_trips) <= 3, script.round_trips
+    # In the order asked: the first 50 were the ones admitted.
+    assert [d.decision for d in decisions[:50]] == ["allow"] * 50
+
+
+async def test_a_lone_call_goes_out_at_once_without_a_pipeline(redis_url: str) -> None:
+    store, script = counting_store(redis_url)
+    await store.start()
+    try:
+        engine = Engine(parse_policy(POLICY), store)
+        for i in range(3):
+            decision = await engine.check(Call(user="bob", tool="t", call_id=f"b{i}"))
+            assert decision.decision == "allow"
+    finally:
+        await store.close()
+    assert script.round_trips == [1, 1, 1]
+
+
+async def test_one_calls_error_is_its_own(redis_server: RedisServer) -> None:
+    """A call whose counter key holds the wrong type fails; the others in its pipeline don't."""
+    client = aioredis.Redis.from_url(redis_server.url)
+    script = ScriptPipeline(client, "return redis.call('INCR', KEYS[1])")
+    await script.load()
+    await client.hset("broken", "field", "1")
+    try:
+        answers = await asyncio.gather(
+            *(script.call([key], []) for key in ["a", "broken", "b", "a"]),
+            return_exceptions=True,
+        )
+    finally:
+        await client.aclose()
+    assert answers[0] == 1
+    assert isinstance(answers[1], ResponseError)
+    assert "WRONGTYPE" in str(answers[1])
+    assert answers[2:] == [1, 2]
+
+
+async def test_a_flushed_script_is_loaded_again_for_a_whole_pipeline(
+    redis_server: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    script = ScriptPipeline(client, "return tonumber(ARGV[1]) * 2")
+    try:
+        await script.load()
+        await client.script_flush()
+        answers = await asyncio.gather(*(script.call([], [n]) for n in range(10)))
+        assert answers == [n * 2 for n in range(10)]
+        await client.script_flush()
+        assert await script.call([], [21]) == 42  # a lone call too
+    finally:
+        await client.aclose()
+
+
+async def test_a_caller_that_gave_up_is_not_sent(redis_server: RedisServer) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    script = ScriptPipeline(client, "return redis.call('INCR', KEYS[1])")
+    await script.load()
+    try:
+        patient = asyncio.ensure_future(script.call(["sent"], []))
+        impatient = asyncio.ensure_future(script.call(["never"], []))
+        await asyncio.sleep(0)  # both queued; the flush is due on the next loop turn
+        impatient.cancel()
+        assert await patient == 1
+        assert impatient.cancelled()
+        assert await client.exists("never") == 0
+    finally:
+        await client.aclose()
+
+
+async def test_a_dead_connection_fails_every_caller_of_its_pipeline() -> None:
+    client = aioredis.Redis(port=free_port())  # nothing listens there
+    script = ScriptPipeline(client, "return 1")
+    try:
+        answers = await asyncio.gather(
+            *(script.call(["k"], []) for _ in range(5)), return_exceptions=True
+        )
+    finally:
+        await client.aclose()
+    assert all(isinstance(a, RedisConnectionError) for a in answers), answers
