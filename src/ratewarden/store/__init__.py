@@ -42,9 +42,8 @@ def store_from_url(
             raise StoreURLError(str(exc)) from exc
     if scheme in REDIS_SCHEMES:
         import redis.asyncio as aioredis
-        from redis.maint_notifications import MaintNotificationsConfig
 
-        from ratewarden.store.redis_store import RedisStore
+        from ratewarden.store.redis_store import RedisStore, connection_options
 
         timeout = timeout_ms / 1000
         client = aioredis.Redis.from_url(
@@ -52,9 +51,7 @@ def store_from_url(
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             decode_responses=False,
-            # redis-py's default ("auto") skips the pool's check for closed connections:
-            # after a Redis restart, every pooled connection would fail one command.
-            maint_notifications_config=MaintNotificationsConfig(enabled=False),
+            **connection_options(),
         )
         return RedisStore(client, redact(url), clock)
     if scheme in ("redis+sentinel", "redis+cluster"):

@@ -6,6 +6,7 @@ Concurrent decisions share round trips: their EVALSHAs are coalesced into pipeli
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -23,6 +24,23 @@ from ratewarden.store.keys import DENIALS_KEY
 COUNTERS_LUA = resources.files("ratewarden.limiter").joinpath("counters.lua").read_text()
 _DECIDED, _BLOCKED, _REPLAYED, _CONFLICT = 0, 1, 2, 3
 _RESET_BATCH = 500
+
+
+def connection_options() -> dict[str, Any]:
+    """Options for redis-py's asyncio clients that depend on its version.
+
+    redis-py 8's default maintenance-notification mode ("auto") skips the pool's check
+    for connections the server closed: after a Redis restart every pooled connection
+    would fail one command. Turned off where the asyncio client has the option (8.0 on);
+    older asyncio clients (the `limits` and `throttled-py` packages pin redis<8) have no
+    such mode and get nothing.
+    """
+    parameters = inspect.signature(aioredis.Redis.__init__).parameters
+    if "maint_notifications_config" not in parameters:
+        return {}
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
 class RedisStore:

@@ -20,11 +20,10 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.maint_notifications import MaintNotificationsConfig
 
 from ratewarden.clock import Clock
 from ratewarden.store.cluster import URLProblem, parse_hosts
-from ratewarden.store.redis_store import RedisStore
+from ratewarden.store.redis_store import RedisStore, connection_options
 
 _SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
 
@@ -128,8 +127,6 @@ def sentinel_store_from_url(
         username=user or None,
         password=password or None,
         decode_responses=False,
-        # As for redis:// (see store/__init__.py): keep the pool's check for connections
-        # the server closed, which redis-py's "auto" maintenance mode skips.
-        maint_notifications_config=MaintNotificationsConfig(enabled=False),
+        **connection_options(),
     )
     return SentinelStore(sentinel, service, client, description, clock)
