@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 MAX_BATCH = 256  # calls per pipeline: bounds one reply's size and one read's latency
 
@@ -31,6 +31,7 @@ class ScriptPipeline:
         self._client = client
         self._script = script
         self.sha = hashlib.sha1(script.encode()).hexdigest()  # what SCRIPT LOAD answers
+        self._evalsha = _bulk(b"EVALSHA") + _bulk(self.sha.encode())
         self._max_batch = max_batch
         self._queued: list[_Call] = []
         self._sending: set[asyncio.Task[None]] = set()  # held, or the loop may drop them
@@ -86,19 +87,42 @@ class ScriptPipeline:
         return replies
 
     async def _pipeline(self, batch: list[_Call]) -> list[Any]:
-        if len(batch) == 1:  # alone: a plain command costs less than a pipeline
-            keys, args, _ = batch[0]
-            try:
-                return [await self._client.evalsha(self.sha, len(keys), *keys, *args)]
-            except NoScriptError as exc:
-                return [exc]
-        async with self._client.pipeline(transaction=False) as pipe:
-            for keys, args, _ in batch:
-                pipe.evalsha(self.sha, len(keys), *keys, *args)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        """One write, then one reply per call (a Redis error as its value) on one connection.
+
+        Commands are packed here rather than by redis-py: its packer, made for any command,
+        cost more per decision than everything else on the daemon's side of Redis.
+        """
+        packed = b"".join(_pack(self._evalsha, keys, args) for keys, args, _ in batch)
+        pool = self._client.connection_pool
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            await connection.send_packed_command(packed, check_health=False)
+            replies: list[Any] = []
+            for _ in batch:
+                try:
+                    replies.append(await connection.read_response())
+                except ResponseError as exc:  # this call's error; the connection is in step
+                    replies.append(exc)
+        except BaseException:
+            # Replies may still be on their way: this connection can never be trusted again.
+            await connection.disconnect()
+            raise
+        finally:
+            await pool.release(connection)
         return replies
 
     async def aclose(self) -> None:
         """Wait for the pipelines already sent (their callers are waiting on them)."""
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%b\r\n" % (len(value), value)
+
+
+def _pack(evalsha: bytes, keys: Sequence[str], args: Sequence[Any]) -> bytes:
+    """EVALSHA sha numkeys keys... args... in RESP; strings as UTF-8, numbers as decimals."""
+    parts = [str(len(keys)).encode(), *(k.encode() for k in keys)]
+    parts += [a.encode() if isinstance(a, str) else str(a).encode() for a in args]
+    return b"*%d\r\n%b%b" % (len(parts) + 2, evalsha, b"".join(map(_bulk, parts)))
