@@ -1,0 +1,5 @@
+"""`python -m bench`: the benchmark (bench/run.py)."""
+
+from bench.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,419 @@
+"""The benchmark, end to end: `./bench/run` (or `python -m bench`), documented in
+docs/benchmarks.md.
+
+It starts a private redis-server on a free port, then, one after the other, each HTTP
+server under test on the same uvicorn settings, and drives it from a separate load
+generator process (bench/loadgen.py):
+
+- echo: bare FastAPI, parse the body and send it back (no Redis);
+- floor: FastAPI, parse the body, one EVALSHA of a trivial script (bench/floor.py);
+- ratewarden with one rule, with five matching rules (rate, token bucket, fixed window,
+  budget, concurrency), on the batch endpoint (10 calls a request), and with two workers.
+
+Each is saturated (decisions/s), in several rounds interleaved so that a noisy moment
+hurts every server alike, and the median round is kept; ratewarden with one rule is then
+offered fixed loads at 25, 50 and 75 % of its saturation for p50/p99/p99.9 latency.
+Then the engine side by side with `limits` and `throttled-py` (bench/peers.py) and Redis
+memory per counter (bench/memory.py). Results: a Markdown report on stdout (the table
+in docs/benchmarks.md) and every figure as JSON (`--out`), each target marked met or not.
+Absolute numbers depend on the machine; the targets are ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.memory import run_memory
+from bench.peers import run_peers
+
+ONE_RULE = """\
+version: 1
+rules:
+  - name: per-user
+    per: [user]
+    rate: 100/minute
+"""
+# Five rules that all match every call: three rate algorithms, a budget, a concurrency cap.
+FIVE_RULES = """\
+version: 1
+tools:
+  default: {cost: 0.001}
+rules:
+  - {name: per-user, per: [user], rate: 100/minute}
+  - {name: per-user-tool, per: [user, tool], rate: 100/minute, algorithm: token_bucket}
+  - {name: per-tool, per: [tool], rate: 10000000/hour, algorithm: fixed_window}
+  - {name: daily-spend, per: [user], budget: 100.00/day}
+  - {name: slots, per: [user], concurrency: 1000}
+"""
+USERS = 20_000
+BATCH = 10  # calls per batch request
+CONNECTIONS = 32
+LOADS = (0.25, 0.50, 0.75)
+TARGETS = {
+    "one rule / floor": (">=", 1.0),
+    "one rule / echo": (">=", 0.6),
+    "five rules cost / one rule": ("<=", 1.15),
+    "p99 at 50% of saturation (ms)": ("<=", 5.0),
+    "two workers / one worker": (">=", 1.6),
+    "engine / limits (checks/s)": (">=", 2.0),
+}
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    command: list[str]
+    path: str = "/v1/check"
+    bodies: str = "check"
+    per_request: int = 1  # decisions in one request
+
+
+@dataclass
+class Setup:
+    python: str
+    workdir: Path
+    redis_port: int
+    quick: bool
+    rounds: int
+    duration: float
+    warmup: float
+    saturation: dict[str, list[float]] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def redis_server(workdir: Path) -> Iterator[int]:
+    """A private redis-server, nothing persisted; never the machine's own."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server not found: apt-get install redis-server")
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def wait_for_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on port {port} after {timeout} s")
+
+
+def redis_command(port: int, *args: str) -> None:
+    import redis
+
+    client = redis.Redis(port=port)
+    try:
+        client.execute_command(*args)
+    finally:
+        client.close()
+
+
+def servers(setup: Setup, port_of: dict[str, int]) -> list[Server]:
+    py, work, redis_url = setup.python, setup.workdir, f"redis://127.0.0.1:{setup.redis_port}/0"
+
+    def ratewarden(name: str, policy: str, workers: int = 1, **kw: Any) -> Server:
+        command = [py, "-m", "ratewarden", "serve", "--port", str(port_of[name])]
+        command += ["--store-url", redis_url, "--policy", str(work / policy)]
+        command += ["--workers", str(workers), "--log-level", "warning"]
+        return Server(name, command, **kw)
+
+    floor = [py, "-m", "bench.floor"]
+    return [
+        Server("echo", [*floor, "echo", "--port", str(port_of["echo"])]),
+        Server(
+            "floor", [*floor, "floor", "--port", str(port_of["floor"]), "--store-url", redis_url]
+        ),
+        ratewarden("one rule", "one.yaml"),
+        ratewarden("five rules", "five.yaml"),
+        ratewarden("batch", "one.yaml", path="/v1/check/batch", bodies="batch", per_request=BATCH),
+        ratewarden("two workers", "one.yaml", workers=2),
+    ]
+
+
+def server_environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RATEWARDEN_")}
+    env.update(
+        RATEWARDEN_STATE_FILE="off",
+        RATEWARDEN_AUDIT_LOG="off",
+        RATEWARDEN_RELOAD_INTERVAL_S="0",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    return env
+
+
+@contextlib.contextmanager
+def running(server: Server, port: int, workdir: Path) -> Iterator[None]:
+    log = (workdir / f"{server.name.replace(' ', '-')}.log").open("wb")
+    process = subprocess.Popen(
+        server.command,
+        cwd=Path(__file__).resolve().parent.parent,  # so `bench` imports
+        env=server_environment(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_until_answering(port, process)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+def wait_until_answering(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    body = {"user": "warmup", "tool": "terminal"}
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server on port {port} exited with {process.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            answer = httpx.post(f"http://127.0.0.1:{port}/v1/check", json=body, timeout=1)
+            if answer.status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} did not answer in 30 s")
+
+
+def load(
+    setup: Setup, server: Server, port: int, *, rate: float = 0.0, duration: float | None = None
+) -> dict[str, Any]:
+    """One load generator run against `server` (a separate process)."""
+    command = [
+        setup.python, "-m", "bench.loadgen", "--port", str(port), "--path", server.path,
+        "--bodies", str(setup.workdir / f"{server.bodies}.jsonl"),
+        "--connections", str(CONNECTIONS), "--rate", str(rate / server.per_request),
+        "--warmup", str(setup.warmup), "--duration", str(duration or setup.duration),
+    ]  # fmt: skip
+    done = subprocess.run(
+        command,
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    if result["errors"] or not result["answered"]:
+        raise RuntimeError(f"{server.name}: {result}")
+    result["decisions_per_s"] = result["per_second"] * server.per_request
+    return result
+
+
+def write_inputs(workdir: Path) -> None:
+    (workdir / "one.yaml").write_text(ONE_RULE)
+    (workdir / "five.yaml").write_text(FIVE_RULES)
+    tools = ["terminal", "browser_navigate", "web_search", "file_write"]
+    calls = [{"user": f"user-{i}", "tool": tools[i % len(tools)]} for i in range(USERS)]
+    with (workdir / "check.jsonl").open("w") as out:
+        for call in calls:
+            out.write(json.dumps(call) + "\n")
+    with (workdir / "batch.jsonl").open("w") as out:
+        for start in range(0, USERS, BATCH):
+            out.write(json.dumps({"calls": calls[start : start + BATCH]}) + "\n")
+
+
+def measure_http(setup: Setup) -> dict[str, Any]:
+    names = ["echo", "floor", "one rule", "five rules", "batch", "two workers"]
+    port_of = {name: free_port() for name in names}
+    table = servers(setup, port_of)
+    runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in table}
+    for round_ in range(setup.rounds):
+        for server in table:
+            redis_command(setup.redis_port, "FLUSHALL")
+            with running(server, port_of[server.name], setup.workdir):
+                result = load(setup, server, port_of[server.name])
+            runs[server.name].append(result)
+            print(
+                f"  round {round_ + 1}/{setup.rounds} {server.name:<12} "
+                f"{result['decisions_per_s']:>9.0f} decisions/s",
+                file=sys.stderr,
+            )
+    kept = {name: median_run(results) for name, results in runs.items()}
+    one = next(s for s in table if s.name == "one rule")
+    latency = {}
+    redis_command(setup.redis_port, "FLUSHALL")
+    with running(one, port_of[one.name], setup.workdir):
+        for share in LOADS:
+            rate = kept["one rule"]["decisions_per_s"] * share
+            latency[f"{int(share * 100)}%"] = {"offered_per_s": rate} | load(
+                setup, one, port_of[one.name], rate=rate
+            )
+    return {"saturation": kept, "rounds": runs, "latency": latency}
+
+
+def median_run(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    ordered = sorted(results, key=lambda r: float(r["decisions_per_s"]))
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def ratios(http: dict[str, Any], peers: dict[str, Any]) -> dict[str, float]:
+    rate = {name: float(run["decisions_per_s"]) for name, run in http["saturation"].items()}
+    return {
+        "one rule / floor": rate["one rule"] / rate["floor"],
+        "one rule / echo": rate["one rule"] / rate["echo"],
+        "five rules cost / one rule": rate["one rule"] / rate["five rules"],
+        "p99 at 50% of saturation (ms)": float(http["latency"]["50%"]["p99_ms"]),
+        "two workers / one worker": rate["two workers"] / rate["one rule"],
+        "engine / limits (checks/s)": float(peers["ratio_vs_limits"]),
+    }
+
+
+def met(name: str, value: float) -> bool:
+    how, bound = TARGETS[name]
+    return value >= bound if how == ">=" else value <= bound
+
+
+def machine() -> dict[str, Any]:
+    redis_version = subprocess.run(
+        ["redis-server", "--version"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "redis": redis_version,
+    }
+
+
+def report(results: dict[str, Any]) -> str:
+    http, peers, memory = results["http"], results["peers"], results["memory"]
+    lines = ["## Results", "", f"Machine: {results['machine']}", ""]
+    lines += ["| server | decisions/s | p50 ms | p99 ms | p99.9 ms |", "|---|---|---|---|---|"]
+    for name, run in http["saturation"].items():
+        lines.append(
+            f"| {name} (saturated) | {run['decisions_per_s']:.0f} | {run['p50_ms']:.2f} "
+            f"| {run['p99_ms']:.2f} | {run['p999_ms']:.2f} |"
+        )
+    for share, run in http["latency"].items():
+        lines.append(
+            f"| one rule at {share} of saturation | {run['decisions_per_s']:.0f} "
+            f"| {run['p50_ms']:.2f} | {run['p99_ms']:.2f} | {run['p999_ms']:.2f} |"
+        )
+    lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
+    for name, value in results["ratios"].items():
+        how, bound = TARGETS[name]
+        lines.append(
+            f"| {name} | {value:.2f} | {how} {bound} | {'yes' if met(name, value) else 'NO'} |"
+        )
+    lines += ["", "| engine side by side | checks/s | Redis commands/check | round trips/check "
+              "| consumes a counter on deny |", "|---|---|---|---|---|"]  # fmt: skip
+    for name in ("ratewarden", "limits", "throttled"):
+        row = peers[name]
+        lines.append(
+            f"| {name} | {row['checks_per_s']:.0f} | {row['commands_per_check']:.2f} "
+            f"| {row['round_trips_per_check']} | {row['consumes_on_deny']} |"
+        )
+    lines += ["", f"| memory, {memory['users']} users | bytes/counter | value bytes (one call) "
+              "| full counter: value / Redis bytes | max TTL | keys after the window |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in memory["limits"].values():
+        lines.append(
+            f"| sliding_window {row['rate']} | {row['bytes_per_counter']:.0f} "
+            f"| {row['value_bytes']} | {row['full_counter_value_bytes']} / "
+            f"{row['full_counter_memory_usage']} | {row['max_pttl_ms'] / 1000:.0f} s "
+            f"| {row['keys_after_expiry']} |"
+        )
+    return "\n".join(lines)
+
+
+async def measure_engines(redis_port: int, quick: bool) -> dict[str, Any]:
+    url = f"redis://127.0.0.1:{redis_port}/0"
+    return await run_peers(url, checks=300 if quick else 20_000)
+
+
+async def measure_memory(redis_port: int, quick: bool) -> dict[str, Any]:
+    url = f"redis://127.0.0.1:{redis_port}/0"
+    if quick:
+        return await run_memory(url, users=200, short_window_s=2.0)
+    return await run_memory(url)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="seconds, not minutes (smoke test)")
+    parser.add_argument("--rounds", type=int, help="saturation rounds per server (default 3)")
+    parser.add_argument("--duration", type=float, help="seconds measured per run (default 8)")
+    parser.add_argument("--out", type=Path, help="write every figure here as JSON")
+    args = parser.parse_args(argv)
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.duration is not None and args.duration <= 0:
+        parser.error("--duration must be positive")
+    with tempfile.TemporaryDirectory(prefix="ratewarden-bench-") as tmp:
+        workdir = Path(tmp)
+        write_inputs(workdir)
+        with redis_server(workdir) as redis_port:
+            setup = Setup(
+                python=sys.executable,
+                workdir=workdir,
+                redis_port=redis_port,
+                quick=args.quick,
+                rounds=args.rounds or (1 if args.quick else 3),
+                duration=args.duration or (0.5 if args.quick else 8.0),
+                warmup=0.2 if args.quick else 2.0,
+            )
+            print("HTTP servers…", file=sys.stderr)
+            http = measure_http(setup)
+            print("engine side by side…", file=sys.stderr)
+            redis_command(redis_port, "FLUSHALL")
+            peers = asyncio.run(measure_engines(redis_port, args.quick))
+            print("memory…", file=sys.stderr)
+            redis_command(redis_port, "FLUSHALL")
+            memory = asyncio.run(measure_memory(redis_port, args.quick))
+    results = {
+        "machine": machine(),
+        "command": " ".join(["bench/run", *(argv if argv is not None else sys.argv[1:])]),
+        "http": http,
+        "peers": peers,
+        "memory": memory,
+    }
+    results["ratios"] = ratios(http, peers)
+    results["targets_met"] = {name: met(name, v) for name, v in results["ratios"].items()}
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(report(results))
+    return 0
