@@ -60,18 +60,28 @@ end
 -- oldest entry and each admission overwrites it.
 local HEADER, ENTRY = 8, 6
 
--- The ring is read once (GET) and searched in Lua: a command per binary-search step
--- cost Redis far more than copying the string (at most 8 + 6 x 100 000 bytes).
-local function sw_entry(ring, head, n, j)  -- j-th oldest entry, 0-based
-  return dec(ring, HEADER + ((head + j) % n) * ENTRY + 1, ENTRY)
+-- A small ring is read once (GET) and searched in Lua: a command per binary-search
+-- step cost Redis more than copying it. A large one (a busy shared counter) is searched
+-- with one GETRANGE per step: copying it whole on every call cost more still.
+local WHOLE = 4096  -- bytes: rings up to ~680 entries are read whole
+
+local function sw_reader(key, len)
+  local ring = len <= WHOLE and redis.call('GET', key) or nil
+  return function(at, width)  -- `width` bytes from 0-based offset `at`
+    if ring then return string.sub(ring, at + 1, at + width) end
+    return redis.call('GETRANGE', key, at, at + width - 1)
+  end
 end
 
-local function sw_rebuild(key, ring, head, n, keep, capacity, stamp)
+local function sw_entry(read, head, n, j)  -- j-th oldest entry, 0-based
+  return dec(read(HEADER + ((head + j) % n) * ENTRY, ENTRY), 1, ENTRY)
+end
+
+local function sw_rebuild(key, read, head, n, keep, capacity, stamp)
   -- Rewrite the ring oldest-first with its newest `keep` entries, then `stamp`.
   local parts = {enc(capacity, 4), enc(0, 4)}
   for j = n - keep, n - 1 do
-    parts[#parts + 1] = string.sub(ring, HEADER + ((head + j) % n) * ENTRY + 1,
-                                   HEADER + ((head + j) % n + 1) * ENTRY)
+    parts[#parts + 1] = read(HEADER + ((head + j) % n) * ENTRY, ENTRY)
   end
   parts[#parts + 1] = stamp
   redis.call('SET', key, table.concat(parts))
@@ -80,23 +90,25 @@ end
 local function sliding_window(key, op)
   local limit, window = op.limit, op.window
   local capacity, head, n = limit, 0, 0
-  local ring = redis.call('GET', key) or ''
-  if #ring >= HEADER then
-    capacity, head, n = dec(ring, 1, 4), dec(ring, 5, 4), (#ring - HEADER) / ENTRY
+  local len = redis.call('STRLEN', key)
+  local read = sw_reader(key, len)
+  if len >= HEADER then
+    local header = read(0, HEADER)
+    capacity, head, n = dec(header, 1, 4), dec(header, 5, 4), (len - HEADER) / ENTRY
   end
   local lo, hi, cutoff = 0, n, now - window  -- binary search: first entry in the window
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
-    if sw_entry(ring, head, n, mid) > cutoff then hi = mid else lo = mid + 1 end
+    if sw_entry(read, head, n, mid) > cutoff then hi = mid else lo = mid + 1 end
   end
   local in_window = n - lo
-  local newest = n > 0 and sw_entry(ring, head, n, n - 1) or 0
+  local newest = n > 0 and sw_entry(read, head, n, n - 1) or 0
   local c = {admitted = in_window < limit, used = in_window}
   c.undo = math.max(now, newest)  -- the stamp a commit writes (cluster 'release' mode)
   if limit == 0 then
     c.retry = -1
   elseif not c.admitted then
-    c.retry = math.max(1, sw_entry(ring, head, n, n - limit) + window - now)
+    c.retry = math.max(1, sw_entry(read, head, n, n - limit) + window - now)
   else
     c.retry = 0
   end
@@ -107,18 +119,22 @@ local function sliding_window(key, op)
     if capacity ~= limit and in_window < limit then
       -- The limit changed (policy reload). Only now, on an admission, is the ring resized:
       -- every entry still in the window is among the newest limit - 1, so none is lost.
-      sw_rebuild(key, ring, head, n, math.min(n, limit - 1), limit, stamp)
-    elseif n < capacity then
-      -- Appended by SET, not SETRANGE: a string grown in place keeps Redis' spare room
-      -- (up to as much again), and a full 10 000-entry ring took 115 kB for its 60 kB.
-      local base = #ring >= HEADER and ring or (enc(capacity, 4) .. enc(0, 4))
+      sw_rebuild(key, read, head, n, math.min(n, limit - 1), limit, stamp)
+    elseif n + 1 == capacity then
+      -- The last append rewrites the ring by SET: a string grown in place keeps Redis'
+      -- spare room (up to as much again), and a full 10 000-entry ring took 115 kB for
+      -- its 60 kB. Once, per ring: other appends stay O(1).
+      local base = len >= HEADER and read(0, len) or (enc(capacity, 4) .. enc(0, 4))
       redis.call('SET', key, base .. stamp)
+    elseif n < capacity then
+      redis.call('SETRANGE', key, HEADER + n * ENTRY, stamp)
+      if n == 0 then redis.call('SETRANGE', key, 0, enc(capacity, 4) .. enc(0, 4)) end
     elseif capacity < limit then
-      sw_rebuild(key, ring, head, n, n, limit, stamp)
+      sw_rebuild(key, read, head, n, n, limit, stamp)
     else
       -- The oldest entry is overwritten; an approved call past the limit may overwrite one
       -- still in the window, so the cluster's 'release' needs it back (op.undoable).
-      if op.undoable then c.undo2 = sw_entry(ring, head, n, 0) end
+      if op.undoable then c.undo2 = sw_entry(read, head, n, 0) end
       redis.call('SETRANGE', key, HEADER + head * ENTRY, stamp)
       redis.call('SETRANGE', key, 4, enc((head + 1) % capacity, 4))
     end
