@@ -7,7 +7,7 @@ policy default): `10/minute` (its window is a parameter, so a quick run can use
 documented bound is 8 + 6 x limit bytes of value); every admission sets its TTL to the
 window.
 
-Everything goes through ratewarden's public API in process (`RedisStore`, `Engine`,
+Everything goes through ratewarden's public API in process (`store_from_url`, `Engine`,
 `parse_policy`, `Call`), so the keys and values are exactly the daemon's. Decisions are
 made concurrently with `asyncio.gather`, `concurrency` at a time. The Redis server must
 be a private one: it is FLUSHALLed before every phase.
@@ -57,15 +57,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 
+from bench.redis_server import refuse_shared
 from ratewarden.calls import Call
 from ratewarden.engine import Engine
 from ratewarden.policy import parse_policy
-from ratewarden.store import Store
-from ratewarden.store.redis_store import RedisStore
+from ratewarden.store import Store, store_from_url
 
 RULE = "per-user"
 TOOL = "search"
@@ -78,7 +77,6 @@ RECORD_MATCH = "rw:call:{*"
 RECORD_SAMPLE = 1000
 SCAN_COUNT = 1000
 POLL_S = 0.1
-DEFAULT_PORT = 6379
 STORE_TIMEOUT_S = 10.0
 MEMORY_FIELDS = ("used_memory", "used_memory_dataset", "mem_clients_normal")
 
@@ -153,14 +151,9 @@ class Bench:
         self.url = redis_url
         self.concurrency = concurrency
         self.admin: aioredis.Redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
-        # RedisStore on a plain client rather than store_from_url: store_from_url passes
-        # redis-py options (maint_notifications_config) that older redis-py releases'
-        # asyncio connections refuse. Timeouts are generous: a slow answer would be a
+        # The daemon's own store; timeouts are generous: a slow answer would be a
         # fail-open decision that wrote nothing.
-        client = aioredis.Redis.from_url(
-            redis_url, socket_timeout=STORE_TIMEOUT_S, socket_connect_timeout=STORE_TIMEOUT_S
-        )
-        self.store: Store = RedisStore(client, redis_url)
+        self.store: Store = store_from_url(redis_url, timeout_ms=int(STORE_TIMEOUT_S * 1000))
 
     async def start(self) -> None:
         await self.store.start()  # loads counters.lua before any "before" figure
@@ -428,14 +421,6 @@ def _headline(
     }
 
 
-def _check_private(redis_url: str) -> None:
-    parts = urlsplit(redis_url)
-    if parts.scheme in ("redis", "rediss") and (parts.port or DEFAULT_PORT) == DEFAULT_PORT:
-        raise ValueError(
-            "bench.memory FLUSHALLs its Redis: give it a private redis-server, not port 6379"
-        )
-
-
 async def run_memory(
     redis_url: str,
     *,
@@ -452,7 +437,7 @@ async def run_memory(
     """
     if users < 1 or concurrency < 1:
         raise ValueError("users and concurrency must be at least 1")
-    _check_private(redis_url)
+    refuse_shared(redis_url)
     bench = Bench(redis_url, concurrency)
     try:
         await bench.start()

@@ -87,6 +87,7 @@ from redis.utils import HIREDIS_AVAILABLE
 from throttled.asyncio import RateLimiterType, Throttled, per_day, per_hour, per_min
 from throttled.asyncio import RedisStore as ThrottledRedisStore
 
+from bench.redis_server import refuse_shared
 from ratewarden.calls import Call
 from ratewarden.engine.engine import Engine
 from ratewarden.policy import parse_policy
@@ -102,7 +103,6 @@ MAX_WARMUP = 2_000
 PROBES = 2  # single checks after the run: one for INFO deltas, one under MONITOR
 MAX_CHECKS = TOOL_HOUR - MAX_WARMUP - PROBES  # every check must stay allowed
 STORE_TIMEOUT_MS = 5_000  # long enough that no check fails open under load
-DEFAULT_PORT = 6379
 
 
 class Contender(Protocol):
@@ -395,11 +395,10 @@ def _with_db(url: str, db: int) -> str:
 
 
 def _base_db(url: str) -> int:
+    refuse_shared(url)
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss"):
         raise ValueError(f"expected a redis:// or rediss:// URL, got {url!r}")
-    if (parts.port or DEFAULT_PORT) == DEFAULT_PORT:
-        raise ValueError("refusing the default Redis port 6379: pass a private redis-server")
     path = parts.path.strip("/")
     return int(path) if path else 0
 

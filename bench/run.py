@@ -27,15 +27,13 @@ import contextlib
 import json
 import os
 import platform
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ import httpx
 
 from bench.memory import run_memory
 from bench.peers import run_peers
+from bench.redis_server import free_port, redis_server
 
 ONE_RULE = """\
 version: 1
@@ -91,47 +90,9 @@ class Setup:
     python: str
     workdir: Path
     redis_port: int
-    quick: bool
     rounds: int
     duration: float
     warmup: float
-    saturation: dict[str, list[float]] = field(default_factory=dict)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def redis_server(workdir: Path) -> Iterator[int]:
-    """A private redis-server, nothing persisted; never the machine's own."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server not found: apt-get install redis-server")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        cwd=workdir,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port)
-        yield port
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-def wait_for_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on port {port} after {timeout} s")
 
 
 def redis_command(port: int, *args: str) -> None:
@@ -391,7 +352,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 python=sys.executable,
                 workdir=workdir,
                 redis_port=redis_port,
-                quick=args.quick,
                 rounds=args.rounds or (1 if args.quick else 3),
                 duration=args.duration or (0.5 if args.quick else 8.0),
                 warmup=0.2 if args.quick else 2.0,

@@ -18,6 +18,7 @@ request is answered 401 before its body is read or validated.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -121,6 +122,7 @@ def _digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every request's peer: parse each address once
 def is_loopback(host: str) -> bool:
     """`localhost`, 127.0.0.0/8, ::1 (and ::ffff:127.x). Anything else, `0.0.0.0` and `::`
     included, is not."""

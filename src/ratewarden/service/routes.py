@@ -44,13 +44,13 @@ BODY_ERRORS: dict[int | str, dict[str, object]] = {
 CHECK_ERRORS: dict[int | str, dict[str, object]] = {**BODY_ERRORS, 409: {"model": ErrorResponse}}
 
 
-def engine_of(request: Request) -> Engine:
-    engine: Engine = request.app.state.engine
+def engine_of(app: Any) -> Engine:
+    engine: Engine = app.state.engine
     return engine
 
 
-def observer_of(request: Request) -> Observer:
-    observer: Observer = request.app.state.observer
+def observer_of(app: Any) -> Observer:
+    observer: Observer = app.state.observer
     return observer
 
 
@@ -59,13 +59,12 @@ async def decide(app: Any, body: CheckRequest) -> Decision:
 
     Shared with the hot path (hotpath.py), which calls it with the app from the ASGI scope.
     """
-    engine: Engine = app.state.engine
+    engine = engine_of(app)
     policy = engine.policy
     call = to_call(body)
     started = time.perf_counter()
     decision = await engine.check(call)
-    observer: Observer = app.state.observer
-    observer.checked(decision, call, body.args, policy, time.perf_counter() - started)
+    observer_of(app).checked(decision, call, body.args, policy, time.perf_counter() - started)
     return decision
 
 
@@ -130,12 +129,12 @@ async def settle(
     Settling twice changes nothing; the second answer says `already_settled`.
     """
     cost = body.cost if body else None
-    engine = engine_of(request)
+    engine = engine_of(request.app)
     try:
         found = await engine.settle(call_id, cost)
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
-    observer_of(request).settled(found, engine.policy)
+    observer_of(request.app).settled(found, engine.policy)
     if found.outcome == "unknown":
         message = (
             f"no allowed call {call_id!r} holds anything to settle "
@@ -150,7 +149,7 @@ async def settle(
 @router.post("/v1/admin/reset", response_model=ResetResponse, responses=BODY_ERRORS, tags=["admin"])
 async def reset(body: ResetRequest, request: Request) -> ResetResponse | JSONResponse:
     """Clear a user's counters (every rule, or one `rule`), or one rule's for everyone."""
-    engine = engine_of(request)
+    engine = engine_of(request.app)
     if body.user is None and body.rule is None:
         problem = "name a user, a rule, or both"
         return error_response(
@@ -200,7 +199,7 @@ async def usage(
 ) -> UsageResponse | JSONResponse:
     """A user's counters: used and remaining per rule, read without consuming anything."""
     try:
-        items = await engine_of(request).usage(user, tool, session, team)
+        items = await engine_of(request.app).usage(user, tool, session, team)
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
     return UsageResponse(
@@ -218,7 +217,7 @@ async def denials(
 ) -> DenialsResponse | JSONResponse:
     """Recent denials, asks, shadow denials and approved asks, newest first (bounded)."""
     try:
-        found = await observer_of(request).audit.recent(user, tool, rule, limit)
+        found = await observer_of(request.app).audit.recent(user, tool, rule, limit)
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
     return DenialsResponse(denials=found)
@@ -227,14 +226,14 @@ async def denials(
 @router.get("/metrics", tags=["health"], response_class=Response)
 async def metrics(request: Request) -> Response:
     """Prometheus exposition."""
-    body, content_type = exposition(observer_of(request).metrics.registry)
+    body, content_type = exposition(observer_of(request.app).metrics.registry)
     return Response(body, media_type=content_type)
 
 
 @router.get("/v1/policy", response_model=PolicyResponse, tags=["inspect"])
 async def policy(request: Request) -> PolicyResponse:
     """The policy in force and its version hash."""
-    current = engine_of(request).policy
+    current = engine_of(request.app).policy
     return PolicyResponse(version=current.version, source=current.source, policy=current.document)
 
 
@@ -247,7 +246,7 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", tags=["health"])
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: a policy is loaded and the store answers."""
-    engine = engine_of(request)
+    engine = engine_of(request.app)
     try:
         await engine.store.ping()
     except StoreError as exc:

@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import NoScriptError
 
 from ratewarden.clock import Clock
 from ratewarden.limiter.ops import (
@@ -49,14 +49,13 @@ from ratewarden.limiter.ops import (
 from ratewarden.limiter.reference import results_from
 from ratewarden.store.base import StoreError
 from ratewarden.store.keys import DENIALS_KEY
-from ratewarden.store.redis_store import COUNTERS_LUA
+from ratewarden.store.redis_store import COUNTERS_LUA, REDIS_ERRORS, RedisKeyspace, store_errors
 
 log = logging.getLogger("ratewarden.store")
 
 _OK, _BLOCKED, _REPLAYED, _CONFLICT, _IN_FLIGHT = 0, 1, 2, 3, 4
 _NUMBERS = 5  # per op, as `decide` returns them: admitted, used, retry, reset, reserved
 _GROUP = 8  # per op from `group`: the five numbers, committed, two undo tokens
-_RESET_BATCH = 500
 # A pending marker outlives any check that is still making progress: each round trip is
 # bounded by the socket timeout, and a check makes at most a few per slot it touches.
 MIN_PENDING_TTL_MS = 5_000
@@ -65,7 +64,6 @@ MIN_PENDING_TTL_MS = 5_000
 # single-node client would open another; so calls queue here instead, under the store's
 # deadline, and each node gets twice this many connections (the other commands).
 MAX_IN_FLIGHT = 256
-REDIS_ERRORS = (RedisError, RedisClusterException, OSError)
 SCRIPT_SHA = hashlib.sha1(COUNTERS_LUA.encode()).hexdigest()
 
 
@@ -196,7 +194,7 @@ def merge(count: int, parts: Iterable[dict[int, list[int]]]) -> list[int]:
     return [n for i in range(count) for n in by_op.get(i, [])]
 
 
-class ClusterStore:
+class ClusterStore(RedisKeyspace):
     """`redis+cluster://`: one script call per hash slot; see the module docstring."""
 
     def __init__(
@@ -429,10 +427,8 @@ class ClusterStore:
     # -- settling ------------------------------------------------------------------
 
     async def read_holds(self, record_key: str) -> list[Hold] | None:
-        try:
+        with store_errors():
             found: list[bytes | str | None] = await self._client.hmget(record_key, ["s", "h"])
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
         if found[0] is None or found[0] == b"pending":
             return None
         holds = found[1] or b""
@@ -468,40 +464,10 @@ class ClusterStore:
 
     # -- administration ------------------------------------------------------------
 
-    async def reset(self, pattern: str) -> int:
-        deleted = 0
-        try:
-            batch: list[bytes] = []
-            async for key in self._client.scan_iter(match=pattern, count=_RESET_BATCH):
-                batch.append(key)
-                if len(batch) >= _RESET_BATCH:
-                    deleted += await self._client.unlink(*batch)
-                    batch = []
-            if batch:
-                deleted += await self._client.unlink(*batch)
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-        return deleted
-
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
-        try:
+        with store_errors():
             await self._client.lpush(DENIALS_KEY, *entries)
             await self._client.ltrim(DENIALS_KEY, 0, keep - 1)
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-
-    async def recent_denials(self, count: int) -> list[str]:
-        try:
-            found: list[bytes | str] = await self._client.lrange(DENIALS_KEY, 0, count - 1)
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-        return [line.decode() if isinstance(line, bytes) else line for line in found]
-
-    async def ping(self) -> None:
-        try:
-            await self._client.ping()
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
         if self._background:  # let interrupted calls finish giving back, briefly
@@ -515,7 +481,7 @@ class ClusterStore:
 
     async def _run(self, keys: list[str], args: list[Any]) -> list[int]:
         """One script call in the slot of `keys` (all in one slot)."""
-        try:
+        with store_errors():
             async with self._in_flight:
                 try:
                     reply: list[int] = await self._client.evalsha(
@@ -524,6 +490,4 @@ class ClusterStore:
                 except NoScriptError:  # this node restarted, failed over or joined:
                     # EVAL runs the script there and caches it, whatever the other nodes do
                     reply = await self._client.eval(COUNTERS_LUA, len(keys), *keys, *args)
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
         return reply

@@ -6,13 +6,14 @@ Concurrent decisions share round trips: their EVALSHAs are coalesced into pipeli
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from ratewarden.clock import Clock
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, decode_holds
@@ -24,6 +25,17 @@ from ratewarden.store.keys import DENIALS_KEY
 COUNTERS_LUA = resources.files("ratewarden.limiter").joinpath("counters.lua").read_text()
 _DECIDED, _BLOCKED, _REPLAYED, _CONFLICT = 0, 1, 2, 3
 _RESET_BATCH = 500
+# What redis-py and the network raise (a cluster client adds its own): a StoreError to us.
+REDIS_ERRORS = (RedisError, RedisClusterException, OSError)
+
+
+@contextlib.contextmanager
+def store_errors() -> Iterator[None]:
+    """Raise Redis' and the network's errors as StoreError (the engine's fail mode)."""
+    try:
+        yield
+    except REDIS_ERRORS as exc:
+        raise StoreError(f"{type(exc).__name__}: {exc}") from exc
 
 
 def connection_options() -> dict[str, Any]:
@@ -43,7 +55,35 @@ def connection_options() -> dict[str, Any]:
     return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
-class RedisStore:
+class RedisKeyspace:
+    """What the single-node and the cluster store do alike: plain commands on `_client`."""
+
+    _client: Any  # redis.asyncio.Redis or RedisCluster
+
+    async def reset(self, pattern: str) -> int:
+        deleted = 0
+        with store_errors():
+            batch: list[bytes] = []
+            async for key in self._client.scan_iter(match=pattern, count=_RESET_BATCH):
+                batch.append(key)
+                if len(batch) >= _RESET_BATCH:
+                    deleted += await self._client.unlink(*batch)
+                    batch = []
+            if batch:
+                deleted += await self._client.unlink(*batch)
+        return deleted
+
+    async def recent_denials(self, count: int) -> list[str]:
+        with store_errors():
+            found: list[bytes | str] = await self._client.lrange(DENIALS_KEY, 0, count - 1)
+        return [line.decode() if isinstance(line, bytes) else line for line in found]
+
+    async def ping(self) -> None:
+        with store_errors():
+            await self._client.ping()
+
+
+class RedisStore(RedisKeyspace):
     """Runs `counters.lua` by SHA; time comes from Redis `TIME` unless a clock is injected.
 
     The injected clock exists for tests, so the same fake-clock scenarios run on the
@@ -65,7 +105,7 @@ class RedisStore:
     async def start(self) -> None:
         try:
             await self._script.load()
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             raise StoreError(f"cannot load the counters script: {exc}") from exc
 
     async def evaluate(
@@ -95,10 +135,8 @@ class RedisStore:
         return Evaluation(results_from(list(ops), numbers), replayed=status == _REPLAYED)
 
     async def read_holds(self, record_key: str) -> list[Hold] | None:
-        try:
+        with store_errors():
             found: list[bytes | str | None] = await self._client.hmget(record_key, ["s", "h"])
-        except (RedisError, OSError) as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
         if found[0] is None:
             return None
         holds = found[1] or b""
@@ -113,52 +151,20 @@ class RedisStore:
         reply = await self._run([record_key, *(h.key for h in holds)], args)
         return reply[0], reply[1:]
 
-    async def reset(self, pattern: str) -> int:
-        deleted = 0
-        try:
-            batch: list[bytes] = []
-            async for key in self._client.scan_iter(match=pattern, count=_RESET_BATCH):
-                batch.append(key)
-                if len(batch) >= _RESET_BATCH:
-                    deleted += await self._client.unlink(*batch)
-                    batch = []
-            if batch:
-                deleted += await self._client.unlink(*batch)
-        except (RedisError, OSError) as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-        return deleted
-
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
-        try:
+        with store_errors():
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.lpush(DENIALS_KEY, *entries)
                 pipe.ltrim(DENIALS_KEY, 0, keep - 1)
                 await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-
-    async def recent_denials(self, count: int) -> list[str]:
-        try:
-            found: list[bytes | str] = await self._client.lrange(DENIALS_KEY, 0, count - 1)
-        except (RedisError, OSError) as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-        return [line.decode() if isinstance(line, bytes) else line for line in found]
 
     def _now(self) -> str:
         return str(self._clock.now_ms()) if self._clock else ""
 
     async def _run(self, keys: list[str], args: list[Any]) -> list[int]:
-        try:
+        with store_errors():
             reply: list[int] = await self._script.call(keys, args)
-        except (RedisError, OSError) as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
         return reply
-
-    async def ping(self) -> None:
-        try:
-            await self._client.ping()
-        except (RedisError, OSError) as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
         await self._script.aclose()
