@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 from ratewarden.calls import Call
 from ratewarden.engine import Engine
 from ratewarden.policy import parse_policy
-from ratewarden.store.coalesce import ScriptPipeline
+from ratewarden.store.coalesce import MAX_BATCH, ScriptPipeline
 from ratewarden.store.redis_store import RedisStore
 from tests.redis_server import RedisServer, free_port
 
@@ -63,11 +63,13 @@ async def test_concurrent_checks_share_round_trips_and_stay_exact(redis_url: str
     finally:
         await store.close()
     assert Counter(d.decision for d in decisions) == {"allow": 50, "deny": 70}
-    # Every decision was sent, once; far fewer round trips than decisions.
+    # Every decision was sent, once, in full pipelines: far fewer round trips than decisions
+    # (each event-loop turn leaves at most one pipeline short of MAX_BATCH).
     assert sum(script.round_trips) == 120
-    assert len(script.round_trips) <= 3, script.round_trips
-    # In the order asked: the first 50 were the ones admitted.
-    assert [d.decision for d in decisions[:50]] == ["allow"] * 50
+    assert max(script.round_trips) == MAX_BATCH, script.round_trips
+    assert len(script.round_trips) <= 120 // MAX_BATCH + 3, script.round_trips
+    # Which 50 is not fixed: a turn's pipelines run on separate connections, in any order,
+    # as concurrent requests would.
 
 
 async def test_a_lone_call_goes_out_at_once_without_a_pipeline(redis_url: str) -> None:

@@ -37,21 +37,21 @@ local function int(n)  -- Lua 5.1 writes numbers as %.14g; money needs every dig
   return string.format('%d', n)
 end
 
-local function enc(n, width)
-  local bytes = {}
-  for i = width, 1, -1 do
-    bytes[i] = string.char(n % 256)
-    n = math.floor(n / 256)
-  end
-  return table.concat(bytes)
+local byte, char, floor = string.byte, string.char, math.floor
+
+local function enc(n, width)  -- big-endian, `width` bytes (4 or 6)
+  local b6, b5, b4, b3 = n % 256, floor(n / 256) % 256, floor(n / 65536) % 256, floor(n / 16777216) % 256
+  if width == 4 then return char(b3, b4, b5, b6) end
+  return char(floor(n / 1099511627776) % 256, floor(n / 4294967296) % 256, b3, b4, b5, b6)
 end
 
 local function dec(s, from, width)
-  local n = 0
-  for i = from, from + width - 1 do
-    n = n * 256 + string.byte(s, i)
+  if width == 4 then
+    local a, b, c, d = byte(s, from, from + 3)
+    return ((a * 256 + b) * 256 + c) * 256 + d
   end
-  return n
+  local a, b, c, d, e, f = byte(s, from, from + 5)
+  return ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
 end
 
 -- Sliding window: a ring of the last `limit` admission times in one string.
@@ -60,17 +60,21 @@ end
 -- oldest entry and each admission overwrites it.
 local HEADER, ENTRY = 8, 6
 
--- A small ring is read once (GET) and searched in Lua: a command per binary-search
--- step cost Redis more than copying it. A large one (a busy shared counter) is searched
--- with one GETRANGE per step: copying it whole on every call cost more still.
+-- A ring's first WHOLE bytes are read in one command: all of a small ring, which is then
+-- searched in Lua (a command per binary-search step cost Redis more than copying it), and
+-- the header and oldest entries of a large one (a busy shared counter), whose other
+-- entries are read with one GETRANGE each (copying it whole cost more still).
 local WHOLE = 4096  -- bytes: rings up to ~680 entries are read whole
 
-local function sw_reader(key, len)
-  local ring = len <= WHOLE and redis.call('GET', key) or nil
-  return function(at, width)  -- `width` bytes from 0-based offset `at`
-    if ring then return string.sub(ring, at + 1, at + width) end
+local function sw_reader(key)  -- returns read(at, width) and the ring's length
+  local prefix = redis.call('GETRANGE', key, 0, WHOLE - 1)
+  local len = #prefix
+  if len == WHOLE then len = redis.call('STRLEN', key) end
+  local function read(at, width)  -- `width` bytes from 0-based offset `at`
+    if at + width <= #prefix then return string.sub(prefix, at + 1, at + width) end
     return redis.call('GETRANGE', key, at, at + width - 1)
   end
+  return read, len
 end
 
 local function sw_entry(read, head, n, j)  -- j-th oldest entry, 0-based
@@ -90,13 +94,13 @@ end
 local function sliding_window(key, op)
   local limit, window = op.limit, op.window
   local capacity, head, n = limit, 0, 0
-  local len = redis.call('STRLEN', key)
-  local read = sw_reader(key, len)
+  local read, len = sw_reader(key)
   if len >= HEADER then
     local header = read(0, HEADER)
     capacity, head, n = dec(header, 1, 4), dec(header, 5, 4), (len - HEADER) / ENTRY
   end
   local lo, hi, cutoff = 0, n, now - window  -- binary search: first entry in the window
+  if n > 0 and sw_entry(read, head, n, 0) > cutoff then hi = 0 end  -- all in it: one probe
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
     if sw_entry(read, head, n, mid) > cutoff then hi = mid else lo = mid + 1 end

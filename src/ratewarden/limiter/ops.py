@@ -41,7 +41,7 @@ class Role(IntEnum):
     FORCED = 2  # an approved `ask` rule: never blocks, always consumes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per call: not frozen, whose __init__ costs 5x; never mutated
 class CounterOp:
     key: str
     kind: Kind
@@ -69,7 +69,7 @@ class CounterOp:
         return self.burst if self.kind is Kind.TOKEN_BUCKET else self.limit
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per call: not frozen, whose __init__ costs 5x; never mutated
 class OpResult:
     """One counter's answer; `used`/`reserved` are after this call was counted (or not)."""
 
@@ -81,7 +81,7 @@ class OpResult:
     reserved: int = 0  # budget: money reserved by calls not yet settled
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per call: not frozen, whose __init__ costs 5x; never mutated
 class CallRecord:
     """Where an allowed call is recorded, and whether it must be."""
 
@@ -92,7 +92,7 @@ class CallRecord:
     keep: bool  # record even without held ops (the caller chose the call_id)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per call: not frozen, whose __init__ costs 5x; never mutated
 class Evaluation:
     """A store's answer to a check."""
 
