@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 _UNIT_MS = {
     "second": 1_000,
@@ -110,10 +112,9 @@ def parse_budget(text: object) -> Budget:
     return budget
 
 
+@functools.lru_cache(maxsize=4096)  # a tool's cost is converted on each of its calls
 def to_micros(amount: str | float) -> int:
     """An amount of money as an exact count of millionths."""
-    from decimal import Decimal
-
     return int((Decimal(str(amount)) * MICROS).to_integral_value())
 
 
