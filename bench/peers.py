@@ -36,8 +36,9 @@ Measured for each contender:
   separate synchronous redis-py client; its own INFO calls are left out) over the run,
   divided by N. Commands run inside Lua scripts are counted by Redis too, so this is the
   number of commands Redis runs per check, not what crosses the network, nor their cost:
-  ratewarden's exact sliding window binary-searches its ring with one GETRANGE per probe,
-  so its count grows with the log of how full the window is.
+  ratewarden's exact sliding window reads a ring's first 4 kB in one GETRANGE and, once
+  part of a larger ring has expired, binary-searches the rest with one GETRANGE per
+  probe, so its count can grow with the log of how full the window is.
 - `round_trips_per_check`: the client commands of one check made alone, seen by `MONITOR`
   (the entries not issued from a script). `single_check` has the MONITOR trace of that
   check, and the commandstats and `total_reads_processed` deltas around another single

@@ -11,7 +11,8 @@ generator process (bench/loadgen.py):
   budget, concurrency), on the batch endpoint (10 calls a request), and with two workers.
 
 Each is saturated (decisions/s), in several rounds interleaved so that a noisy moment
-hurts every server alike, and the median round is kept; ratewarden with one rule is then
+hurts every server alike; the report keeps each server's median round, and each target
+ratio is taken within a round, then the median over rounds. ratewarden with one rule is then
 offered fixed loads at 25, 50 and 75 % of its saturation for p50/p99/p99.9 latency.
 Then the engine side by side with `limits` and `throttled-py` (bench/peers.py) and Redis
 memory per counter (bench/memory.py). Results: a Markdown report on stdout (the table
@@ -28,6 +29,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,7 +66,7 @@ rules:
 """
 USERS = 20_000
 BATCH = 10  # calls per batch request
-CONNECTIONS = 32
+CONNECTIONS = 64  # enough to keep two workers busy: at 32 they were idle a third of the time
 LOADS = (0.25, 0.50, 0.75)
 TARGETS = {
     "one rule / floor": (">=", 1.0),
@@ -225,7 +227,9 @@ def measure_http(setup: Setup) -> dict[str, Any]:
         for server in table:
             redis_command(setup.redis_port, "FLUSHALL")
             with running(server, port_of[server.name], setup.workdir):
+                before = cpu_times()
                 result = load(setup, server, port_of[server.name])
+                result["cpu_busy_cores"] = busy_cores(before, cpu_times())
             runs[server.name].append(result)
             print(
                 f"  round {round_ + 1}/{setup.rounds} {server.name:<12} "
@@ -245,19 +249,43 @@ def measure_http(setup: Setup) -> dict[str, Any]:
     return {"saturation": kept, "rounds": runs, "latency": latency}
 
 
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat (0, 0 elsewhere)."""
+    try:
+        fields = [float(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """How many of the machine's cores were busy between two `cpu_times()`: the whole
+    machine (server, Redis, load generator), so what a second worker could still use."""
+    total = after[1] - before[1]
+    return None if total <= 0 else (after[0] - before[0]) / total * (os.cpu_count() or 1)
+
+
 def median_run(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ordered = sorted(results, key=lambda r: float(r["decisions_per_s"]))
     return ordered[(len(ordered) - 1) // 2]
 
 
 def ratios(http: dict[str, Any], peers: dict[str, Any]) -> dict[str, float]:
-    rate = {name: float(run["decisions_per_s"]) for name, run in http["saturation"].items()}
+    """Each throughput ratio within a round (its servers ran a minute apart), median over
+    the rounds: the machine's speed drifts by up to 2x between rounds, which a ratio of
+    each server's median round would let in."""
+
+    def median_ratio(a: str, b: str) -> float:
+        pairs = zip(http["rounds"][a], http["rounds"][b], strict=True)
+        return statistics.median(x["decisions_per_s"] / y["decisions_per_s"] for x, y in pairs)
+
     return {
-        "one rule / floor": rate["one rule"] / rate["floor"],
-        "one rule / echo": rate["one rule"] / rate["echo"],
-        "five rules cost / one rule": rate["one rule"] / rate["five rules"],
+        "one rule / floor": median_ratio("one rule", "floor"),
+        "one rule / echo": median_ratio("one rule", "echo"),
+        "five rules cost / one rule": median_ratio("one rule", "five rules"),
         "p99 at 50% of saturation (ms)": float(http["latency"]["50%"]["p99_ms"]),
-        "two workers / one worker": rate["two workers"] / rate["one rule"],
+        "two workers / one worker": median_ratio("two workers", "one rule"),
         "engine / limits (checks/s)": float(peers["ratio_vs_limits"]),
     }
 
@@ -283,17 +311,25 @@ def machine() -> dict[str, Any]:
 def report(results: dict[str, Any]) -> str:
     http, peers, memory = results["http"], results["peers"], results["memory"]
     lines = ["## Results", "", f"Machine: {results['machine']}", ""]
-    lines += ["| server | decisions/s | p50 ms | p99 ms | p99.9 ms |", "|---|---|---|---|---|"]
+    lines += ["| server | decisions/s | p50 ms | p99 ms | p99.9 ms | busy cores |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for name, run in http["saturation"].items():
+        busy = run.get("cpu_busy_cores")
         lines.append(
             f"| {name} (saturated) | {run['decisions_per_s']:.0f} | {run['p50_ms']:.2f} "
-            f"| {run['p99_ms']:.2f} | {run['p999_ms']:.2f} |"
+            f"| {run['p99_ms']:.2f} | {run['p999_ms']:.2f} "
+            f"| {'-' if busy is None else f'{busy:.2f}'} |"
         )
     for share, run in http["latency"].items():
         lines.append(
             f"| one rule at {share} of saturation | {run['decisions_per_s']:.0f} "
-            f"| {run['p50_ms']:.2f} | {run['p99_ms']:.2f} | {run['p999_ms']:.2f} |"
+            f"| {run['p50_ms']:.2f} | {run['p99_ms']:.2f} | {run['p999_ms']:.2f} | - |"
         )
+    lines += ["", "| round | " + " | ".join(http["rounds"]) + " |",
+              "|---|" + "---|" * len(http["rounds"])]  # fmt: skip
+    for i, row in enumerate(zip(*http["rounds"].values(), strict=True)):
+        rates = " | ".join(f"{run['decisions_per_s']:.0f}" for run in row)
+        lines.append(f"| {i + 1} | {rates} |")
     lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
     for name, value in results["ratios"].items():
         how, bound = TARGETS[name]

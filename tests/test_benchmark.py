@@ -9,6 +9,7 @@ bounds and expiry. The speed targets are ratios the full benchmark reports
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
         assert run["errors"] == 0, (name, run)
         assert run["answered"] > 0, (name, run)
         assert run["decisions_per_s"] > 0, (name, run)
+        assert 0 < run["cpu_busy_cores"] <= (os.cpu_count() or 1) + 0.01, (name, run)
     assert set(results["http"]["latency"]) == {"25%", "50%", "75%"}
     for run in results["http"]["latency"].values():
         assert run["errors"] == 0
