@@ -673,3 +673,32 @@ def test_document_is_the_normalised_file() -> None:
         "rate": "0/minute",
         "unlimited": False,
     }
+
+
+SHARING_POLICY = b"""
+version: 1
+rules:
+  - {name: per-user, per: [user], rate: 10/minute}
+  - {name: browser, match: {tool: browser}, rate: 5/minute}
+overrides:
+  - {users: [vip], rule: per-user, rate: 100/minute}
+"""
+
+
+def test_users_with_the_same_rules_and_limits_share_one_cached_answer() -> None:
+    """The (user, tool) cache must not hold a copy per pair: a full garbage collection
+    walked every copy, a stall of every request that grew with the number of users."""
+    policy = parse_policy(SHARING_POLICY)
+    applied = [
+        policy.applicable(Call(user=f"u{i}", tool="terminal", call_id="c")) for i in range(500)
+    ]
+    assert [a.rule.name for a in applied[0]] == ["per-user"]
+    assert all(a[0] is applied[0][0] for a in applied)  # one Applied for all 500 pairs
+    browser = policy.applicable(Call(user="u1", tool="browser", call_id="c"))
+    vip = policy.applicable(Call(user="vip", tool="terminal", call_id="c"))
+    assert [a.rule.name for a in browser] == ["per-user", "browser"]
+    assert vip[0] is not applied[0][0]
+    assert vip[0].source == "overrides[0]"
+    assert vip[0].limit != applied[0][0].limit
+    other = policy.applicable(Call(user="u7", tool="browser", call_id="c"))
+    assert all(a is b for a, b in zip(other, browser, strict=True))
