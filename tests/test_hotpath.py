@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from ratewarden.clock import FakeClock
 from ratewarden.policy import parse_policy
-from ratewarden.service.app import create_app
+from ratewarden.service import routes
+from ratewarden.service.app import Daemon, create_app
 from ratewarden.service.hotpath import HotPath
 from ratewarden.settings import Settings
 from ratewarden.store import MemoryStore
@@ -54,7 +55,7 @@ def make_app(*, hot: bool, **settings: Any) -> FastAPI:
         policy=parse_policy(POLICY.encode()),
     )
     if not hot:
-        app.user_middleware = [m for m in app.user_middleware if m.cls is not HotPath]
+        app.front = None  # every request through FastAPI's whole stack
     return app
 
 
@@ -206,3 +207,46 @@ async def test_auth_and_the_body_cap_still_apply_in_front_of_the_hot_path() -> N
     assert allowed.status_code == 200
     assert too_large.status_code == 413
     assert too_large.json()["fields"][0]["field"] == "body"
+
+
+async def test_valid_decisions_skip_fastapis_stack_and_the_rest_go_through_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hot path sits in front of FastAPI: a valid decision never enters its middleware
+    stack; an invalid one, and every other route, do."""
+    entered: list[str] = []
+    original = Daemon.stack
+
+    async def spy(self: Daemon, scope: Any, receive: Any, send: Any) -> None:
+        entered.append(scope["path"])
+        await original(self, scope, receive, send)
+
+    monkeypatch.setattr(Daemon, "stack", spy)
+    async with serving(make_app(hot=True)) as client:
+        assert (await client.post("/v1/check", json={"user": "a", "tool": "t"})).status_code == 200
+        assert (await client.post("/v1/check", json={"user": "a"})).status_code == 422
+        assert (await client.get("/healthz")).status_code == 200
+    assert entered == ["/v1/check"]  # only the invalid one; /healthz never meets the front
+
+
+async def test_a_bug_on_the_hot_path_gets_the_same_500_as_fastapis_catch_all(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In front of FastAPI, the hot path answers a bug itself, as errors.py's catch-all
+    would: the one error shape, and the stack trace in the log (never the body)."""
+
+    async def broken(app: Any, body: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(routes, "decide", broken)
+    async with serving(make_app(hot=True)) as client:
+        answer = await client.post("/v1/check", json={"user": "a", "tool": "secret-tool"})
+    assert answer.status_code == 500
+    assert answer.json() == {
+        "error": "internal_error",
+        "message": "internal error; see the daemon's log",
+        "fields": [],
+    }
+    assert "unexpected error on POST /v1/check" in caplog.text
+    assert "RuntimeError: a bug" in caplog.text  # the stack trace
+    assert "secret-tool" not in caplog.text

@@ -64,8 +64,13 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    # A bug, not the client's fault; log it without the request body (it may hold args).
-    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return internal_error(request.method, request.url.path)
+
+
+def internal_error(method: str, path: str) -> JSONResponse:
+    """The answer to a bug (logged here, with the stack trace being handled)."""
+    # Not the client's fault; logged without the request body (it may hold args).
+    log.exception("unexpected error on %s %s", method, path)
     return error_response(500, "internal_error", "internal error; see the daemon's log")
 
 

@@ -2,10 +2,10 @@
 
 These two routes are what every tool call of a gateway waits on. Through FastAPI's
 router, dependency solver and response serialiser a decision spent more time in the
-framework than in the engine and Redis together. This pure ASGI middleware sits inside
-auth and the body cap (so both still apply) and serves those two routes directly:
-pydantic-core validates the raw bytes in one step, the engine decides, pydantic-core
-writes the JSON.
+framework than in the engine and Redis together. This pure ASGI app sits in front of
+FastAPI (app.py's `Daemon.front`), behind auth and the body cap (so both still apply),
+and serves those two routes directly: pydantic-core validates the raw bytes in one step,
+the engine decides, pydantic-core writes the JSON.
 
 It only ever serves what it can serve exactly like FastAPI would. Anything else (not
 JSON, invalid, a body that did not arrive whole) is handed on to FastAPI, with the body
@@ -25,9 +25,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ratewarden.engine import CallIdConflict
 from ratewarden.service import routes
 from ratewarden.service.convert import to_response
+from ratewarden.service.errors import internal_error
 from ratewarden.wire import BatchRequest, CheckRequest
 
 _JSON = (b"content-type", b"application/json")
+HOT_ROUTES = frozenset({"/v1/check", "/v1/check/batch"})
 
 
 class HotPath:
@@ -46,7 +48,10 @@ class HotPath:
         body = await _read_body(receive)
         if body is None:
             return  # the client left before its body arrived: nobody to answer
-        answer = await serve(scope["app"], body)
+        try:
+            answer = await serve(scope["app"], body)
+        except Exception:  # in front of FastAPI: its catch-all's answer, given here
+            answer = internal_error("POST", scope["path"])
         if answer is None:  # not ours to answer: FastAPI gives the exact error
             await self.app(scope, _replay(body, receive), send)
         elif isinstance(answer, BaseModel):
