@@ -342,12 +342,18 @@ def test_a_real_server_stops_reading_an_endless_body(tmp_path: Path, framing: st
         head += b"Content-Length: 100000000000\r\n\r\n"
         frame = data
     with real_daemon(tmp_path, cap) as port:
-        started = time.monotonic()
-        answer, sent = stream_until_cut_off(port, head, frame, limit)
-        status_line, _, rest = answer.partition(b"\r\n")
-        assert status_line.startswith(b"HTTP/1.1 413"), answer[:300]
-        headers, _, body = rest.partition(b"\r\n\r\n")
-        assert b"connection: close" in headers.lower()
+        for _attempt in range(3):
+            started = time.monotonic()
+            answer, sent = stream_until_cut_off(port, head, frame, limit)
+            status_line, _, rest = answer.partition(b"\r\n")
+            assert status_line.startswith(b"HTTP/1.1 413"), answer[:300]
+            headers, _, body = rest.partition(b"\r\n\r\n")
+            assert b"connection: close" in headers.lower()
+            # The daemon closes with the client's bytes unread, so the kernel resets the
+            # connection; on a busy machine the reset can overtake the 413's body (sent
+            # after its head) and the client's kernel drops it. Try again, not forever.
+            if body:
+                break
         error = json.loads(body)
         assert_error_shape(error)
         assert error["fields"] == [
