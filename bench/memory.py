@@ -253,13 +253,20 @@ class Bench:
         return found
 
 
+async def measured(
+    bench: Bench, engine: Engine, users: int, make_call: Callable[[str, int], Call]
+) -> tuple[Tally, dict[str, Any], dict[str, Any]]:
+    """One call per user on a warmed engine: the tally, and Redis' memory before and after."""
+    await bench.warm(engine)
+    before = await bench.memory()
+    tally = await bench.decide(engine, users, lambda i: make_call(user_name(i), i))
+    return tally, before, await bench.memory()
+
+
 async def counters_phase(bench: Bench, policy: bytes, users: int) -> dict[str, Any]:
     """One admission per user, anonymous calls: the memory of `users` counters alone."""
     engine = bench.engine(policy)
-    await bench.warm(engine)
-    before = await bench.memory()
-    tally = await bench.decide(engine, users, lambda i: anonymous_call(user_name(i), i))
-    after = await bench.memory()
+    tally, before, after = await measured(bench, engine, users, anonymous_call)
     delta = after["used_memory"] - before["used_memory"]
     clients = after["mem_clients_normal"] - before["mem_clients_normal"]
     survey = await bench.ttl_survey(COUNTER_MATCH)
@@ -312,10 +319,7 @@ async def records_phase(
 ) -> tuple[dict[str, Any], Tally]:
     """Named calls for the same users: counters plus one record each; records by difference."""
     engine = bench.engine(policy)
-    await bench.warm(engine)
-    before = await bench.memory()
-    tally = await bench.decide(engine, users, lambda i: named_call(user_name(i), i))
-    after = await bench.memory()
+    tally, before, after = await measured(bench, engine, users, named_call)
     delta = after["used_memory"] - before["used_memory"]
     records = await bench.keys(RECORD_MATCH)
     sample = records[:RECORD_SAMPLE]

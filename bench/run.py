@@ -278,7 +278,8 @@ def ratios(http: dict[str, Any], peers: dict[str, Any]) -> dict[str, float]:
 
     def median_ratio(a: str, b: str) -> float:
         pairs = zip(http["rounds"][a], http["rounds"][b], strict=True)
-        return statistics.median(x["decisions_per_s"] / y["decisions_per_s"] for x, y in pairs)
+        per_round = [x["decisions_per_s"] / y["decisions_per_s"] for x, y in pairs]
+        return float(statistics.median(per_round))
 
     return {
         "one rule / floor": median_ratio("one rule", "floor"),

@@ -86,50 +86,37 @@ class Settlement:
 def verdict(policy: Policy, applied: Applied, call: Call, result: OpResult) -> Verdict:
     """Word one rule's outcome; the message is only built for a refusal."""
     limit, rule = applied.limit, applied.rule
-    retry_after = 0.0 if result.admitted else _seconds(result.retry_after_ms)
-    reset_after = result.reset_after_ms / 1000
+    remaining: Number = result.remaining
+    details: dict[str, object] = {}  # the fields only some kinds of rule have
     if isinstance(limit, BudgetLimit):
         held = result.used + result.reserved
         soft = limit.soft_limit is not None and held >= limit.soft_limit * limit.limit > 0
-        found = Verdict(
-            rule.name,
-            rule.kind,
-            result.admitted,
-            limit.budget.amount,
-            result.remaining / MICROS,
-            retry_after,
-            reset_after,
-            on_exceed=rule.on_exceed.value,
-            spent=result.used / MICROS,
-            reserved=result.reserved / MICROS,
-            currency=limit.currency,
-            period=limit.budget.period,
-            soft_limited=soft and result.admitted,
-        )
+        amount: Number = limit.budget.amount
+        remaining = result.remaining / MICROS
+        details = {
+            "spent": result.used / MICROS,
+            "reserved": result.reserved / MICROS,
+            "currency": limit.currency,
+            "period": limit.budget.period,
+            "soft_limited": soft and result.admitted,
+        }
     elif isinstance(limit, ConcurrencyLimit):
-        found = Verdict(
-            rule.name,
-            rule.kind,
-            result.admitted,
-            limit.slots,
-            result.remaining,
-            retry_after,
-            reset_after,
-            on_exceed=rule.on_exceed.value,
-        )
+        amount = limit.slots
     else:
         assert isinstance(limit, RateLimit)
-        found = Verdict(
-            rule.name,
-            rule.kind,
-            result.admitted,
-            limit.limit,
-            result.remaining,
-            retry_after,
-            reset_after,
-            on_exceed=rule.on_exceed.value,
-            window=limit.rate.window,
-        )
+        amount = limit.limit
+        details = {"window": limit.rate.window}
+    found = Verdict(
+        rule.name,
+        rule.kind,
+        result.admitted,
+        amount,
+        remaining,
+        0.0 if result.admitted else _seconds(result.retry_after_ms),
+        result.reset_after_ms / 1000,
+        on_exceed=rule.on_exceed.value,
+        **details,  # type: ignore[arg-type]
+    )
     return found if result.admitted else _with_message(found, policy, applied, call)
 
 

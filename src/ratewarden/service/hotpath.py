@@ -29,15 +29,15 @@ from ratewarden.service.errors import internal_error
 from ratewarden.wire import BatchRequest, CheckRequest
 
 _JSON = (b"content-type", b"application/json")
-HOT_ROUTES = frozenset({"/v1/check", "/v1/check/batch"})
+_SERVERS = {"/v1/check": "_check", "/v1/check/batch": "_batch"}  # path -> method
+HOT_ROUTES = frozenset(_SERVERS)
 
 
 class HotPath:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self._routes: dict[str, Callable[[Any, bytes], Awaitable[BaseModel | Any]]] = {
-            "/v1/check": self._check,
-            "/v1/check/batch": self._batch,
+            path: getattr(self, name) for path, name in _SERVERS.items()
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
