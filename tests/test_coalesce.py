@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 from ratewarden.calls import Call
 from ratewarden.engine import Engine
 from ratewarden.policy import parse_policy
-from ratewarden.store.coalesce import MAX_BATCH, ScriptPipeline
+from ratewarden.store.coalesce import MAX_BATCH, ScriptPipeline, encoded
 from ratewarden.store.redis_store import RedisStore
 from tests.redis_server import RedisServer, free_port
 
@@ -116,6 +116,26 @@ async def test_a_flushed_script_is_loaded_again_for_a_whole_pipeline(
         assert answers == [n * 2 for n in range(10)]
         await client.script_flush()
         assert await script.call([], [21]) == 42  # a lone call too
+    finally:
+        await client.aclose()
+
+
+async def test_encoded_arguments_reach_the_script_as_plain_ones(
+    redis_server: RedisServer,
+) -> None:
+    """A rule's constant arguments are encoded once (`encoded`); the script must see the
+    very arguments, in order and count, that the same values sent plainly give."""
+    client = aioredis.Redis.from_url(redis_server.url)
+    script = ScriptPipeline(client, "return {#KEYS, unpack(ARGV)}")
+    try:
+        await script.load()
+        values = ["decide", 1, "", "caf\u00e9|\n", 2.5, 0]
+        plain = await script.call(["k1", "k2"], values)
+        mixed = await script.call(
+            ["k1", "k2"], [encoded("decide", 1), "", encoded("caf\u00e9|\n", 2.5), 0]
+        )
+        assert plain == mixed == [2, b"decide", b"1", b"", "caf\u00e9|\n".encode(), b"2.5", b"0"]
+        assert await script.call([], [encoded(), "x", encoded("y")]) == [0, b"x", b"y"]
     finally:
         await client.aclose()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -45,7 +46,8 @@ class ScriptPipeline:
         await self._client.script_load(self._script)
 
     async def call(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """The script's reply for `keys` and `args`; Redis' own errors are raised as-is."""
+        """The script's reply for `keys` and `args` (strings, numbers, `Encoded` runs);
+        Redis' own errors are raised as-is."""
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()
         if not self._queued:
@@ -121,12 +123,40 @@ class ScriptPipeline:
             await asyncio.gather(*self._sending, return_exceptions=True)
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """Script arguments already in RESP (`count` of them), encoded once and sent as is.
+
+    A decision's arguments are mostly constants of its rules (kind, limit, window...):
+    the store encodes those once (`encoded`, cached) instead of once per call.
+    """
+
+    resp: bytes
+    count: int
+
+
+def encoded(*args: Any) -> Encoded:
+    return Encoded(b"".join(_bulk(_text(a)) for a in args), len(args))
+
+
 def _bulk(value: bytes) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(value), value)
 
 
+def _text(value: Any) -> bytes:
+    """Strings as UTF-8, numbers as decimals."""
+    return value.encode() if isinstance(value, str) else str(value).encode()
+
+
 def _pack(evalsha: bytes, keys: Sequence[str], args: Sequence[Any]) -> bytes:
-    """EVALSHA sha numkeys keys... args... in RESP; strings as UTF-8, numbers as decimals."""
-    parts = [str(len(keys)).encode(), *(k.encode() for k in keys)]
-    parts += [a.encode() if isinstance(a, str) else str(a).encode() for a in args]
-    return b"*%d\r\n%b%b" % (len(parts) + 2, evalsha, b"".join(map(_bulk, parts)))
+    """EVALSHA sha numkeys keys... args... in RESP; `Encoded` arguments as they are."""
+    parts = [_bulk(str(len(keys)).encode()), *(_bulk(k.encode()) for k in keys)]
+    count = len(parts)
+    for arg in args:
+        if type(arg) is Encoded:
+            parts.append(arg.resp)
+            count += arg.count
+        else:
+            parts.append(_bulk(_text(arg)))
+            count += 1
+    return b"*%d\r\n%b%b" % (count + 2, evalsha, b"".join(parts))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
 from importlib import resources
 from typing import Any
 
@@ -16,10 +17,19 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisClusterException, RedisError
 
 from ratewarden.clock import Clock
-from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, decode_holds
+from ratewarden.limiter.ops import (
+    HOLDING,
+    CallRecord,
+    CounterOp,
+    Evaluation,
+    Hold,
+    Kind,
+    Role,
+    decode_holds,
+)
 from ratewarden.limiter.reference import results_from
 from ratewarden.store.base import StoreError
-from ratewarden.store.coalesce import ScriptPipeline
+from ratewarden.store.coalesce import Encoded, ScriptPipeline, encoded
 from ratewarden.store.keys import DENIALS_KEY
 
 COUNTERS_LUA = resources.files("ratewarden.limiter").joinpath("counters.lua").read_text()
@@ -83,6 +93,18 @@ class RedisKeyspace:
             await self._client.ping()
 
 
+_DECIDE = encoded("decide")
+
+
+@lru_cache(maxsize=4096)  # one entry per distinct rule and limit, per role
+def _rule_arguments(kind: Kind, role: Role, limit: int, window_ms: int, burst: int) -> Encoded:
+    """An op's arguments that come from its rule alone, encoded once (of the ten per op,
+    all of them for a counter that holds nothing: its cost, period and hold are empty)."""
+    if kind in HOLDING:
+        return encoded(kind.value, int(role), limit, window_ms, burst)
+    return encoded(kind.value, int(role), limit, window_ms, burst, 0, 0, 0, 0, "")
+
+
 class RedisStore(RedisKeyspace):
     """Runs `counters.lua` by SHA; time comes from Redis `TIME` unless a clock is injected.
 
@@ -112,22 +134,15 @@ class RedisStore(RedisKeyspace):
         self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
     ) -> Evaluation:
         keys = [record.key if record else "rw:call:{}", *(op.key for op in ops)]
-        args: list[Any] = ["decide", self._now(), "1" if dry_run else "0"]
+        args: list[Any] = [_DECIDE, self._now(), "1" if dry_run else "0"]
         if record:
             args += [record.call_id, record.fingerprint, record.ttl_ms, "1" if record.keep else "0"]
         else:
             args += ["", "", 0, "0"]
         for op in ops:
-            args += (
-                op.kind.value,
-                int(op.role),
-                op.limit,
-                op.window_ms,
-                op.burst,
-                op.cost,
-                *op.period,
-                op.hold_line,
-            )
+            args.append(_rule_arguments(op.kind, op.role, op.limit, op.window_ms, op.burst))
+            if op.kind in HOLDING:
+                args += (op.cost, *op.period, op.hold_line)
         reply = await self._run(keys, args)
         status, numbers = reply[0], reply[1:]
         if status == _CONFLICT:
