@@ -92,6 +92,7 @@ from bench.redis_server import refuse_shared
 from ratewarden.calls import Call
 from ratewarden.engine.engine import Engine
 from ratewarden.policy import parse_policy
+from ratewarden.service.convert import new_call_id
 from ratewarden.store import Store, store_from_url
 
 TOOL = "terminal"
@@ -147,7 +148,7 @@ class RatewardenContender:
         return cls(Engine(policy, store), store)
 
     async def check(self, user: str, tool: str) -> bool:
-        call = Call(user=user, tool=tool, call_id=f"rw-{uuid.uuid4().hex}", named=False)
+        call = Call(user=user, tool=tool, call_id=new_call_id(), named=False)  # as the daemon
         decision = await self._engine.check(call)
         if decision.degraded:  # the store failed and the fail mode decided: not a result
             raise RuntimeError(f"ratewarden could not reach Redis: {decision}")

@@ -8,7 +8,11 @@ own, a flushed script is loaded again, and a caller that gave up is never sent.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +25,7 @@ from ratewarden.engine import Engine
 from ratewarden.policy import parse_policy
 from ratewarden.store.coalesce import MAX_BATCH, ScriptPipeline, encoded
 from ratewarden.store.redis_store import RedisStore
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer, free_port, running_redis
 
 pytestmark = pytest.mark.redis
 
@@ -154,6 +158,38 @@ async def test_a_caller_that_gave_up_is_not_sent(redis_server: RedisServer) -> N
         assert await client.exists("never") == 0
     finally:
         await client.aclose()
+
+
+async def test_a_pipeline_is_cut_at_the_socket_timeout_and_leaves_it_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """A pipeline's replies share one deadline, the connection's socket timeout, instead
+    of one timer per reply; a frozen Redis still ends every caller within it, and the
+    connection the pipeline borrowed keeps its own timeout for the commands after it."""
+    with running_redis(tmp_path / "redis") as server:
+        client = aioredis.Redis.from_url(server.url, socket_timeout=0.2)
+        script = ScriptPipeline(client, "return 1")
+        try:
+            await script.load()
+            assert await asyncio.gather(*(script.call([], []) for _ in range(20))) == [1] * 20
+            pooled = client.connection_pool._available_connections  # type: ignore[attr-defined]
+            assert pooled
+            assert all(c.socket_timeout == 0.2 for c in pooled)
+            os.kill(server.process.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                answers = await asyncio.gather(
+                    *(script.call([], []) for _ in range(3)), return_exceptions=True
+                )
+                elapsed = time.monotonic() - started
+            finally:
+                os.kill(server.process.pid, signal.SIGCONT)
+            assert all(isinstance(a, TimeoutError) for a in answers), answers
+            assert 0.2 <= elapsed < 1.0, elapsed
+            assert all(c.socket_timeout == 0.2 for c in pooled)
+            assert await script.call([], []) == 1  # a fresh connection, its own reply
+        finally:
+            await client.aclose()
 
 
 async def test_a_dead_connection_fails_every_caller_of_its_pipeline() -> None:

@@ -19,7 +19,7 @@ from ratewarden.engine import CallIdConflict, Engine
 from ratewarden.limiter.reference import Budget
 from ratewarden.policy import parse_policy
 from ratewarden.store import MemoryStore, Store, store_from_url
-from ratewarden.store.keys import record_key
+from ratewarden.store.keys import encode, record_key
 from ratewarden.store.redis_store import RedisStore
 from tests.redis_server import RedisServer
 from tests.test_budgets import engine_on, money, raw_state
@@ -296,3 +296,12 @@ async def test_approval_does_not_override_a_deny_rule(store: Store, clock: FakeC
     approved = await engine.check(Call("alice", "t", "a", cost=2.0, approved=True))
     assert (approved.decision, [v.rule for v in approved.violations]) == ("deny", ["spend"])
     assert await raw_state(store) == {}
+
+
+def test_record_keys_are_encoded_like_counter_parts_but_not_cached() -> None:
+    """Call ids rarely recur: kept in the cache of encoded users and tools, every decision
+    would add one and push a user out. The key is the same as through the cache."""
+    encode.cache_clear()
+    assert record_key("call/ä {1}|x") == f"rw:call:{{{encode('call/ä {1}|x')}}}"
+    assert record_key("rw-0123abcd") == "rw:call:{rw-0123abcd}"
+    assert encode.cache_info().currsize == 1  # only the explicit encode() above

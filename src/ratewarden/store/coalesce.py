@@ -101,19 +101,24 @@ class ScriptPipeline:
         packed = b"".join(_pack(self._evalsha, keys, args) for keys, args, _ in batch)
         pool = self._client.connection_pool
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        # One deadline for all the replies rather than redis-py's per reply: a timer per
+        # decision saved, and the pipeline as a whole still bounded by the socket timeout.
+        deadline, connection.socket_timeout = connection.socket_timeout, None
         try:
-            await connection.send_packed_command(packed, check_health=False)
-            replies: list[Any] = []
-            for _ in batch:
-                try:
-                    replies.append(await connection.read_response())
-                except ResponseError as exc:  # this call's error; the connection is in step
-                    replies.append(exc)
+            async with asyncio.timeout(deadline):
+                await connection.send_packed_command(packed, check_health=False)
+                replies: list[Any] = []
+                for _ in batch:
+                    try:
+                        replies.append(await connection.read_response())
+                    except ResponseError as exc:  # this call's own error; still in step
+                        replies.append(exc)
         except BaseException:
             # Replies may still be on their way: this connection can never be trusted again.
             await connection.disconnect()
             raise
         finally:
+            connection.socket_timeout = deadline
             await pool.release(connection)
         return replies
 
