@@ -76,8 +76,11 @@ def start_redis(directory: Path, *extra: str) -> RedisServer:
     deadline = time.monotonic() + 10
     while True:
         try:
-            if server.client().ping():
-                return server
+            # Closed here: a client left to the collector leaves its socket open until
+            # some later test's collection finds it (a ResourceWarning there, an error).
+            with server.client() as client:
+                if client.ping():
+                    return server
         except redis.ConnectionError:
             if process.poll() is not None or time.monotonic() > deadline:
                 server.stop()

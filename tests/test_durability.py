@@ -603,8 +603,9 @@ def start_redis_with_conf(conf: Path, directory: Path, port: int) -> RedisServer
     deadline = time.monotonic() + 20
     while True:
         try:
-            if server.client().ping():  # answers only once the AOF is loaded
-                return server
+            with server.client() as client:  # closed: see tests/redis_server.py
+                if client.ping():  # answers only once the AOF is loaded
+                    return server
         except redis.ConnectionError:  # BusyLoadingError is one too
             if process.poll() is not None or time.monotonic() > deadline:
                 server.stop()

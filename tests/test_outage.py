@@ -703,7 +703,8 @@ async def test_counters_resume_after_the_script_cache_is_emptied(tmp_path: Path)
         )
         async with serving(app) as client:
             decisions = [outcome((await decide(client, "t"))[1]) for _ in range(3)]
-            server.client().script_flush()
+            with server.client() as flusher:
+                flusher.script_flush()
             decisions += [outcome((await decide(client, "t"))[1]) for _ in range(3)]
             assert decisions == [HEALTHY] * 5 + [("deny", False, ("rate",))]
             usage = (await client.get("/v1/usage", params={"user": "u"})).json()
