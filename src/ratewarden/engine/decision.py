@@ -87,25 +87,22 @@ def verdict(policy: Policy, applied: Applied, call: Call, result: OpResult) -> V
     """Word one rule's outcome; the message is only built for a refusal."""
     limit, rule = applied.limit, applied.rule
     remaining: Number = result.remaining
-    details: dict[str, object] = {}  # the fields only some kinds of rule have
+    window = currency = period = None
+    spent = reserved = None
+    soft_limited = False
     if isinstance(limit, BudgetLimit):
         held = result.used + result.reserved
         soft = limit.soft_limit is not None and held >= limit.soft_limit * limit.limit > 0
         amount: Number = limit.budget.amount
         remaining = result.remaining / MICROS
-        details = {
-            "spent": result.used / MICROS,
-            "reserved": result.reserved / MICROS,
-            "currency": limit.currency,
-            "period": limit.budget.period,
-            "soft_limited": soft and result.admitted,
-        }
+        spent, reserved = result.used / MICROS, result.reserved / MICROS
+        currency, period = limit.currency, limit.budget.period
+        soft_limited = soft and result.admitted
     elif isinstance(limit, ConcurrencyLimit):
         amount = limit.slots
     else:
         assert isinstance(limit, RateLimit)
-        amount = limit.limit
-        details = {"window": limit.rate.window}
+        amount, window = limit.limit, limit.rate.window
     found = Verdict(
         rule.name,
         rule.kind,
@@ -115,7 +112,12 @@ def verdict(policy: Policy, applied: Applied, call: Call, result: OpResult) -> V
         0.0 if result.admitted else _seconds(result.retry_after_ms),
         result.reset_after_ms / 1000,
         on_exceed=rule.on_exceed.value,
-        **details,  # type: ignore[arg-type]
+        window=window,
+        spent=spent,
+        reserved=reserved,
+        currency=currency,
+        period=period,
+        soft_limited=soft_limited,
     )
     return found if result.admitted else _with_message(found, policy, applied, call)
 

@@ -66,8 +66,8 @@ def all_keys_pattern() -> str:
 
 def record_key(call_id: str) -> str:
     """The record of an allowed call, by the caller's idempotency key."""
-    # Not through `encode`'s cache: call ids rarely recur, and each would push out a user.
-    return f"{PREFIX}:call:{{{quote(call_id, safe='')}}}"
+    # Encoded past `encode`'s cache: call ids rarely recur, and each would push out a user.
+    return f"{PREFIX}:call:{{{encode.__wrapped__(call_id)}}}"
 
 
 def reset_patterns(user: str | None, rule: str | None) -> list[str]:

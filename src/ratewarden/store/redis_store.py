@@ -93,16 +93,13 @@ class RedisKeyspace:
             await self._client.ping()
 
 
-_DECIDE = encoded("decide")
-
-
 @lru_cache(maxsize=4096)  # one entry per distinct rule and limit, per role
 def _rule_arguments(kind: Kind, role: Role, limit: int, window_ms: int, burst: int) -> Encoded:
-    """An op's arguments that come from its rule alone, encoded once (of the ten per op,
-    all of them for a counter that holds nothing: its cost, period and hold are empty)."""
-    if kind in HOLDING:
-        return encoded(kind.value, int(role), limit, window_ms, burst)
-    return encoded(kind.value, int(role), limit, window_ms, burst, 0, 0, 0, 0, "")
+    """The first five of an op's ten arguments, which come from its rule: encoded once."""
+    return encoded(kind.value, int(role), limit, window_ms, burst)
+
+
+_NOTHING_HELD = encoded(0, 0, 0, 0, "")  # the other five, for an op that holds nothing
 
 
 class RedisStore(RedisKeyspace):
@@ -134,15 +131,14 @@ class RedisStore(RedisKeyspace):
         self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
     ) -> Evaluation:
         keys = [record.key if record else "rw:call:{}", *(op.key for op in ops)]
-        args: list[Any] = [_DECIDE, self._now(), "1" if dry_run else "0"]
+        args: list[Any] = ["decide", self._now(), "1" if dry_run else "0"]
         if record:
             args += [record.call_id, record.fingerprint, record.ttl_ms, "1" if record.keep else "0"]
         else:
             args += ["", "", 0, "0"]
         for op in ops:
             args.append(_rule_arguments(op.kind, op.role, op.limit, op.window_ms, op.burst))
-            if op.kind in HOLDING:
-                args += (op.cost, *op.period, op.hold_line)
+            args += (op.cost, *op.period, op.hold_line) if op.kind in HOLDING else (_NOTHING_HELD,)
         reply = await self._run(keys, args)
         status, numbers = reply[0], reply[1:]
         if status == _CONFLICT:
