@@ -83,43 +83,67 @@ class Settlement:
     charged: dict[str, float] = field(default_factory=dict)  # budget rule -> amount charged
 
 
-def verdict(policy: Policy, applied: Applied, call: Call, result: OpResult) -> Verdict:
-    """Word one rule's outcome; the message is only built for a refusal."""
-    limit, rule = applied.limit, applied.rule
-    remaining: Number = result.remaining
-    window = currency = period = None
-    spent = reserved = None
-    soft_limited = False
-    if isinstance(limit, BudgetLimit):
-        held = result.used + result.reserved
-        soft = limit.soft_limit is not None and held >= limit.soft_limit * limit.limit > 0
-        amount: Number = limit.budget.amount
-        remaining = result.remaining / MICROS
-        spent, reserved = result.used / MICROS, result.reserved / MICROS
-        currency, period = limit.currency, limit.budget.period
-        soft_limited = soft and result.admitted
-    elif isinstance(limit, ConcurrencyLimit):
-        amount = limit.slots
-    else:
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What every verdict of one applied rule shares, worked out once (the engine's plan)."""
+
+    rule: str
+    kind: str
+    amount: Number  # the limit in the rule's own unit: calls, slots, or money
+    on_exceed: str
+    window: str | None = None  # rate rules
+    budget: BudgetLimit | None = None
+
+    @classmethod
+    def of(cls, applied: Applied) -> Shape:
+        rule, limit = applied.rule, applied.limit
+        on_exceed = rule.on_exceed.value
+        if isinstance(limit, BudgetLimit):
+            return cls(rule.name, rule.kind, limit.budget.amount, on_exceed, budget=limit)
+        if isinstance(limit, ConcurrencyLimit):
+            return cls(rule.name, rule.kind, limit.slots, on_exceed)
         assert isinstance(limit, RateLimit)
-        amount, window = limit.limit, limit.rate.window
-    found = Verdict(
-        rule.name,
-        rule.kind,
-        result.admitted,
-        amount,
-        remaining,
-        0.0 if result.admitted else _seconds(result.retry_after_ms),
-        result.reset_after_ms / 1000,
-        on_exceed=rule.on_exceed.value,
-        window=window,
-        spent=spent,
-        reserved=reserved,
-        currency=currency,
-        period=period,
-        soft_limited=soft_limited,
-    )
-    return found if result.admitted else _with_message(found, policy, applied, call)
+        return cls(rule.name, rule.kind, limit.limit, on_exceed, window=limit.rate.window)
+
+
+def verdict(
+    policy: Policy, applied: Applied, shape: Shape, call: Call, result: OpResult
+) -> Verdict:
+    """Word one rule's outcome; the message is only built for a refusal."""
+    admitted = result.admitted
+    retry_after = 0.0 if admitted else _seconds(result.retry_after_ms)
+    budget = shape.budget
+    if budget is None:
+        found = Verdict(
+            shape.rule,
+            shape.kind,
+            admitted,
+            shape.amount,
+            result.remaining,
+            retry_after,
+            result.reset_after_ms / 1000,
+            on_exceed=shape.on_exceed,
+            window=shape.window,
+        )
+    else:
+        held = result.used + result.reserved
+        soft = budget.soft_limit is not None and held >= budget.soft_limit * budget.limit > 0
+        found = Verdict(
+            shape.rule,
+            shape.kind,
+            admitted,
+            shape.amount,
+            result.remaining / MICROS,
+            retry_after,
+            result.reset_after_ms / 1000,
+            on_exceed=shape.on_exceed,
+            spent=result.used / MICROS,
+            reserved=result.reserved / MICROS,
+            currency=budget.currency,
+            period=budget.budget.period,
+            soft_limited=soft and admitted,
+        )
+    return found if admitted else _with_message(found, policy, applied, call)
 
 
 def _with_message(found: Verdict, policy: Policy, applied: Applied, call: Call) -> Verdict:

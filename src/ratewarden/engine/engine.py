@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ratewarden.calls import Call
 from ratewarden.clock import Clock, SystemClock
 from ratewarden.engine.decision import (
     Decision,
     Settlement,
+    Shape,
     Usage,
     Verdict,
     binding,
@@ -45,13 +46,58 @@ from ratewarden.policy.model import (
 )
 from ratewarden.store.base import Store, StoreError
 from ratewarden.store.breaker import CircuitOpenError
-from ratewarden.store.keys import counter_key, encode, record_key, reset_patterns
+from ratewarden.store.keys import CounterKeys, encode, record_key, reset_patterns
 
 log = logging.getLogger("ratewarden.engine")
 
 
 class CallIdConflict(Exception):
     """A call_id already recorded for another user or tool."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """An applied rule's share of every call's decision, worked out once per policy:
+    the parts of its counter key, its kind and numbers, the roles it can take, and what
+    its verdicts share. Per call, only the scope's values, the role and a budget's cost
+    and period are left to fill in."""
+
+    applied: Applied
+    keys: CounterKeys
+    kind: Kind
+    role: Role
+    approved_role: Role  # for a call the user approved (an `ask` rule lets it past)
+    limit: int  # calls per window, slots, or budget in micro-units
+    window_ms: int  # rate window or lease timeout (a budget's comes from the policy)
+    burst: int
+    holder: str  # the rule's name on ops that hold something (budget, concurrency)
+    budget: BudgetLimit | None
+    shape: Shape
+
+    @classmethod
+    def of(cls, applied: Applied) -> _Plan:
+        rule, limit = applied.rule, applied.limit
+        if rule.mode is Mode.SHADOW:
+            role = approved = Role.SHADOW
+        else:
+            role = Role.ENFORCE
+            approved = Role.FORCED if rule.on_exceed is OnExceed.ASK else Role.ENFORCE
+        window_ms = burst = 0
+        budget = None
+        if isinstance(limit, RateLimit):
+            kind = KIND_OF[limit.algorithm]
+            window_ms, burst = limit.rate.window_ms, limit.burst or limit.limit
+        elif isinstance(limit, ConcurrencyLimit):
+            kind, window_ms = Kind.CONCURRENCY, limit.lease_ms
+        else:
+            assert isinstance(limit, BudgetLimit)
+            kind, budget = Kind.BUDGET, limit
+        holder = rule.name if kind in HOLDING else ""
+        keys = CounterKeys.of(rule.name, kind, rule.per)
+        return cls(
+            applied, keys, kind, role, approved, limit.limit, window_ms, burst, holder, budget,
+            Shape.of(applied),
+        )  # fmt: skip
 
 
 class Engine:
@@ -62,6 +108,8 @@ class Engine:
         self.store = store
         self.fail = fail  # the FAIL setting; a rule's own `fail:` still wins
         self.clock = clock or SystemClock()  # only to pick budget periods; Redis has the time
+        self._plans_policy: Policy | None = None
+        self._plan_of: dict[int, _Plan] = {}  # by id() of the policy's Applied
 
     async def check(self, call: Call) -> Decision:
         """Decide `call` against every rule that applies, consuming all or nothing."""
@@ -69,7 +117,8 @@ class Engine:
         applied = [a for a in policy.applicable(call) if not isinstance(a.limit, Unlimited)]
         if not applied:
             return Decision("allow", call.call_id, approved=call.approved)
-        ops = [self._op(policy, a, call) for a in applied]
+        plans = self._plans(policy, applied)
+        ops = [self._op(policy, plan, call) for plan in plans]
         # The record must outlive every lease and reservation it lists, or a late settle
         # could not release them (a rule's own lease_timeout may exceed call_ttl).
         held = [op.window_ms for op in ops if op.kind in HOLDING]
@@ -90,7 +139,7 @@ class Engine:
             )
         if found.replayed and not found.results:  # the policy changed since: allowed, once
             return Decision("allow", call.call_id, approved=call.approved, replayed=True)
-        return self._decide(policy, call, applied, ops, found.results, found.replayed)
+        return self._decide(policy, call, plans, ops, found.results, found.replayed)
 
     async def settle(self, call_id: str, cost: float | None = None) -> Settlement:
         """Charge the call's actual cost (default: its estimate) and release its slots, once."""
@@ -133,49 +182,44 @@ class Engine:
         applied = policy.for_usage(user, tool, session, team)
         probe = Call(user=user, tool=tool or "", call_id="", session=session, team=team)
         bounded = [a for a in applied if not isinstance(a.limit, Unlimited)]
+        plans = self._plans(policy, bounded)
         found = await self.store.evaluate(
-            [self._op(policy, a, probe) for a in bounded], dry_run=True
+            [self._op(policy, plan, probe) for plan in plans], dry_run=True
         )
         by_rule = dict(zip((a.rule.name for a in bounded), found.results, strict=True))
         return [_usage(a, probe, by_rule.get(a.rule.name)) for a in applied]
 
-    def _op(self, policy: Policy, applied: Applied, call: Call) -> CounterOp:
-        rule, limit = applied.rule, applied.limit
-        if rule.mode is Mode.SHADOW:
-            role = Role.SHADOW
-        elif rule.on_exceed is OnExceed.ASK and call.approved:
-            role = Role.FORCED
-        else:
-            role = Role.ENFORCE
-        scope = [(d, call.dimension(d)) for d in rule.per]
-        if isinstance(limit, RateLimit):
-            kind = KIND_OF[limit.algorithm]
-            burst = limit.burst or limit.limit
+    def _plans(self, policy: Policy, applied: Sequence[Applied]) -> list[_Plan]:
+        """Each applied rule's plan, made on its first call under this policy."""
+        if self._plans_policy is not policy:  # a reload: the old plans go with the old policy
+            self._plans_policy, self._plan_of = policy, {}
+        plan_of = self._plan_of
+        # By identity: a policy shares one Applied per distinct rule and limit, for its life.
+        return [plan_of.get(id(a)) or self._new_plan(a) for a in applied]
+
+    def _new_plan(self, applied: Applied) -> _Plan:
+        plan = self._plan_of[id(applied)] = _Plan.of(applied)
+        return plan
+
+    def _op(self, policy: Policy, plan: _Plan, call: Call) -> CounterOp:
+        role = plan.approved_role if call.approved else plan.role
+        key = plan.keys.for_call(call)
+        budget = plan.budget
+        if budget is None:
             return CounterOp(
-                counter_key(rule.name, kind, scope),
-                kind,
-                role,
-                limit.limit,
-                limit.rate.window_ms,
-                burst,
+                key, plan.kind, role, plan.limit, plan.window_ms, plan.burst, rule=plan.holder
             )
-        if isinstance(limit, ConcurrencyLimit):
-            key = counter_key(rule.name, Kind.CONCURRENCY, scope)
-            return CounterOp(
-                key, Kind.CONCURRENCY, role, limit.slots, limit.lease_ms, rule=rule.name
-            )
-        assert isinstance(limit, BudgetLimit)
-        bounds = policy.period(limit.budget.period, self.clock.now_ms())
+        bounds = policy.period(budget.budget.period, self.clock.now_ms())
         cost = to_micros(call.cost if call.cost is not None else policy.cost_for(call.tool))
         return CounterOp(
-            counter_key(rule.name, Kind.BUDGET, scope),
+            key,
             Kind.BUDGET,
             role,
-            limit.limit,
+            plan.limit,
             policy.reservation_ttl_ms,
             cost=cost,
             period=(bounds.start, bounds.end, bounds.next_end),
-            rule=rule.name,
+            rule=plan.holder,
         )
 
     def _with_period(self, hold: Hold) -> Hold:
@@ -196,7 +240,7 @@ class Engine:
         self,
         policy: Policy,
         call: Call,
-        applied: Sequence[Applied],
+        plans: Sequence[_Plan],
         ops: Sequence[CounterOp],
         results: Sequence[OpResult],
         replayed: bool,
@@ -206,11 +250,12 @@ class Engine:
         approvals: list[Verdict] = []  # `ask` rules an approved call goes past
         soft: list[str] = []  # budgets past their soft limit: flagged on allowed calls
         limits = []
-        for a, op, result in zip(applied, ops, results, strict=True):
-            found = verdict(policy, a, call, result)
+        for plan, op, result in zip(plans, ops, results, strict=True):
+            found = verdict(policy, plan.applied, plan.shape, call, result)
             limits.append(found)
             if found.soft_limited:
-                soft.append(soft_limit_warning(found, a.rule.label or policy.label_for(call.tool)))
+                label = plan.applied.rule.label or policy.label_for(call.tool)
+                soft.append(soft_limit_warning(found, label))
             if result.admitted:
                 continue
             if op.role is Role.SHADOW:

@@ -58,7 +58,7 @@ class CounterOp:
         """How the call's record lists this op if it holds something until settled."""
         if self.kind not in HOLDING:
             return ""
-        return encode_holds([Hold(self.kind, self.key, self.cost, self.rule)])
+        return _hold_line(self.kind, self.cost, self.rule, self.key)
 
     def consumes(self, admitted: bool) -> bool:
         """Whether this op takes its unit once the call as a whole is allowed."""
@@ -135,7 +135,14 @@ def to_result(
 
 def encode_holds(holds: list[Hold]) -> str:
     """The record's list of holds, one per line: kind, estimate, rule, key (last: any bytes)."""
-    return "\n".join(f"{h.kind}\t{h.estimate}\t{h.rule}\t{h.key}" for h in holds)
+    return "\n".join(_hold_line(h.kind, h.estimate, h.rule, h.key) for h in holds)
+
+
+def _hold_line(kind: Kind, estimate: int, rule: str, key: str) -> str:
+    return f"{_CODE[kind]}\t{estimate}\t{rule}\t{key}"
+
+
+_CODE = {kind: kind.value for kind in Kind}  # an enum's .value costs a descriptor call
 
 
 def decode_holds(text: str) -> list[Hold]:

@@ -93,9 +93,10 @@ def results_from(ops: list[CounterOp], numbers: list[int]) -> list[OpResult]:
     """Results from the raw numbers (5 per op); none if the ops no longer line up."""
     if len(numbers) != 5 * len(ops):
         return []
+    n = iter(numbers)  # zipped five times over: each op takes the next five numbers
     return [
-        to_result(op, bool(numbers[i]), *numbers[i + 1 : i + 5])
-        for op, i in zip(ops, range(0, len(numbers), 5), strict=True)
+        to_result(op, bool(admitted), used, retry, reset, reserved)
+        for op, admitted, used, retry, reset, reserved in zip(ops, n, n, n, n, n, strict=True)
     ]
 
 

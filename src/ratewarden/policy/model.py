@@ -154,6 +154,13 @@ class Match:
             and (self.teams is None or team is None or team in self.teams)
         )
 
+    @property
+    def has_call_conditions(self) -> bool:
+        """Whether `call_mismatch` can refuse a call (session, team, metadata or tags)."""
+        return not (
+            self.sessions is None and self.teams is None and not self.metadata and self.tags is None
+        )
+
     def call_mismatch(self, call: Call) -> str | None:
         """Why the rule does not apply given the call's session, team and metadata."""
         if self.sessions is not None and call.session not in self.sessions:
@@ -259,6 +266,7 @@ class Policy:
     _periods: dict[str, PeriodClock] = field(init=False, repr=False)
     _metric_tool: Callable[[str], str] = field(init=False, repr=False)
     _by_name: dict[str, Rule] = field(init=False, repr=False)
+    _call_conditions: bool = field(init=False, repr=False)  # does any rule look past user/tool?
     _named_tools: frozenset[str] = field(init=False, repr=False)
     _candidates: Callable[[str, str], tuple[Applied, ...]] = field(init=False, repr=False)
     _shared_candidates: dict[tuple[tuple[int, int, str], ...], tuple[Applied, ...]] = field(
@@ -275,6 +283,7 @@ class Policy:
         self._metric_tool = lru_cache(maxsize=4096)(self._find_metric_tool)
         self._periods = {}
         self._by_name = {rule.name: rule for rule in self.rules}
+        self._call_conditions = any(rule.match.has_call_conditions for rule in self.rules)
         # Tools the policy names exactly: the only tool names that may become metric labels.
         self._named_tools = frozenset(
             name
@@ -293,6 +302,8 @@ class Policy:
     def applicable(self, call: Call) -> tuple[Applied, ...]:
         """The rules that apply to `call`, in policy order, with their effective limits."""
         candidates = self._candidates(call.user, call.tool)
+        if not self._call_conditions:  # nothing but user and tool decides: all of them
+            return candidates
         return tuple(a for a in candidates if a.rule.match.call_mismatch(call) is None)
 
     def explain(self, call: Call) -> list[Explanation]:

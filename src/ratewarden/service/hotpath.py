@@ -19,12 +19,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
+from pydantic_core import to_json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ratewarden.engine import CallIdConflict
 from ratewarden.service import routes
-from ratewarden.service.convert import to_response
+from ratewarden.service.convert import response_body
 from ratewarden.service.errors import internal_error
 from ratewarden.wire import BatchRequest, CheckRequest
 
@@ -36,7 +37,7 @@ HOT_ROUTES = frozenset(_SERVERS)
 class HotPath:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._routes: dict[str, Callable[[Any, bytes], Awaitable[BaseModel | Any]]] = {
+        self._routes: dict[str, Callable[[Any, bytes], Awaitable[bytes | Any]]] = {
             path: getattr(self, name) for path, name in _SERVERS.items()
         }
 
@@ -54,8 +55,8 @@ class HotPath:
             answer = internal_error("POST", scope["path"])
         if answer is None:  # not ours to answer: FastAPI gives the exact error
             await self.app(scope, _replay(body, receive), send)
-        elif isinstance(answer, BaseModel):
-            payload = answer.__pydantic_serializer__.to_json(answer)
+        elif isinstance(answer, bytes):
+            payload = answer
             await send(
                 {
                     "type": "http.response.start",
@@ -76,14 +77,17 @@ class HotPath:
             decision = await routes.decide(app, request)
         except CallIdConflict as exc:
             return routes.conflict(exc)
-        return to_response(decision)
+        return to_json(response_body(decision))
 
     async def _batch(self, app: Any, body: bytes) -> Any:
         try:
             request = BatchRequest.model_validate_json(body)
         except ValidationError:
             return None
-        return await routes.decide_batch(app, request)
+        decided = await routes.decide_batch(app, request)
+        if not isinstance(decided, list):
+            return decided  # the conflict's error response
+        return to_json({"results": [response_body(d) for d in decided]})
 
 
 def _sends_json(scope: Scope) -> bool:

@@ -68,15 +68,18 @@ async def decide(app: Any, body: CheckRequest) -> Decision:
     return decision
 
 
-async def decide_batch(app: Any, body: BatchRequest) -> BatchResponse | JSONResponse:
-    """Each call in order, all or nothing on its own; a conflicting call_id stops the batch."""
-    results = []
+async def decide_batch(app: Any, body: BatchRequest) -> list[Decision] | JSONResponse:
+    """Each call in order, all or nothing on its own; a conflicting call_id stops the batch.
+
+    Shared with the hot path, which writes the decisions' JSON itself.
+    """
+    decisions = []
     for i, call in enumerate(body.calls):
         try:
-            results.append(to_response(await decide(app, call)))
+            decisions.append(await decide(app, call))
         except CallIdConflict as exc:
             return conflict(exc, f"calls[{i}].call_id")
-    return BatchResponse(results=results)
+    return decisions
 
 
 def conflict(exc: CallIdConflict, field: str = "call_id") -> JSONResponse:
@@ -112,7 +115,10 @@ async def check(body: CheckRequest, request: Request) -> CheckResponse | JSONRes
 )
 async def check_batch(body: BatchRequest, request: Request) -> BatchResponse | JSONResponse:
     """Decide a model's parallel tool calls, in order; each call is all or nothing on its own."""
-    return await decide_batch(request.app, body)
+    decided = await decide_batch(request.app, body)
+    if isinstance(decided, JSONResponse):
+        return decided
+    return BatchResponse(results=[to_response(d) for d in decided])
 
 
 @router.post(

@@ -155,13 +155,18 @@ def _text(value: Any) -> bytes:
 
 def _pack(evalsha: bytes, keys: Sequence[str], args: Sequence[Any]) -> bytes:
     """EVALSHA sha numkeys keys... args... in RESP; `Encoded` arguments as they are."""
-    parts = [_bulk(str(len(keys)).encode()), *(_bulk(k.encode()) for k in keys)]
+    # Written out rather than through _bulk and _text: two calls per argument saved.
+    parts = [_bulk(b"%d" % len(keys))]
+    for key in keys:
+        raw = key.encode()
+        parts.append(b"$%d\r\n%b\r\n" % (len(raw), raw))
     count = len(parts)
     for arg in args:
         if type(arg) is Encoded:
             parts.append(arg.resp)
             count += arg.count
-        else:
-            parts.append(_bulk(_text(arg)))
-            count += 1
+            continue
+        raw = arg.encode() if type(arg) is str else str(arg).encode()
+        parts.append(b"$%d\r\n%b\r\n" % (len(raw), raw))
+        count += 1
     return b"*%d\r\n%b%b" % (count + 2, evalsha, b"".join(parts))

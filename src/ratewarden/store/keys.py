@@ -37,10 +37,12 @@ TTLs (each key expires once it can no longer change a decision):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import quote
 
+from ratewarden.calls import Call
 from ratewarden.limiter.ops import Kind
 
 PREFIX = "rw"
@@ -55,8 +57,39 @@ def encode(part: str) -> str:
 
 def counter_key(rule: str, kind: Kind, scope: Iterable[tuple[str, str | None]]) -> str:
     """The key of one rule's counter for one scope (the `per` dimensions and their values)."""
-    tag = "|".join([encode(rule), *(f"{dim}={encode(value or '')}" for dim, value in scope)])
-    return f"{PREFIX}:{{{tag}}}:{kind.value}"
+    pairs = list(scope)
+    return CounterKeys.of(rule, kind, [dim for dim, _ in pairs]).key([v for _, v in pairs])
+
+
+@dataclass(frozen=True, slots=True)
+class CounterKeys:
+    """One rule's counter keys, with the parts every key of the rule shares joined once.
+
+    `rw:{<rule>` + `|<dimension>=<value>` per dimension + `}:<algorithm>`: only the values
+    differ from call to call (the engine makes one per rule and policy).
+    """
+
+    head: str  # rw:{<rule>
+    dims: tuple[tuple[str, str], ...]  # (dimension, "|<dimension>=") in the rule's order
+    tail: str  # }:<algorithm>
+
+    @classmethod
+    def of(cls, rule: str, kind: Kind, per: Iterable[str]) -> CounterKeys:
+        dims = tuple((dim, f"|{dim}=") for dim in per)
+        return cls(f"{PREFIX}:{{{encode(rule)}", dims, f"}}:{kind.value}")
+
+    def for_call(self, call: Call) -> str:
+        key = self.head  # appended to in place: a third of the cost of a join here
+        for dim, separator in self.dims:
+            key += separator + encode(getattr(call, dim) or "")
+        return key + self.tail
+
+    def key(self, values: Sequence[str | None]) -> str:
+        """The key for the `per` dimensions' values (None: absent, encoded as empty)."""
+        key = self.head
+        for (_, separator), value in zip(self.dims, values, strict=True):
+            key += separator + encode(value or "")
+        return key + self.tail
 
 
 def all_keys_pattern() -> str:

@@ -99,6 +99,12 @@ def _rule_arguments(kind: Kind, role: Role, limit: int, window_ms: int, burst: i
     return encoded(kind.value, int(role), limit, window_ms, burst)
 
 
+@lru_cache(maxsize=4096)  # a tool's usual cost and the current budget period: few values
+def _held_arguments(cost: int, start: int, end: int, next_end: int) -> Encoded:
+    """Four of the other five arguments of an op that holds something (all but its line)."""
+    return encoded(cost, start, end, next_end)
+
+
 _NOTHING_HELD = encoded(0, 0, 0, 0, "")  # the other five, for an op that holds nothing
 
 
@@ -138,7 +144,10 @@ class RedisStore(RedisKeyspace):
             args += ["", "", 0, "0"]
         for op in ops:
             args.append(_rule_arguments(op.kind, op.role, op.limit, op.window_ms, op.burst))
-            args += (op.cost, *op.period, op.hold_line) if op.kind in HOLDING else (_NOTHING_HELD,)
+            if op.kind in HOLDING:
+                args += (_held_arguments(op.cost, *op.period), op.hold_line)
+            else:
+                args.append(_NOTHING_HELD)
         reply = await self._run(keys, args)
         status, numbers = reply[0], reply[1:]
         if status == _CONFLICT:
