@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from functools import lru_cache
+from typing import Any, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -25,6 +26,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from ratewarden.calls import Call
@@ -44,6 +46,10 @@ NEAR_LIMIT = 0.8  # an allowed call that leaves a rule at least this full is "ne
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        # A labelled series by its metric and label values, remembered: prometheus-client's
+        # labels() validates and locks on every call, and a decision makes one per rule.
+        # Label values are bounded (see above), so this is too; series never removed.
+        self.series = lru_cache(maxsize=4096)(_series)
 
         def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
             return Counter(name, doc, labels, registry=registry)
@@ -177,12 +183,12 @@ class Metrics:
         self.duration.observe(seconds)
         tool = policy.metric_tool(call.tool)
         mode = "shadow" if decision.shadow else "enforce"
-        self.checks.labels(decision.decision, mode).inc()
+        self.series(self.checks, decision.decision, mode).inc()
         if decision.degraded:
             self.degraded.labels(decision.decision).inc()
         refused = self.blocked if decision.decision == "deny" else self.asked
         for verdict in decision.violations:
-            refused.labels(tool, verdict.rule, verdict.kind).inc()
+            self.series(refused, tool, verdict.rule, verdict.kind).inc()
         if not decision.allowed or decision.replayed:  # a replay consumed nothing, again
             return
         for verdict in decision.shadow:
@@ -194,15 +200,15 @@ class Metrics:
             if verdict.admitted:
                 self._observe_consumed(verdict, cost)
                 if near_limit(verdict):
-                    self.near_limit.labels(tool, verdict.rule).inc()
+                    self.series(self.near_limit, tool, verdict.rule).inc()
         for verdict in decision.approvals:  # past the limit: consumed, but not "near" it
             self._observe_consumed(verdict, cost)
 
     def _observe_consumed(self, verdict: Verdict, cost: float) -> None:
         if verdict.kind == "budget" and verdict.currency:
-            self.budget_reserved.labels(verdict.rule, verdict.currency).inc(cost)
+            self.series(self.budget_reserved, verdict.rule, verdict.currency).inc(cost)
         if verdict.soft_limited:
-            self.soft_limit.labels(verdict.rule).inc()
+            self.series(self.soft_limit, verdict.rule).inc()
 
     def observe_settle(self, settlement: Settlement, policy: Policy) -> None:
         self.settles.labels(settlement.outcome).inc()
@@ -210,9 +216,16 @@ class Metrics:
             self.budget_spent.labels(rule, policy.currency_of(rule) or "USD").inc(amount)
 
 
+def _series(metric: MetricWrapperBase, *values: str) -> Any:
+    return metric.labels(*values)
+
+
 def near_limit(verdict: Verdict) -> bool:
     """At least NEAR_LIMIT of the rule used after this call; money compared in whole
     millionths, since 3.0 - 0.6 < 0.8 * 3.0 in floating point."""
+    limit, remaining = verdict.limit, verdict.remaining
+    if type(limit) is int and type(remaining) is int:  # calls and slots: exact already
+        return limit > 0 and (limit - remaining) * 5 >= limit * 4
     limit = round(float(verdict.limit) * 1_000_000)
     used = limit - round(float(verdict.remaining) * 1_000_000)
     return limit > 0 and used * 5 >= limit * 4  # used >= 80 % of limit, exactly
@@ -271,7 +284,8 @@ class TimedStore:
             self._metrics.store_errors.labels(operation).inc()
             raise
         finally:
-            self._metrics.store_duration.labels(operation).observe(time.perf_counter() - started)
+            metrics = self._metrics
+            metrics.series(metrics.store_duration, operation).observe(time.perf_counter() - started)
 
 
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
