@@ -1,6 +1,6 @@
 """Concurrent decisions share pipelines (store/coalesce.py), on a real redis-server.
 
-Coalescing must change the number of round trips and nothing else: every decision is
+Coalescing must change the number of writes and nothing else: every decision is
 still its own EVALSHA (one atomic step), exactness holds, one call's error stays its
 own, a flushed script is loaded again, and a caller that gave up is never sent.
 """
@@ -11,7 +11,6 @@ import asyncio
 import os
 import signal
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from redis.exceptions import ResponseError
 from ratewarden.calls import Call
 from ratewarden.engine import Engine
 from ratewarden.policy import parse_policy
-from ratewarden.store.coalesce import MAX_BATCH, ScriptPipeline, encoded
+from ratewarden.store.coalesce import ScriptPipeline, encoded
 from ratewarden.store.redis_store import RedisStore
 from tests.redis_server import RedisServer, free_port, running_redis
 
@@ -38,15 +37,15 @@ rules:
 
 
 class CountingPipeline(ScriptPipeline):
-    """Counts round trips: each `_pipeline` is one write and one read."""
+    """Counts writes: each `_send` is one write of every call queued in a loop turn."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.round_trips: list[int] = []  # calls per round trip
+        self.writes: list[int] = []  # calls per write
 
-    async def _pipeline(self, batch: list[Any]) -> list[Any]:
-        self.round_trips.append(len(batch))
-        return await super()._pipeline(batch)
+    async def _send(self, batch: list[Any]) -> None:
+        self.writes.append(len(batch))
+        await super()._send(batch)
 
 
 def counting_store(url: str) -> tuple[RedisStore, CountingPipeline]:
@@ -57,7 +56,9 @@ def counting_store(url: str) -> tuple[RedisStore, CountingPipeline]:
     return store, script
 
 
-async def test_concurrent_checks_share_round_trips_and_stay_exact(redis_url: str) -> None:
+async def test_concurrent_checks_share_a_write_and_stay_exact_and_in_order(
+    redis_url: str,
+) -> None:
     store, script = counting_store(redis_url)
     await store.start()
     try:
@@ -66,17 +67,14 @@ async def test_concurrent_checks_share_round_trips_and_stay_exact(redis_url: str
         decisions = await asyncio.gather(*(engine.check(call) for call in calls))
     finally:
         await store.close()
-    assert Counter(d.decision for d in decisions) == {"allow": 50, "deny": 70}
-    # Every decision was sent, once, in full pipelines: far fewer round trips than decisions
-    # (each event-loop turn leaves at most one pipeline short of MAX_BATCH).
-    assert sum(script.round_trips) == 120
-    assert max(script.round_trips) == MAX_BATCH, script.round_trips
-    assert len(script.round_trips) <= 120 // MAX_BATCH + 3, script.round_trips
-    # Which 50 is not fixed: a turn's pipelines run on separate connections, in any order,
-    # as concurrent requests would.
+    # Every decision was sent, once, and a loop turn's calls go out as one write.
+    assert sum(script.writes) == 120
+    assert len(script.writes) <= 3, script.writes
+    # One connection, so Redis runs them in the order the callers came: the first 50 win.
+    assert [d.decision for d in decisions] == ["allow"] * 50 + ["deny"] * 70
 
 
-async def test_a_lone_call_goes_out_at_once_without_a_pipeline(redis_url: str) -> None:
+async def test_a_lone_call_goes_out_at_once(redis_url: str) -> None:
     store, script = counting_store(redis_url)
     await store.start()
     try:
@@ -86,7 +84,55 @@ async def test_a_lone_call_goes_out_at_once_without_a_pipeline(redis_url: str) -
             assert decision.decision == "allow"
     finally:
         await store.close()
-    assert script.round_trips == [1, 1, 1]
+    assert script.writes == [1, 1, 1]
+
+
+async def test_calls_from_many_turns_each_get_their_own_reply(redis_server: RedisServer) -> None:
+    """Writes from different loop turns follow each other on one connection before their
+    replies are read; the replies, read in order, still reach the right callers."""
+    client = aioredis.Redis.from_url(redis_server.url)
+    script = CountingPipeline(client, "return ARGV[1]")
+    await script.load()
+
+    async def caller(n: int) -> bytes:
+        await asyncio.sleep((n % 7) / 2000)  # spread over many loop turns
+        answer: bytes = await script.call([], [n])
+        return answer
+
+    try:
+        answers = await asyncio.gather(*(caller(n) for n in range(600)))
+        assert answers == [str(n).encode() for n in range(600)]
+        assert len(script.writes) > 1
+        clients = await client.client_list()
+        assert sum(1 for c in clients if c["cmd"] == "evalsha") == 1  # one connection
+    finally:
+        await script.aclose()
+        await client.aclose()
+
+
+async def test_a_write_does_not_wait_for_the_replies_before_it(tmp_path: Path) -> None:
+    with running_redis(tmp_path / "redis") as server:
+        client = aioredis.Redis.from_url(server.url, socket_timeout=5)
+        script = CountingPipeline(client, "return ARGV[1]")
+        try:
+            await script.load()
+            assert await script.call([], ["warm"]) == b"warm"
+            os.kill(server.process.pid, signal.SIGSTOP)  # no reply until it goes on
+            try:
+                first = asyncio.ensure_future(script.call([], ["first"]))
+                for _ in range(5):
+                    await asyncio.sleep(0.01)
+                second = asyncio.ensure_future(script.call([], ["second"]))
+                for _ in range(5):
+                    await asyncio.sleep(0.01)
+                assert not first.done()
+                assert script.writes == [1, 1, 1]  # the second went out behind the first
+            finally:
+                os.kill(server.process.pid, signal.SIGCONT)
+            assert await asyncio.gather(first, second) == [b"first", b"second"]
+        finally:
+            await script.aclose()
+            await client.aclose()
 
 
 async def test_one_calls_error_is_its_own(redis_server: RedisServer) -> None:
@@ -160,21 +206,22 @@ async def test_a_caller_that_gave_up_is_not_sent(redis_server: RedisServer) -> N
         await client.aclose()
 
 
-async def test_a_pipeline_is_cut_at_the_socket_timeout_and_leaves_it_as_it_was(
+async def test_a_frozen_redis_fails_every_waiting_call_at_the_socket_timeout(
     tmp_path: Path,
 ) -> None:
-    """A pipeline's replies share one deadline, the connection's socket timeout, instead
-    of one timer per reply; a frozen Redis still ends every caller within it, and the
-    connection the pipeline borrowed keeps its own timeout for the commands after it."""
+    """The replies share one deadline, the connection's socket timeout, for each next
+    reply (not a timer per call); a frozen Redis ends every caller within it, and the
+    connection goes back to the pool with its own timeout, for the commands after it."""
     with running_redis(tmp_path / "redis") as server:
         client = aioredis.Redis.from_url(server.url, socket_timeout=0.2)
         script = ScriptPipeline(client, "return 1")
+        pool = client.connection_pool
         try:
             await script.load()
             assert await asyncio.gather(*(script.call([], []) for _ in range(20))) == [1] * 20
-            pooled = client.connection_pool._available_connections  # type: ignore[attr-defined]
-            assert pooled
-            assert all(c.socket_timeout == 0.2 for c in pooled)
+            held = list(pool._in_use_connections)  # type: ignore[attr-defined]
+            assert len(held) == 1  # the script's connection, its timeout off while held
+            assert held[0].socket_timeout is None
             os.kill(server.process.pid, signal.SIGSTOP)
             try:
                 started = time.monotonic()
@@ -186,9 +233,12 @@ async def test_a_pipeline_is_cut_at_the_socket_timeout_and_leaves_it_as_it_was(
                 os.kill(server.process.pid, signal.SIGCONT)
             assert all(isinstance(a, TimeoutError) for a in answers), answers
             assert 0.2 <= elapsed < 1.0, elapsed
-            assert all(c.socket_timeout == 0.2 for c in pooled)
+            await asyncio.sleep(0.05)  # the broken connection is given back
+            assert held[0].socket_timeout == 0.2
+            assert held[0] not in pool._in_use_connections  # type: ignore[attr-defined]
             assert await script.call([], []) == 1  # a fresh connection, its own reply
         finally:
+            await script.aclose()
             await client.aclose()
 
 

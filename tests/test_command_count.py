@@ -227,6 +227,10 @@ async def test_the_monitor_sees_every_extra_command(
     store = await started_store(redis_url, cls)
     try:
         engine = Engine(parse_policy(POLICY), store)
+        # Twice first, so that every connection the store uses is open (a new one says
+        # HELLO; the script keeps the first it gets): recorded is what each decision sends.
+        for i in range(2):
+            await engine.check(Call(user="warm-up", tool="t3", call_id=f"warm-up-{i}"))
         with recording(monitor) as commands:
             for i in range(2):
                 decision = await engine.check(Call(user="u", tool="t3", call_id=str(i)))

@@ -39,7 +39,8 @@ class SentinelStore(RedisStore):
     replicate (when a sentinel next polls it, up to 10 s later after `SENTINEL
     FAILOVER`): decisions made there in between would be lost. So the store also asks
     the sentinels every `watch_interval_s`, in the background; when the master has
-    moved, idle connections to the old one are closed, and busy ones when released.
+    moved, idle connections to the old one are closed, busy ones when released, and the
+    script's own connection (store/coalesce.py) is given up for one to the new master.
     """
 
     def __init__(
@@ -67,6 +68,9 @@ class SentinelStore(RedisStore):
         pool = self._client.connection_pool
         assert isinstance(pool, SentinelConnectionPool)
         host, port = await pool.get_master_address()  # type: ignore[no-untyped-call]
+        held = self._script.connection
+        if held is not None and (held.host, held.port) != (host, port):
+            self._script.reconnect()  # the old master's: the next calls go to the new one
         return str(host), int(port)
 
     async def _watch_master(self) -> None:
