@@ -110,6 +110,37 @@ async def test_calls_from_many_turns_each_get_their_own_reply(redis_server: Redi
         await client.aclose()
 
 
+async def test_answered_callers_send_again_while_replies_are_still_handed_out(
+    redis_server: RedisServer,
+) -> None:
+    """The reader hands out a burst of replies a few at a time (HAND_OUT), so callers it
+    answered first get their next calls written while later replies still wait: Redis
+    works while the daemon does, instead of the two taking turns."""
+    client = aioredis.Redis.from_url(redis_server.url)
+    script = ScriptPipeline(client, "return 1")
+    await script.load()
+    pending_at_write: list[int] = []
+    send = script._send
+
+    async def counting_send(batch: list[Any]) -> None:
+        stream = script._stream
+        pending_at_write.append(len(stream.awaiting) if stream else 0)
+        await send(batch)
+
+    script._send = counting_send  # type: ignore[method-assign]
+
+    async def caller() -> None:
+        for _ in range(5):
+            assert await script.call([], []) == 1
+
+    try:
+        await asyncio.gather(*(caller() for _ in range(64)))  # bursts of 64 replies
+    finally:
+        await script.aclose()
+        await client.aclose()
+    assert max(pending_at_write) > 0, pending_at_write
+
+
 async def test_a_write_does_not_wait_for_the_replies_before_it(tmp_path: Path) -> None:
     with running_redis(tmp_path / "redis") as server:
         client = aioredis.Redis.from_url(server.url, socket_timeout=5)

@@ -30,6 +30,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
+# Replies handed out before the reader lets the callers it answered run. Their next calls
+# then go out while it still hands out the rest, and Redis works on them meanwhile; a
+# reader that handed out a whole burst first made the two take turns again (bench/peers:
+# 10 500 checks/s handing out everything, 16 500 by 8, about the same by 4 or 16).
+HAND_OUT = 8
+
 # keys, args, the caller's reply, and whether it is already the retry after a NOSCRIPT
 _Call = tuple[Sequence[str], Sequence[Any], "asyncio.Future[Any]", bool]
 
@@ -189,6 +195,7 @@ class _Stream:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(None) as deadline:
+                handed = 0
                 while self.awaiting and not self.broken:
                     if self._timeout is not None:
                         deadline.reschedule(loop.time() + self._timeout)
@@ -197,6 +204,9 @@ class _Stream:
                     except ResponseError as exc:  # this call's own error; still in step
                         answer = exc
                     self._owner.answer(self.awaiting.popleft(), answer)
+                    handed += 1
+                    if handed % HAND_OUT == 0:
+                        await asyncio.sleep(0)  # see HAND_OUT
         except BaseException as exc:
             self.fail(exc)
             if not isinstance(exc, Exception):
