@@ -44,8 +44,8 @@ Measured for each contender:
   check, and the commandstats and `total_reads_processed` deltas around another single
   check as cross-checks. `server_reads_per_check` is the `total_reads_processed` delta over
   the whole run divided by N: below the round trips of a check alone when a client puts
-  concurrent checks into one write (ratewarden's store coalesces concurrent EVALSHAs into
-  pipelines; coredis multiplexes commands onto shared connections).
+  concurrent checks into one write (ratewarden's store writes concurrent EVALSHAs together
+  on one pipelined connection; coredis multiplexes commands onto shared connections).
 - `redis_cpu_us_per_check` (redis-server user+sys CPU, `INFO cpu`) and
   `client_cpu_us_per_check` (this process, `time.process_time`) over the run, divided by
   N: what a check costs each side, which wall time on a shared host hides.

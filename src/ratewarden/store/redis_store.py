@@ -1,7 +1,8 @@
 """Redis stores (`redis://`, `rediss://`, `unix://`): one EVALSHA per decision.
 
-Concurrent decisions share round trips: their EVALSHAs are coalesced into pipelines
-(store/coalesce.py), still one script call, and so one atomic step, per decision.
+Concurrent decisions share round trips: their EVALSHAs are written together on one
+pipelined connection (store/coalesce.py), still one script call, and so one atomic
+step, per decision.
 """
 
 from __future__ import annotations
