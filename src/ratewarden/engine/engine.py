@@ -182,7 +182,7 @@ class Engine:
         applied = policy.for_usage(user, tool, session, team)
         probe = Call(user=user, tool=tool or "", call_id="", session=session, team=team)
         bounded = [a for a in applied if not isinstance(a.limit, Unlimited)]
-        plans = self._plans(policy, bounded)
+        plans = [_Plan.of(a) for a in bounded]  # for_usage's Applied are new each time
         found = await self.store.evaluate(
             [self._op(policy, plan, probe) for plan in plans], dry_run=True
         )
