@@ -185,16 +185,16 @@ class Metrics:
         mode = "shadow" if decision.shadow else "enforce"
         self.series(self.checks, decision.decision, mode).inc()
         if decision.degraded:
-            self.degraded.labels(decision.decision).inc()
+            self.series(self.degraded, decision.decision).inc()
         refused = self.blocked if decision.decision == "deny" else self.asked
         for verdict in decision.violations:
             self.series(refused, tool, verdict.rule, verdict.kind).inc()
         if not decision.allowed or decision.replayed:  # a replay consumed nothing, again
             return
         for verdict in decision.shadow:
-            self.shadow.labels(tool, verdict.rule, verdict.kind).inc()
+            self.series(self.shadow, tool, verdict.rule, verdict.kind).inc()
         for verdict in decision.approvals:
-            self.approved.labels(tool, verdict.rule).inc()
+            self.series(self.approved, tool, verdict.rule).inc()
         cost = call.cost if call.cost is not None else policy.cost_for(call.tool)
         for verdict in decision.limits:
             if verdict.admitted:

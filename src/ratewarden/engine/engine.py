@@ -71,8 +71,7 @@ class _Plan:
     window_ms: int  # rate window or lease timeout (a budget's comes from the policy)
     burst: int
     holder: str  # the rule's name on ops that hold something (budget, concurrency)
-    budget: BudgetLimit | None
-    shape: Shape
+    shape: Shape  # its budget, if it is one, too
 
     @classmethod
     def of(cls, applied: Applied) -> _Plan:
@@ -83,7 +82,6 @@ class _Plan:
             role = Role.ENFORCE
             approved = Role.FORCED if rule.on_exceed is OnExceed.ASK else Role.ENFORCE
         window_ms = burst = 0
-        budget = None
         if isinstance(limit, RateLimit):
             kind = KIND_OF[limit.algorithm]
             window_ms, burst = limit.rate.window_ms, limit.burst or limit.limit
@@ -91,11 +89,11 @@ class _Plan:
             kind, window_ms = Kind.CONCURRENCY, limit.lease_ms
         else:
             assert isinstance(limit, BudgetLimit)
-            kind, budget = Kind.BUDGET, limit
+            kind = Kind.BUDGET
         holder = rule.name if kind in HOLDING else ""
         keys = CounterKeys.of(rule.name, kind, rule.per)
         return cls(
-            applied, keys, kind, role, approved, limit.limit, window_ms, burst, holder, budget,
+            applied, keys, kind, role, approved, limit.limit, window_ms, burst, holder,
             Shape.of(applied),
         )  # fmt: skip
 
@@ -204,7 +202,7 @@ class Engine:
     def _op(self, policy: Policy, plan: _Plan, call: Call) -> CounterOp:
         role = plan.approved_role if call.approved else plan.role
         key = plan.keys.for_call(call)
-        budget = plan.budget
+        budget = plan.shape.budget
         if budget is None:
             return CounterOp(
                 key, plan.kind, role, plan.limit, plan.window_ms, plan.burst, rule=plan.holder

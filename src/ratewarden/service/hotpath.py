@@ -56,15 +56,14 @@ class HotPath:
         if answer is None:  # not ours to answer: FastAPI gives the exact error
             await self.app(scope, _replay(body, receive), send)
         elif isinstance(answer, bytes):
-            payload = answer
             await send(
                 {
                     "type": "http.response.start",
                     "status": 200,
-                    "headers": [_JSON, (b"content-length", str(len(payload)).encode())],
+                    "headers": [_JSON, (b"content-length", str(len(answer)).encode())],
                 }
             )
-            await send({"type": "http.response.body", "body": payload})
+            await send({"type": "http.response.body", "body": answer})
         else:
             await answer(scope, receive, send)  # an error response of routes.py
 

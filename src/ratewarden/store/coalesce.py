@@ -110,7 +110,7 @@ class ScriptPipeline:
                     await pool.ensure_connection(stream.connection)
                 return stream
             connection = await pool.get_connection()  # type: ignore[no-untyped-call]
-            self._stream = _Stream(self, connection)
+            self._stream = _Stream(self, pool, connection)
             return self._stream
 
     def answer(self, call: _Call, answer: Any) -> None:
@@ -159,10 +159,10 @@ class _Stream:
     """One connection: the calls written to it, in the order their replies come, and the
     reader that hands the replies out. Its socket timeout is ours while we hold it."""
 
-    def __init__(self, owner: ScriptPipeline, connection: Any) -> None:
+    def __init__(self, owner: ScriptPipeline, pool: Any, connection: Any) -> None:
         self._owner = owner
+        self._pool = pool  # where the connection came from and goes back to
         self.connection = connection
-        self._pool = owner._client.connection_pool
         # Replies are timed by the reader, one deadline for each next reply (see _read).
         self._timeout, connection.socket_timeout = connection.socket_timeout, None
         self.awaiting: deque[_Call] = deque()

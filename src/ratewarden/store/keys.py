@@ -37,7 +37,7 @@ TTLs (each key expires once it can no longer change a decision):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import quote
@@ -57,8 +57,10 @@ def encode(part: str) -> str:
 
 def counter_key(rule: str, kind: Kind, scope: Iterable[tuple[str, str | None]]) -> str:
     """The key of one rule's counter for one scope (the `per` dimensions and their values)."""
-    pairs = list(scope)
-    return CounterKeys.of(rule, kind, [dim for dim, _ in pairs]).key([v for _, v in pairs])
+    values = dict(scope)
+    get = values.get  # the dimensions are Call's fields; absent ones encode as empty
+    probe = Call(get("user") or "", get("tool") or "", "", get("session"), get("team"))
+    return CounterKeys.of(rule, kind, values).for_call(probe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,16 +81,10 @@ class CounterKeys:
         return cls(f"{PREFIX}:{{{encode(rule)}", dims, f"}}:{kind.value}")
 
     def for_call(self, call: Call) -> str:
+        """The key for the call's values of the `per` dimensions (absent: empty)."""
         key = self.head  # appended to in place: a third of the cost of a join here
         for dim, separator in self.dims:
             key += separator + encode(getattr(call, dim) or "")
-        return key + self.tail
-
-    def key(self, values: Sequence[str | None]) -> str:
-        """The key for the `per` dimensions' values (None: absent, encoded as empty)."""
-        key = self.head
-        for (_, separator), value in zip(self.dims, values, strict=True):
-            key += separator + encode(value or "")
         return key + self.tail
 
 
