@@ -8,8 +8,13 @@
   omission).
 
 It runs in its own process (the orchestrator in `bench/run.py` starts it) and prints one
-JSON object. Kept to raw asyncio protocols on uvloop: per request it costs a few
-microseconds, far less than the daemons it drives.
+JSON object. Kept to raw asyncio protocols: per request it costs a few microseconds, far
+less than the daemons it drives. Saturation runs on uvloop, the cheapest loop per request.
+A fixed load runs on asyncio's own loop over select(), whose timeouts count microseconds:
+uvloop's (libuv's) and epoll's count whole milliseconds, so a sleep to the next due time
+returned at once and the scheduler spun a whole core, taken from the server it measured,
+and sleeping whole milliseconds instead sent requests in bursts that queued behind each
+other in the server.
 
     python -m bench.loadgen --port 8470 --path /v1/check --bodies bodies.jsonl --duration 5
 """
@@ -19,9 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import selectors
 import sys
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,21 +36,29 @@ import uvloop
 
 
 class Connection(asyncio.Protocol):
-    """One keep-alive connection; one request in flight at a time."""
+    """One keep-alive connection, one request in flight at a time. Each answer goes to
+    `answered(connection, status)` as it arrives; a broken connection answers None."""
 
-    def __init__(self) -> None:
+    def __init__(self, answered: Callable[[Connection, int | None], None]) -> None:
+        self.answered = answered
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
-        self.waiter: asyncio.Future[int] | None = None
-        self.lost: Exception | None = None
+        self.due = 0.0  # when the request in flight was due (latency runs from here)
+        self.busy = False  # a request in flight
+        self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
 
+    def send(self, request: bytes, due: float) -> None:
+        assert self.transport is not None
+        self.due, self.busy = due, True
+        self.transport.write(request)
+
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         end = self.buffer.find(b"\r\n\r\n")
-        if end < 0 or self.waiter is None:
+        if end < 0:
             return
         head = bytes(self.buffer[:end]).lower()
         at = head.find(b"content-length:")
@@ -51,25 +66,15 @@ class Connection(asyncio.Protocol):
         length = int(head[at + 15 : stop if stop >= 0 else len(head)]) if at >= 0 else 0
         if len(self.buffer) < end + 4 + length:
             return
-        status = int(head[9:12])
         del self.buffer[: end + 4 + length]
-        waiter, self.waiter = self.waiter, None
-        if not waiter.done():
-            waiter.set_result(status)
+        self.busy = False
+        self.answered(self, int(head[9:12]))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = exc or ConnectionError("closed by the server")
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(self.lost)
-
-    async def send(self, request: bytes) -> int:
-        """Send one request; the response's status code."""
-        assert self.transport is not None
-        if self.lost is not None:
-            raise self.lost
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-        return await self.waiter
+        self.lost = True
+        if self.busy:  # an answer owed: an error (idle, closed: one connection fewer)
+            self.busy = False
+            self.answered(self, None)
 
 
 def build_requests(
@@ -100,79 +105,111 @@ class Tally:
             self.errors += 1
 
 
-async def open_connections(host: str, port: int, count: int) -> list[Connection]:
-    loop = asyncio.get_running_loop()
-    made = [await loop.create_connection(Connection, host, port) for _ in range(count)]
-    return [protocol for _, protocol in made]
+DRAIN_S = 10.0  # seconds to wait, after the end, for answers still owed
 
 
-async def saturate(
-    connections: list[Connection], requests: list[bytes], warmup: float, duration: float
-) -> tuple[Tally, float]:
-    """Closed loop: every connection busy all the time. Returns the tally and its seconds."""
-    tally = Tally()
-    start = time.perf_counter() + warmup
-    stop = start + duration
+class Driver:
+    """Sends `requests` in turn over the connections and tallies the answers to those
+    sent between `start` and `stop`. Subclasses decide when a request goes out."""
 
-    async def drive(conn: Connection, offset: int) -> None:
-        i = offset
-        while True:
-            sent = time.perf_counter()
-            if sent >= stop:
-                return
-            try:
-                status = await conn.send(requests[i % len(requests)])
-            except (ConnectionError, OSError):
-                tally.errors += 1
-                return
-            if sent >= start:
-                tally.add(status, time.perf_counter() - sent)
-            i += len(connections)
+    def __init__(self, requests: list[bytes], warmup: float, duration: float) -> None:
+        self.requests = requests
+        self.sent = 0
+        self.in_flight = 0
+        self.tally = Tally()
+        self.start = time.perf_counter() + warmup
+        self.stop = self.start + duration
 
-    await asyncio.gather(*(drive(c, n) for n, c in enumerate(connections)))
-    return tally, duration
+    def send(self, conn: Connection, due: float) -> None:
+        conn.send(self.requests[self.sent % len(self.requests)], due)
+        self.sent += 1
+        self.in_flight += 1
+
+    def answered(self, conn: Connection, status: int | None) -> None:
+        now = time.perf_counter()
+        self.in_flight -= 1
+        if status is None:
+            self.tally.errors += 1
+        elif self.start <= conn.due < self.stop:
+            self.tally.add(status, now - conn.due)
+        if status is not None and now < self.stop:
+            self.next(conn, now)
+
+    def next(self, conn: Connection, now: float) -> None:
+        raise NotImplementedError
+
+    async def drain(self) -> Tally:
+        """Wait for the answers still owed (a server that hangs: counted as errors)."""
+        deadline = time.perf_counter() + DRAIN_S
+        while self.in_flight > 0 and time.perf_counter() < deadline:
+            await asyncio.sleep(0.005)
+        self.tally.errors += max(0, self.in_flight)
+        return self.tally
 
 
-async def offer(
-    connections: list[Connection],
-    requests: list[bytes],
-    rate: float,
-    warmup: float,
-    duration: float,
-) -> tuple[Tally, float]:
-    """Open loop at `rate` requests per second; latency counted from each request's due time."""
-    tally = Tally()
-    due: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
-    begin = time.perf_counter()
-    start, stop = begin + warmup, begin + warmup + duration
+class Saturate(Driver):
+    """Closed loop: each connection sends again as soon as it has its answer."""
 
-    async def schedule() -> None:
-        n = 0
-        while True:
-            now = time.perf_counter()
-            while begin + n / rate <= now:  # everything due by now, even after a stall
-                at = begin + n / rate
-                if at >= stop:
-                    for _ in connections:
-                        due.put_nowait(None)
-                    return
-                due.put_nowait((at, requests[n % len(requests)]))
+    def next(self, conn: Connection, now: float) -> None:
+        self.send(conn, now)
+
+    async def run(self, connections: list[Connection]) -> Tally:
+        now = time.perf_counter()
+        for conn in connections:
+            self.send(conn, now)
+        await asyncio.sleep(self.stop - now)
+        return await self.drain()
+
+
+class Offer(Driver):
+    """Open loop at `rate` requests per second: each request is due at its time whatever
+    happens, waits for a free connection if none is, and its latency counts from when it
+    was due, so a stall shows in the percentiles instead of hiding (no coordinated
+    omission)."""
+
+    def __init__(self, requests: list[bytes], rate: float, warmup: float, duration: float):
+        super().__init__(requests, warmup, duration)
+        self.rate = rate
+        self.idle: deque[Connection] = deque()  # first in, first out: each is used in turn,
+        # so none stays idle past the server's keep-alive timeout
+        self.waiting: deque[float] = deque()  # due times of requests with no connection yet
+
+    def next(self, conn: Connection, now: float) -> None:
+        if self.waiting:
+            self.send(conn, self.waiting.popleft())
+        else:
+            self.idle.append(conn)
+
+    def free(self) -> Connection | None:
+        while self.idle:
+            conn = self.idle.popleft()
+            if not conn.lost:
+                return conn
+        return None
+
+    async def run(self, connections: list[Connection]) -> Tally:
+        self.idle.extend(connections)
+        begin, n = time.perf_counter(), 0
+        while (now := time.perf_counter()) < self.stop:
+            while (due := begin + n / self.rate) <= now:  # all due by now, even after a stall
+                if conn := self.free():
+                    self.send(conn, due)
+                else:
+                    self.waiting.append(due)
                 n += 1
-            await asyncio.sleep(max(0.0, begin + n / rate - time.perf_counter()))
+            await asyncio.sleep(begin + n / self.rate - time.perf_counter())
+        self.waiting.clear()  # due after the end: never sent
+        return await self.drain()
 
-    async def drive(conn: Connection) -> None:
-        while (item := await due.get()) is not None:
-            at, request = item
-            try:
-                status = await conn.send(request)
-            except (ConnectionError, OSError):
-                tally.errors += 1
-                return
-            if at >= start:
-                tally.add(status, time.perf_counter() - at)
 
-    await asyncio.gather(schedule(), *(drive(c) for c in connections))
-    return tally, duration
+async def open_connections(
+    host: str, port: int, count: int, answered: Callable[[Connection, int | None], None]
+) -> list[Connection]:
+    loop = asyncio.get_running_loop()
+    made = [
+        await loop.create_connection(lambda: Connection(answered), host, port) for _ in range(count)
+    ]
+    return [protocol for _, protocol in made]
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -199,19 +236,24 @@ def summary(tally: Tally, seconds: float) -> dict[str, object]:
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
     bodies = [line.encode() for line in Path(args.bodies).read_text().splitlines() if line]
     requests = build_requests(args.host, args.port, args.path, bodies, args.token)
-    connections = await open_connections(args.host, args.port, args.connections)
+    driver: Driver
+    if args.rate > 0:
+        driver = Offer(requests, args.rate, args.warmup, args.duration)
+    else:
+        driver = Saturate(requests, args.warmup, args.duration)
+    connections = await open_connections(args.host, args.port, args.connections, driver.answered)
     try:
-        if args.rate > 0:
-            tally, seconds = await offer(
-                connections, requests, args.rate, args.warmup, args.duration
-            )
-        else:
-            tally, seconds = await saturate(connections, requests, args.warmup, args.duration)
+        tally = await driver.run(connections)
     finally:
         for conn in connections:
             if conn.transport is not None:
                 conn.transport.close()
-    return summary(tally, seconds)
+    return summary(tally, args.duration)
+
+
+def _timely() -> asyncio.AbstractEventLoop:
+    """An event loop whose timers keep to the microsecond (see the module's docstring)."""
+    return asyncio.SelectorEventLoop(selectors.SelectSelector())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -231,7 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--{name} must be positive")
     if args.rate < 0 or args.warmup < 0:
         parser.error("--rate and --warmup cannot be negative")
-    result = uvloop.run(main_async(args))
+    with asyncio.Runner(
+        loop_factory=uvloop.new_event_loop if args.rate == 0 else _timely
+    ) as runner:
+        result = runner.run(main_async(args))
     json.dump(result, sys.stdout)
     print()
     return 0
