@@ -5,7 +5,7 @@ router, dependency solver and response serialiser a decision spent more time in 
 framework than in the engine and Redis together. This pure ASGI app sits in front of
 FastAPI (app.py's `Daemon.front`), behind auth and the body cap (so both still apply),
 and serves those two routes directly: pydantic-core validates the raw bytes in one step,
-the engine decides, pydantic-core writes the JSON.
+the engine decides, pydantic-core writes the JSON from the decision.
 
 It only ever serves what it can serve exactly like FastAPI would. Anything else (not
 JSON, invalid, a body that did not arrive whole) is handed on to FastAPI, with the body
@@ -20,12 +20,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_core import to_json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ratewarden.engine import CallIdConflict
 from ratewarden.service import routes
-from ratewarden.service.convert import response_body
+from ratewarden.service.convert import batch_json, check_json
 from ratewarden.service.errors import internal_error
 from ratewarden.wire import BatchRequest, CheckRequest
 
@@ -76,7 +75,7 @@ class HotPath:
             decision = await routes.decide(app, request)
         except CallIdConflict as exc:
             return routes.conflict(exc)
-        return to_json(response_body(decision))
+        return check_json(decision)
 
     async def _batch(self, app: Any, body: bytes) -> Any:
         try:
@@ -86,7 +85,7 @@ class HotPath:
         decided = await routes.decide_batch(app, request)
         if not isinstance(decided, list):
             return decided  # the conflict's error response
-        return to_json({"results": [response_body(d) for d in decided]})
+        return batch_json(decided)
 
 
 def _sends_json(scope: Scope) -> bool:
