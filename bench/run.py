@@ -43,6 +43,7 @@ import httpx
 
 from bench.memory import run_memory
 from bench.peers import run_peers
+from bench.procstat import busy_cores, cpu_times
 from bench.redis_server import free_port, redis_server
 
 ONE_RULE = """\
@@ -92,6 +93,7 @@ class Setup:
     python: str
     workdir: Path
     redis_port: int
+    redis_pid: int
     rounds: int
     duration: float
     warmup: float
@@ -103,6 +105,16 @@ def redis_command(port: int, *args: str) -> None:
     client = redis.Redis(port=port)
     try:
         client.execute_command(*args)
+    finally:
+        client.close()
+
+
+def redis_pid(port: int) -> int:
+    import redis
+
+    client = redis.Redis(port=port)
+    try:
+        return int(client.info("server")["process_id"])
     finally:
         client.close()
 
@@ -141,7 +153,8 @@ def server_environment() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running(server: Server, port: int, workdir: Path) -> Iterator[None]:
+def running(server: Server, port: int, workdir: Path) -> Iterator[int]:
+    """The server, started and answering; yields its process id."""
     log = (workdir / f"{server.name.replace(' ', '-')}.log").open("wb")
     process = subprocess.Popen(
         server.command,
@@ -153,7 +166,7 @@ def running(server: Server, port: int, workdir: Path) -> Iterator[None]:
     )
     try:
         wait_until_answering(port, process)
-        yield
+        yield process.pid
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -179,15 +192,15 @@ def wait_until_answering(port: int, process: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"server on port {port} did not answer in 30 s")
 
 
-def load(
-    setup: Setup, server: Server, port: int, *, rate: float = 0.0, duration: float | None = None
-) -> dict[str, Any]:
-    """One load generator run against `server` (a separate process)."""
+def load(setup: Setup, server: Server, port: int, pid: int, *, rate: float = 0.0) -> dict[str, Any]:
+    """One load generator run against `server` (a separate process; `pid` is the
+    server's), with the CPU each part of the run spent per decision."""
     command = [
         setup.python, "-m", "bench.loadgen", "--port", str(port), "--path", server.path,
         "--bodies", str(setup.workdir / f"{server.bodies}.jsonl"),
         "--connections", str(CONNECTIONS), "--rate", str(rate / server.per_request),
-        "--warmup", str(setup.warmup), "--duration", str(duration or setup.duration),
+        "--warmup", str(setup.warmup), "--duration", str(setup.duration),
+        "--watch", f"server={pid}", "--watch", f"redis={setup.redis_pid}",
     ]  # fmt: skip
     done = subprocess.run(
         command,
@@ -202,6 +215,10 @@ def load(
     if result["errors"] or not result["answered"]:
         raise RuntimeError(f"{server.name}: {result}")
     result["decisions_per_s"] = result["per_second"] * server.per_request
+    decisions = result["decisions_per_s"] * setup.duration
+    result["cpu_us_per_decision"] = {
+        part: seconds / decisions * 1e6 for part, seconds in result.pop("cpu_s").items()
+    }
     return result
 
 
@@ -226,9 +243,9 @@ def measure_http(setup: Setup) -> dict[str, Any]:
     for round_ in range(setup.rounds):
         for server in table:
             redis_command(setup.redis_port, "FLUSHALL")
-            with running(server, port_of[server.name], setup.workdir):
+            with running(server, port_of[server.name], setup.workdir) as pid:
                 before = cpu_times()
-                result = load(setup, server, port_of[server.name])
+                result = load(setup, server, port_of[server.name], pid)
                 result["cpu_busy_cores"] = busy_cores(before, cpu_times())
             runs[server.name].append(result)
             print(
@@ -240,30 +257,13 @@ def measure_http(setup: Setup) -> dict[str, Any]:
     one = next(s for s in table if s.name == "one rule")
     latency = {}
     redis_command(setup.redis_port, "FLUSHALL")
-    with running(one, port_of[one.name], setup.workdir):
+    with running(one, port_of[one.name], setup.workdir) as pid:
         for share in LOADS:
             rate = kept["one rule"]["decisions_per_s"] * share
             latency[f"{int(share * 100)}%"] = {"offered_per_s": rate} | load(
-                setup, one, port_of[one.name], rate=rate
+                setup, one, port_of[one.name], pid, rate=rate
             )
     return {"saturation": kept, "rounds": runs, "latency": latency}
-
-
-def cpu_times() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat (0, 0 elsewhere)."""
-    try:
-        fields = [float(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    except OSError:
-        return 0.0, 0.0
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def busy_cores(before: tuple[float, float], after: tuple[float, float]) -> float | None:
-    """How many of the machine's cores were busy between two `cpu_times()`: the whole
-    machine (server, Redis, load generator), so what a second worker could still use."""
-    total = after[1] - before[1]
-    return None if total <= 0 else (after[0] - before[0]) / total * (os.cpu_count() or 1)
 
 
 def median_run(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -291,6 +291,19 @@ def ratios(http: dict[str, Any], peers: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def two_worker_ceiling(http: dict[str, Any]) -> float | None:
+    """The most two workers can give over one on this machine: its cores are shared by
+    the workers, Redis and the load generator, so at the CPU per decision each part spent
+    with one worker (D, R, L) they decide at most cores / (D + R + L) a second, where one
+    worker decides 1 / D: min(2, cores x D / (D + R + L)). Optimistic: a second worker
+    adds contention, and a busy machine's time slices are not free either."""
+    spent = http["saturation"]["one rule"]["cpu_us_per_decision"]
+    if not {"server", "redis", "load generator"} <= spent.keys():
+        return None  # not on Linux: no /proc
+    total = spent["server"] + spent["redis"] + spent["load generator"]
+    return min(2.0, (os.cpu_count() or 1) * spent["server"] / total)
+
+
 def met(name: str, value: float) -> bool:
     how, bound = TARGETS[name]
     return value >= bound if how == ">=" else value <= bound
@@ -312,19 +325,21 @@ def machine() -> dict[str, Any]:
 def report(results: dict[str, Any]) -> str:
     http, peers, memory = results["http"], results["peers"], results["memory"]
     lines = ["## Results", "", f"Machine: {results['machine']}", ""]
-    lines += ["| server | decisions/s | p50 ms | p99 ms | p99.9 ms | busy cores |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
-    for name, run in http["saturation"].items():
-        busy = run.get("cpu_busy_cores")
-        lines.append(
-            f"| {name} (saturated) | {run['decisions_per_s']:.0f} | {run['p50_ms']:.2f} "
-            f"| {run['p99_ms']:.2f} | {run['p999_ms']:.2f} "
-            f"| {'-' if busy is None else f'{busy:.2f}'} |"
+    lines += ["| server | decisions/s | p50 ms | p99 ms | p99.9 ms | busy cores "
+              "| CPU us/decision: server | Redis | load generator |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    runs = [(f"{name} (saturated)", run) for name, run in http["saturation"].items()]
+    runs += [(f"one rule at {share} of saturation", run) for share, run in http["latency"].items()]
+    for title, run in runs:
+        busy, spent = run.get("cpu_busy_cores"), run["cpu_us_per_decision"]
+        cpu = " | ".join(
+            f"{spent[part]:.0f}" if part in spent else "-"
+            for part in ("server", "redis", "load generator")
         )
-    for share, run in http["latency"].items():
         lines.append(
-            f"| one rule at {share} of saturation | {run['decisions_per_s']:.0f} "
-            f"| {run['p50_ms']:.2f} | {run['p99_ms']:.2f} | {run['p999_ms']:.2f} | - |"
+            f"| {title} | {run['decisions_per_s']:.0f} | {run['p50_ms']:.2f} "
+            f"| {run['p99_ms']:.2f} | {run['p999_ms']:.2f} "
+            f"| {'-' if busy is None else f'{busy:.2f}'} | {cpu} |"
         )
     lines += ["", "| round | " + " | ".join(http["rounds"]) + " |",
               "|---|" + "---|" * len(http["rounds"])]  # fmt: skip
@@ -337,6 +352,13 @@ def report(results: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {value:.2f} | {how} {bound} | {'yes' if met(name, value) else 'NO'} |"
         )
+    if (ceiling := results["two_worker_ceiling"]) is not None:
+        lines += [
+            "",
+            f"Two workers / one worker can reach at most {ceiling:.2f} on this machine: its "
+            f"{os.cpu_count()} cores are shared by the workers, Redis and the load generator, at "
+            "the CPU per decision each spent in the one-rule run (`two_worker_ceiling`).",
+        ]
     lines += ["", "| engine side by side | checks/s | Redis commands/check | round trips/check "
               "| consumes a counter on deny |", "|---|---|---|---|---|"]  # fmt: skip
     for name in ("ratewarden", "limits", "throttled"):
@@ -389,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 python=sys.executable,
                 workdir=workdir,
                 redis_port=redis_port,
+                redis_pid=redis_pid(redis_port),
                 rounds=args.rounds or (1 if args.quick else 3),
                 duration=args.duration or (0.5 if args.quick else 8.0),
                 warmup=0.2 if args.quick else 2.0,
@@ -410,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     results["ratios"] = ratios(http, peers)
     results["targets_met"] = {name: met(name, v) for name, v in results["ratios"].items()}
+    results["two_worker_ceiling"] = two_worker_ceiling(http)
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(report(results))

@@ -46,6 +46,16 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
         assert run["errors"] == 0
         assert run["p99_ms"] >= run["p50_ms"] > 0
 
+    # Each part's CPU per decision, read in the measured window (in ticks of 10 ms): the
+    # server and the load generator always work; Redis for every server but the echo.
+    for name, run in [*saturation.items(), *results["http"]["latency"].items()]:
+        spent = run["cpu_us_per_decision"]
+        assert set(spent) == {"server", "redis", "load generator"}, (name, spent)
+        assert spent["server"] > 0, (name, spent)
+        assert spent["load generator"] > 0, (name, spent)
+        assert spent["redis"] > 0 or name == "echo", (name, spent)
+    assert 0 < results["two_worker_ceiling"] <= 2
+
     peers = results["peers"]
     assert peers["ratewarden"]["round_trips_per_check"] == 1
     assert peers["ratewarden"]["consumes_on_deny"] is False

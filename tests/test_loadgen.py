@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+from bench.procstat import family
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -87,13 +91,19 @@ def bodies(tmp_path: Path) -> Path:
 
 
 def loadgen(
-    port: int, bodies: Path, *, rate: float, connections: int, duration: float
-) -> tuple[dict[str, float], float, float]:
+    port: int,
+    bodies: Path,
+    *,
+    rate: float,
+    connections: int,
+    duration: float,
+    watch: Sequence[str] = (),
+) -> tuple[dict[str, Any], float, float]:
     """One run: its summary, its wall seconds, and the CPU seconds the process used."""
     command = [
         sys.executable, "-m", "bench.loadgen", "--port", str(port), "--bodies", str(bodies),
         "--rate", str(rate), "--connections", str(connections), "--warmup", "0.2",
-        "--duration", str(duration),
+        "--duration", str(duration), *(f"--watch={w}" for w in watch),
     ]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -147,3 +157,35 @@ def test_every_connection_is_used_in_turn(bodies: Path) -> None:
     assert result["errors"] == 0
     assert 180 <= result["answered"] <= 220
     assert used == 8
+
+
+# A process that keeps one core busy through a child of its own, for as long as it lives.
+SPINNER = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+child.wait()
+"""
+
+
+def test_a_watched_process_is_charged_its_cpu_with_its_childrens(
+    server: ScriptedServer, bodies: Path
+) -> None:
+    # The benchmark reads each part's CPU per decision this way (bench/run.py): the
+    # server's workers are its children, and the window is the measured one.
+    spinner = subprocess.Popen([sys.executable, "-c", SPINNER])
+    try:
+        time.sleep(0.5)  # its child is running
+        result, _, _ = loadgen(
+            server.port, bodies, rate=100, connections=2, duration=1.5,
+            watch=[f"spinner={spinner.pid}"],
+        )  # fmt: skip
+    finally:
+        for pid in family(spinner.pid):
+            os.kill(pid, signal.SIGKILL)
+        spinner.wait()
+    used = result["cpu_s"]
+    assert set(used) == {"spinner", "load generator"}
+    # All of a core for 1.5 s, less what the machine's other work took from it; the parent
+    # itself only waits. Without the child it would be about nothing; past the window, more.
+    assert 0.75 <= used["spinner"] <= 1.6, used
+    assert 0 < used["load generator"] < 0.75, used
