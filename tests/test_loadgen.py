@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench.procstat import family
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -172,7 +171,8 @@ def test_a_watched_process_is_charged_its_cpu_with_its_childrens(
 ) -> None:
     # The benchmark reads each part's CPU per decision this way (bench/run.py): the
     # server's workers are its children, and the window is the measured one.
-    spinner = subprocess.Popen([sys.executable, "-c", SPINNER])
+    # In a session of its own: killed as a group, however `family` behaves.
+    spinner = subprocess.Popen([sys.executable, "-c", SPINNER], start_new_session=True)
     try:
         time.sleep(0.5)  # its child is running
         result, _, _ = loadgen(
@@ -180,8 +180,7 @@ def test_a_watched_process_is_charged_its_cpu_with_its_childrens(
             watch=[f"spinner={spinner.pid}"],
         )  # fmt: skip
     finally:
-        for pid in family(spinner.pid):
-            os.kill(pid, signal.SIGKILL)
+        os.killpg(spinner.pid, signal.SIGKILL)
         spinner.wait()
     used = result["cpu_s"]
     assert set(used) == {"spinner", "load generator"}
