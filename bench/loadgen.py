@@ -30,6 +30,7 @@ import json
 import selectors
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -135,7 +136,7 @@ class Meter:
                 self.used[name] = seconds - began
 
 
-class Driver:
+class Driver(ABC):
     """Sends `requests` in turn over the connections and tallies the answers to those
     sent between `start` and `stop`. Subclasses decide when a request goes out."""
 
@@ -165,8 +166,13 @@ class Driver:
         if status is not None and now < self.stop:
             self.next(conn, now)
 
+    @abstractmethod
     def next(self, conn: Connection, now: float) -> None:
-        raise NotImplementedError
+        """`conn` has its answer (at `now`) and is free."""
+
+    @abstractmethod
+    async def run(self, connections: list[Connection]) -> Tally:
+        """Send until `stop`, then wait for the answers owed."""
 
     async def drain(self) -> Tally:
         """Wait for the answers still owed (a server that hangs: counted as errors)."""

@@ -14,8 +14,11 @@ Each is saturated (decisions/s), in several rounds interleaved so that a noisy m
 hurts every server alike; the report keeps each server's median round, and each target
 ratio is taken within a round, then the median over rounds. ratewarden with one rule is then
 offered fixed loads at 25, 50 and 75 % of its saturation for p50/p99/p99.9 latency.
-Then the engine side by side with `limits` and `throttled-py` (bench/peers.py) and Redis
-memory per counter (bench/memory.py). Results: a Markdown report on stdout (the table
+Every load run also reports the CPU each part (the server with its workers, Redis, the
+load generator) spent per decision, read by the load generator over its measured window,
+and from the one-rule run the most two workers can give on this machine's cores. Then the
+engine side by side with `limits` and `throttled-py` (bench/peers.py) and Redis memory
+per counter (bench/memory.py). Results: a Markdown report on stdout (the table
 in docs/benchmarks.md) and every figure as JSON (`--out`), each target marked met or not.
 Absolute numbers depend on the machine; the targets are ratios within one run.
 """
