@@ -184,7 +184,8 @@ def test_a_watched_process_is_charged_its_cpu_with_its_childrens(
         spinner.wait()
     used = result["cpu_s"]
     assert set(used) == {"spinner", "load generator"}
-    # All of a core for 1.5 s, less what the machine's other work took from it; the parent
-    # itself only waits. Without the child it would be about nothing; past the window, more.
-    assert 0.75 <= used["spinner"] <= 1.6, used
+    # All of a core for 1.5 s, less what the machine's other work took from it (the bound
+    # leaves room for a busy machine); the parent itself only waits. Without the child it
+    # would be nothing; read from the process's start instead of the window's, about 2 s.
+    assert 0.4 <= used["spinner"] <= 1.6, used
     assert 0 < used["load generator"] < 0.75, used
