@@ -271,6 +271,8 @@ async def test_settling_an_unknown_call_is_a_404_naming_call_id(
         ({"cost": 1.0, "costs": 1.0}, "costs", "unknown field"),
         ({"status": ""}, "status", "String should have at least 1 character"),
         ({"duration_ms": -1}, "duration_ms", "Input should be greater than or equal to 0"),
+        ({"duration_ms": True}, "duration_ms", "Input should be a valid number"),
+        ({"duration_ms": "12"}, "duration_ms", "Input should be a valid number"),
         ([1.0], "body", "Input should be a valid dictionary or object to extract fields from"),
     ],
 )
