@@ -140,16 +140,32 @@ class Driver(ABC):
     """Sends `requests` in turn over the connections and tallies the answers to those
     sent between `start` and `stop`. Subclasses decide when a request goes out."""
 
+    begin: float  # when the run began; the measured window, `start` to `stop`, follows
+    start: float  # the warmup
+    stop: float
+
     def __init__(self, requests: list[bytes], warmup: float, duration: float, meter: Meter) -> None:
         self.requests = requests
+        self.warmup, self.duration, self.meter = warmup, duration, meter
         self.sent = 0
         self.in_flight = 0
         self.tally = Tally()
-        self.start = time.perf_counter() + warmup
-        self.stop = self.start + duration
+
+    async def run(self, connections: list[Connection]) -> Tally:
+        """Start the clock (and the meter's window), send until `stop`, then wait for
+        the answers owed (a server that hangs: counted as errors)."""
+        self.begin = time.perf_counter()
+        self.start = self.begin + self.warmup
+        self.stop = self.start + self.duration
         loop = asyncio.get_running_loop()
-        loop.call_later(warmup, meter.begin)
-        loop.call_later(warmup + duration, meter.end)
+        loop.call_later(self.warmup, self.meter.begin)
+        loop.call_later(self.warmup + self.duration, self.meter.end)
+        await self.send_until_stop(connections)
+        deadline = time.perf_counter() + DRAIN_S
+        while self.in_flight > 0 and time.perf_counter() < deadline:
+            await asyncio.sleep(0.005)
+        self.tally.errors += max(0, self.in_flight)
+        return self.tally
 
     def send(self, conn: Connection, due: float) -> None:
         conn.send(self.requests[self.sent % len(self.requests)], due)
@@ -171,16 +187,8 @@ class Driver(ABC):
         """`conn` has its answer (at `now`) and is free."""
 
     @abstractmethod
-    async def run(self, connections: list[Connection]) -> Tally:
-        """Send until `stop`, then wait for the answers owed."""
-
-    async def drain(self) -> Tally:
-        """Wait for the answers still owed (a server that hangs: counted as errors)."""
-        deadline = time.perf_counter() + DRAIN_S
-        while self.in_flight > 0 and time.perf_counter() < deadline:
-            await asyncio.sleep(0.005)
-        self.tally.errors += max(0, self.in_flight)
-        return self.tally
+    async def send_until_stop(self, connections: list[Connection]) -> None:
+        """The first requests, then whatever this mode sends until `stop`."""
 
 
 class Saturate(Driver):
@@ -189,12 +197,10 @@ class Saturate(Driver):
     def next(self, conn: Connection, now: float) -> None:
         self.send(conn, now)
 
-    async def run(self, connections: list[Connection]) -> Tally:
-        now = time.perf_counter()
+    async def send_until_stop(self, connections: list[Connection]) -> None:
         for conn in connections:
-            self.send(conn, now)
-        await asyncio.sleep(self.stop - now)
-        return await self.drain()
+            self.send(conn, self.begin)
+        await asyncio.sleep(self.stop - time.perf_counter())
 
 
 class Offer(Driver):
@@ -225,19 +231,18 @@ class Offer(Driver):
                 return conn
         return None
 
-    async def run(self, connections: list[Connection]) -> Tally:
+    async def send_until_stop(self, connections: list[Connection]) -> None:
         self.idle.extend(connections)
-        begin, n = time.perf_counter(), 0
+        n = 0
         while (now := time.perf_counter()) < self.stop:
-            while (due := begin + n / self.rate) <= now:  # all due by now, even after a stall
+            while (due := self.begin + n / self.rate) <= now:  # all due by now, even after a stall
                 if conn := self.free():
                     self.send(conn, due)
                 else:
                     self.waiting.append(due)
                 n += 1
-            await asyncio.sleep(begin + n / self.rate - time.perf_counter())
+            await asyncio.sleep(self.begin + n / self.rate - time.perf_counter())
         self.waiting.clear()  # due after the end: never sent
-        return await self.drain()
 
 
 async def open_connections(

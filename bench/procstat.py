@@ -40,7 +40,10 @@ def _stat(pid: int) -> list[str] | None:
 
 
 def family(pid: int) -> list[int]:
-    """`pid` and its descendants: a server and its worker processes."""
+    """`pid` and its descendants: a server and its worker processes (`pid` alone where
+    there is no /proc; `cpu_seconds` then reads nothing)."""
+    if not PROC.is_dir():
+        return [pid]
     parent_of = {}
     for entry in PROC.iterdir():
         if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:

@@ -102,22 +102,12 @@ class Setup:
     warmup: float
 
 
-def redis_command(port: int, *args: str) -> None:
+def redis_command(port: int, *args: str) -> Any:
     import redis
 
     client = redis.Redis(port=port)
     try:
-        client.execute_command(*args)
-    finally:
-        client.close()
-
-
-def redis_pid(port: int) -> int:
-    import redis
-
-    client = redis.Redis(port=port)
-    try:
-        return int(client.info("server")["process_id"])
+        return client.execute_command(*args)
     finally:
         client.close()
 
@@ -218,7 +208,7 @@ def load(setup: Setup, server: Server, port: int, pid: int, *, rate: float = 0.0
     if result["errors"] or not result["answered"]:
         raise RuntimeError(f"{server.name}: {result}")
     result["decisions_per_s"] = result["per_second"] * server.per_request
-    decisions = result["decisions_per_s"] * setup.duration
+    decisions = result["answered"] * server.per_request  # in the measured window
     result["cpu_us_per_decision"] = {
         part: seconds / decisions * 1e6 for part, seconds in result.pop("cpu_s").items()
     }
@@ -414,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 python=sys.executable,
                 workdir=workdir,
                 redis_port=redis_port,
-                redis_pid=redis_pid(redis_port),
+                redis_pid=int(redis_command(redis_port, "INFO", "server")["process_id"]),
                 rounds=args.rounds or (1 if args.quick else 3),
                 duration=args.duration or (0.5 if args.quick else 8.0),
                 warmup=0.2 if args.quick else 2.0,
