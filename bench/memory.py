@@ -156,7 +156,7 @@ class Bench:
         self.store: Store = store_from_url(redis_url, timeout_ms=int(STORE_TIMEOUT_S * 1000))
 
     async def start(self) -> None:
-        await self.store.start()  # loads counters.lua before any "before" figure
+        await self.store.start()  # loads the counters script before any "before" figure
 
     async def close(self) -> None:
         await self.store.close()

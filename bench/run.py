@@ -13,7 +13,9 @@ generator process (bench/loadgen.py):
 Each is saturated (decisions/s), in several rounds interleaved so that a noisy moment
 hurts every server alike; the report keeps each server's median round, and each target
 ratio is taken within a round, then the median over rounds. ratewarden with one rule is then
-offered fixed loads at 25, 50 and 75 % of its saturation for p50/p99/p99.9 latency.
+offered fixed loads at 25, 50 and 75 % of its saturation for p50/p99/p99.9 latency, and
+sent the worst bodies within the caps (bench/worstbody.py): each one's cost next to a
+normal check's, and other clients' latency while the costliest is sent.
 Every load run also reports the CPU each part (the server with its workers, Redis, the
 load generator) spent per decision, read by the load generator over its measured window,
 and from the one-rule run the most two workers can give on this machine's cores. Then the
@@ -48,6 +50,8 @@ from bench.memory import run_memory
 from bench.peers import run_peers
 from bench.procstat import busy_cores, cpu_times
 from bench.redis_server import free_port, redis_server
+from bench.worstbody import Target, measure_worst
+from bench.worstbody import report as worst_report
 
 ONE_RULE = """\
 version: 1
@@ -228,9 +232,11 @@ def write_inputs(workdir: Path) -> None:
             out.write(json.dumps({"calls": calls[start : start + BATCH]}) + "\n")
 
 
+SERVER_NAMES = ["echo", "floor", "one rule", "five rules", "batch", "two workers"]
+
+
 def measure_http(setup: Setup) -> dict[str, Any]:
-    names = ["echo", "floor", "one rule", "five rules", "batch", "two workers"]
-    port_of = {name: free_port() for name in names}
+    port_of = {name: free_port() for name in SERVER_NAMES}
     table = servers(setup, port_of)
     runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in table}
     for round_ in range(setup.rounds):
@@ -257,6 +263,23 @@ def measure_http(setup: Setup) -> dict[str, Any]:
                 setup, one, port_of[one.name], pid, rate=rate
             )
     return {"saturation": kept, "rounds": runs, "latency": latency}
+
+
+# The other clients' checks/s in the worst-body run: a steady load the daemon serves with
+# room to spare, so that their latency measures the worst body, not a queue.
+WORST_RATE = 200.0
+
+
+def measure_worst_bodies(setup: Setup) -> dict[str, Any]:
+    """bench/worstbody.py against the one-rule server."""
+    port_of = {name: free_port() for name in SERVER_NAMES}
+    one = next(s for s in servers(setup, port_of) if s.name == "one rule")
+    redis_command(setup.redis_port, "FLUSHALL")
+    with running(one, port_of[one.name], setup.workdir) as pid:
+        target = Target(
+            setup.python, setup.workdir, port_of[one.name], pid, setup.warmup, setup.duration
+        )
+        return measure_worst(target, rate=WORST_RATE)
 
 
 def median_run(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -352,6 +375,7 @@ def report(results: dict[str, Any]) -> str:
             f"{os.cpu_count()} cores are shared by the workers, Redis and the load generator, at "
             "the CPU per decision each spent in the one-rule run (`two_worker_ceiling`).",
         ]
+    lines += ["", "### Worst bodies", *worst_report(results["worst_bodies"])]
     lines += ["", "| engine side by side | checks/s | Redis commands/check | round trips/check "
               "| consumes a counter on deny |", "|---|---|---|---|---|"]  # fmt: skip
     for name in ("ratewarden", "limits", "throttled"):
@@ -411,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print("HTTP servers…", file=sys.stderr)
             http = measure_http(setup)
+            print("worst bodies…", file=sys.stderr)
+            worst = measure_worst_bodies(setup)
             print("engine side by side…", file=sys.stderr)
             redis_command(redis_port, "FLUSHALL")
             peers = asyncio.run(measure_engines(redis_port, args.quick))
@@ -421,6 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine(),
         "command": " ".join(["bench/run", *(argv if argv is not None else sys.argv[1:])]),
         "http": http,
+        "worst_bodies": worst,
         "peers": peers,
         "memory": memory,
     }

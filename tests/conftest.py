@@ -1,4 +1,12 @@
-"""Shared fixtures: a fake clock, a real redis-server, and one store of each kind."""
+"""Shared fixtures: a fake clock, a real redis-server, and one store of each kind; and
+the markers, applied by what a test uses, so `-m "not host"` and the like select by need.
+
+The folders follow the architecture: unit (pure logic), conformance (the stores held to
+the same answers), stores (Redis, Sentinel, Cluster, durability, outages), service (the
+HTTP daemon, its CLI and client), hosts (the real host frameworks and CLIs, each in its
+own environment under .hosts/), deploy (deployment and observability files, the
+benchmark's smoke run). Shared helpers live in tests/helpers/.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +20,33 @@ import redis.asyncio as aioredis
 from ratewarden.clock import FakeClock
 from ratewarden.store import MemoryStore, Store
 from ratewarden.store.redis_store import RedisStore
-from tests.redis_server import RedisServer, running_redis
+from tests.helpers.redis_server import RedisServer, running_redis
 
 STORE_KINDS = ["memory", "fakeredis", "redis"]
+TESTS = Path(__file__).parent
+
+# A marker for every test that needs one of these, by the fixtures it uses.
+_BY_FIXTURE = {
+    "redis_server": "redis",
+    "redis_url": "redis",
+    "cluster": "cluster",
+    "sentinel": "sentinel",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        needed = {marker for name, marker in _BY_FIXTURE.items() if name in fixtures}
+        if "redis" in params.values() and fixtures & {"make_store", "store"}:
+            needed.add("redis")  # the real-Redis instance of a store-parametrised test
+        if TESTS / "hosts" in Path(str(item.path)).parents:
+            needed.add("host")
+        if "cluster" in needed or "sentinel" in needed:
+            needed.add("redis")
+        for marker in needed:
+            item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,104 @@
 """ratewarden: rate limits, concurrency caps and cost budgets for AI-agent tool calls.
 
-The public surface is small: run the daemon with `ratewarden serve`, talk to it with
-`ratewarden.client`, and build an app in-process with `ratewarden.service.create_app`.
+The public surface, importable from here: the clients and guards a host uses to ask the
+daemon (`Client`, `AsyncClient`, `Guard`, `AsyncGuard`), the wire models they send and
+receive, and the error tree rooted at `RatewardenError` (see ratewarden.errors). Run the
+daemon with `ratewarden serve`; build one in process with `ratewarden.service.create_app`.
+
+Members load on first use, so `import ratewarden` stays cheap for a hook that needs
+little of it.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+# name -> the module that defines it
+_EXPORTS = {
+    "Client": "ratewarden.client",
+    "AsyncClient": "ratewarden.client",
+    "Guard": "ratewarden.client",
+    "AsyncGuard": "ratewarden.client",
+    "ClientError": "ratewarden.client",
+    "DaemonUnavailable": "ratewarden.client",
+    "RatewardenError": "ratewarden.errors",
+    "CheckRequest": "ratewarden.wire",
+    "CheckResponse": "ratewarden.wire",
+    "BatchRequest": "ratewarden.wire",
+    "BatchResponse": "ratewarden.wire",
+    "ToolMetadata": "ratewarden.wire",
+    "Violation": "ratewarden.wire",
+    "LimitState": "ratewarden.wire",
+    "SettleRequest": "ratewarden.wire",
+    "SettleResponse": "ratewarden.wire",
+    "UsageItem": "ratewarden.wire",
+    "UsageResponse": "ratewarden.wire",
+    "ErrorResponse": "ratewarden.wire",
+    "FieldError": "ratewarden.wire",
+}
+
+__all__ = [  # the same names as _EXPORTS (tests/unit/test_public_surface.py holds them equal)
+    "AsyncClient",
+    "AsyncGuard",
+    "BatchRequest",
+    "BatchResponse",
+    "CheckRequest",
+    "CheckResponse",
+    "Client",
+    "ClientError",
+    "DaemonUnavailable",
+    "ErrorResponse",
+    "FieldError",
+    "Guard",
+    "LimitState",
+    "RatewardenError",
+    "SettleRequest",
+    "SettleResponse",
+    "ToolMetadata",
+    "UsageItem",
+    "UsageResponse",
+    "Violation",
+    "__version__",
+]
+
+if TYPE_CHECKING:
+    from ratewarden.client import (
+        AsyncClient,
+        AsyncGuard,
+        Client,
+        ClientError,
+        DaemonUnavailable,
+        Guard,
+    )
+    from ratewarden.errors import RatewardenError
+    from ratewarden.wire import (
+        BatchRequest,
+        BatchResponse,
+        CheckRequest,
+        CheckResponse,
+        ErrorResponse,
+        FieldError,
+        LimitState,
+        SettleRequest,
+        SettleResponse,
+        ToolMetadata,
+        UsageItem,
+        UsageResponse,
+        Violation,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ratewarden' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

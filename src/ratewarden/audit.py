@@ -14,11 +14,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from ratewarden.calls import Call
+from ratewarden.clock import Clock, SystemClock
 from ratewarden.engine import Decision
 from ratewarden.store import Store, StoreError
 from ratewarden.store.breaker import CircuitOpenError
@@ -28,10 +31,19 @@ RECENT_LIMIT = 1000  # entries kept in the recent-denials list
 _FLUSH_EVERY_S = 0.2
 
 
+def new_entry_id() -> str:
+    return uuid.uuid4().hex
+
+
 def audit_entry(
-    decision: Decision, call: Call, args: dict[str, Any] | None
+    decision: Decision,
+    call: Call,
+    args: dict[str, Any] | None,
+    *,
+    now_ms: int,
+    entry_id: str,
 ) -> dict[str, Any] | None:
-    """The audit record of `decision`, or None when there is nothing to audit."""
+    """The audit record of `decision` at `now_ms`, or None when there is nothing to audit."""
     event = _event(decision)
     if event is None:
         return None
@@ -40,8 +52,8 @@ def audit_entry(
     verdicts = decision.approvals if approved else decision.violations or decision.shadow
     first = verdicts[0] if verdicts else None
     entry: dict[str, Any] = {
-        "id": uuid.uuid4().hex,
-        "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "id": entry_id,
+        "time": datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="milliseconds"),
         "event": event,
         "decision": decision.decision,
         "user": call.user,
@@ -61,6 +73,26 @@ def audit_entry(
     return entry
 
 
+def _json_line(entry: dict[str, Any]) -> str:
+    """`entry` as one line of standard JSON, ASCII only: any log destination can take it,
+    whatever its locale, and any JSON parser can read it (never NaN or Infinity)."""
+    try:
+        return json.dumps(entry, ensure_ascii=True, default=str, allow_nan=False)
+    except ValueError:  # `args` with them are refused (wire.py): a figure of ours, a bug
+        return json.dumps(_finite(entry), ensure_ascii=True, default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with each number that is not finite written as its name ("nan", "inf")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
 def _event(decision: Decision) -> str | None:
     if decision.decision in ("deny", "ask"):
         return decision.decision
@@ -74,18 +106,29 @@ def _event(decision: Decision) -> str | None:
 class AuditTrail:
     """Writes audit lines and keeps the store's recent-denials list filled."""
 
-    def __init__(self, store: Store, include_args: bool = False) -> None:
+    def __init__(
+        self,
+        store: Store,
+        include_args: bool = False,
+        *,
+        clock: Clock | None = None,
+        new_id: Callable[[], str] = new_entry_id,
+    ) -> None:
         self.store = store
         self.include_args = include_args
+        self.clock = clock or SystemClock()  # injected by tests, as the id maker is
+        self.new_id = new_id
         self._pending: list[str] = []
         self._task: asyncio.Task[None] | None = None
 
     def record(self, decision: Decision, call: Call, args: dict[str, Any] | None) -> None:
-        entry = audit_entry(decision, call, args if self.include_args else None)
+        kept = args if self.include_args else None
+        entry = audit_entry(
+            decision, call, kept, now_ms=self.clock.now_ms(), entry_id=self.new_id()
+        )
         if entry is None:
             return
-        # ASCII-only JSON: any log destination can take it, whatever its locale.
-        line = json.dumps(entry, ensure_ascii=True, default=str)
+        line = _json_line(entry)
         log.info(line)
         self._pending.append(line)
 

@@ -10,7 +10,8 @@ class ToolFacts:
     """Tool metadata as sent by the caller; `None` means the caller did not say.
 
     Unclassified tools follow the MCP defaults (not read-only, destructive,
-    open-world), so a policy never treats an unknown tool as safe.
+    open-world), so a policy never treats an unknown tool as safe. The fields are
+    `vocabulary.METADATA_FIELDS`, typed (tests/unit/test_vocabulary.py holds them equal).
     """
 
     read_only: bool | None = None

@@ -20,9 +20,9 @@ from pydantic import ValidationError
 
 from ratewarden import __version__
 from ratewarden.settings import Settings
+from ratewarden.vocabulary import METADATA_FLAGS
 
 EXIT_ALLOW, EXIT_DENY, EXIT_USAGE, EXIT_ASK, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
-METADATA_FLAGS = ("read_only", "destructive", "idempotent", "open_world", "requires_confirmation")
 HOOK_HOSTS = {
     "claude-code": "Claude Code PreToolUse / PostToolUse command hook (JSON on stdin and stdout)",
     "agent-code": "agent-code pre_tool_use shell hook (veto: non-zero exit, reason on stderr)",
@@ -98,6 +98,19 @@ def _add_serve(commands: Any) -> None:
         metavar="SECONDS",
         help="seconds between checks of the policy file for changes (default 2; 0: off)",
     )
+    serve.add_argument(
+        "--request-timeout",
+        dest="request_timeout_s",
+        type=float,
+        metavar="SECONDS",
+        help="seconds a connection has to send a whole request, else it is closed (default 5)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help="open connections per process (default: the open-file limit minus a reserve)",
+    )
     serve.set_defaults(run=_serve)
 
 
@@ -105,10 +118,11 @@ def _serve(args: argparse.Namespace) -> int:
     from ratewarden.logs import configure_audit, configure_logging
     from ratewarden.policy import PolicyError
     from ratewarden.service.auth import bind_problem
+    from ratewarden.service.connections import NoRoomForConnections, connection_limits
 
     given = _given(args, "host", "port", "workers", "store_url", "policy", "fail",
                    "store_timeout_ms", "log_format", "log_level", "insecure_no_auth",
-                   "reload_interval_s")  # fmt: skip
+                   "reload_interval_s", "request_timeout_s", "max_connections")  # fmt: skip
     for name, tokens in _given(args, "api_tokens", "admin_tokens").items():
         given[name] = ",".join(tokens)  # split like the environment's comma-separated lists
     settings = Settings(**given)
@@ -120,6 +134,10 @@ def _serve(args: argparse.Namespace) -> int:
             "the embedded memory:// store lives in one process; use --workers 1, "
             "or a shared store such as --store-url redis://localhost:6379/0"
         )
+    try:
+        connection_limits(settings)  # a file limit with no room: refused before anything runs
+    except NoRoomForConnections as exc:
+        return _usage_error(str(exc))
     configure_logging(settings.log_format, settings.log_level)
     configure_audit(settings.audit_log)
     try:
@@ -133,6 +151,7 @@ def _run_uvicorn(settings: Settings) -> int:
     import uvicorn
 
     from ratewarden.service.app import create_app, load_configured_policy
+    from ratewarden.service.connections import GuardedHttpProtocol, install
     from ratewarden.store import StoreURLError
 
     try:
@@ -140,11 +159,14 @@ def _run_uvicorn(settings: Settings) -> int:
         app = create_app(settings, policy=policy) if settings.workers == 1 else None
     except StoreURLError as exc:
         return _usage_error(str(exc))
+    install(settings)  # workers derive the same limits from the environment
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
         "log_config": None,
         "access_log": False,
+        # A deadline on every request and a cap on connections (service/connections.py).
+        "http": GuardedHttpProtocol,
     }
     if app is not None:
         uvicorn.run(app, **options)

@@ -2,21 +2,30 @@
 
 `Client`/`AsyncClient` raise on trouble (the CLI wants to know); `Guard`/`AsyncGuard`
 never raise for an outage and answer by their fail mode instead (a tool call must get
-an answer). Only `ratewarden.wire` is imported, so a host agent loads this without
-FastAPI or Redis.
+an answer). Only `ratewarden.wire` and `ratewarden.vocabulary` are imported, so a host
+agent loads this without FastAPI or Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from ratewarden.errors import RatewardenError
+from ratewarden.vocabulary import (
+    ADAPTER_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_URL,
+    ClientSettings,
+    FailMode,
+    fail_mode,
+    unavailable,
+)
 from ratewarden.wire import (
     CheckRequest,
     CheckResponse,
@@ -26,11 +35,21 @@ from ratewarden.wire import (
     UsageResponse,
 )
 
-DEFAULT_TIMEOUT_S = 2.0
-DEFAULT_URL = "http://127.0.0.1:8470"
+__all__ = [
+    "ADAPTER_TIMEOUT_S",
+    "DEFAULT_TIMEOUT_S",
+    "DEFAULT_URL",
+    "AsyncClient",
+    "AsyncGuard",
+    "Client",
+    "ClientError",
+    "DaemonUnavailable",
+    "Guard",
+    "unreachable_answer",
+]
 
 
-class ClientError(Exception):
+class ClientError(RatewardenError):
     """The daemon answered, but refused the request (a 4xx: bad input or auth)."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -38,7 +57,7 @@ class ClientError(Exception):
         super().__init__(message)
 
 
-class DaemonUnavailable(Exception):
+class DaemonUnavailable(RatewardenError):
     """The daemon could not be reached, or did not answer in time."""
 
 
@@ -70,9 +89,18 @@ class Client:
     """Blocking client with keep-alive; one per thread or process is plenty."""
 
     def __init__(
-        self, url: str, token: str | None = None, timeout: float = DEFAULT_TIMEOUT_S
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        *,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._http = httpx.Client(base_url=url, headers=_headers(token), timeout=timeout)
+        """`transport`: httpx's, e.g. `httpx.MockTransport` to test a host in process."""
+        headers = _headers(token)
+        self._http = httpx.Client(
+            base_url=url, headers=headers, timeout=timeout, transport=transport
+        )
 
     def check(self, request: CheckRequest) -> CheckResponse:
         return CheckResponse.model_validate(
@@ -109,9 +137,18 @@ class AsyncClient:
     """The same calls for asyncio hosts."""
 
     def __init__(
-        self, url: str, token: str | None = None, timeout: float = DEFAULT_TIMEOUT_S
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._http = httpx.AsyncClient(base_url=url, headers=_headers(token), timeout=timeout)
+        """`transport`: e.g. `httpx.ASGITransport(app)` to talk to a daemon in process."""
+        headers = _headers(token)
+        self._http = httpx.AsyncClient(
+            base_url=url, headers=headers, timeout=timeout, transport=transport
+        )
 
     async def check(self, request: CheckRequest) -> CheckResponse:
         body = await self._call("POST", "/v1/check", json=_check_body(request))
@@ -148,17 +185,16 @@ class AsyncClient:
 # -- the guard: what adapters use ------------------------------------------------------
 
 log = logging.getLogger("ratewarden.client")
-ADAPTER_TIMEOUT_S = 1.0  # a guard in front of every tool call must not stall the agent
 
 
 class _GuardBase:
     """What both guards share: where the daemon is, and the answer when it is not there."""
 
     def __init__(self, url: str | None, token: str | None, fail: str) -> None:
-        if fail not in ("open", "closed"):
-            raise ValueError(f"fail must be 'open' or 'closed', got {fail!r}")
-        self.url, self.token = _from_environment(url, token)
-        self.fail = fail
+        self.fail = fail_mode(fail)
+        settings = ClientSettings.read()  # now, not at import: a host may set them late
+        self.url = url or settings.url
+        self.token = token or settings.token
         self.unreachable = 0  # checks answered by the fail mode
         self._lock = threading.Lock()
 
@@ -186,9 +222,10 @@ class Guard(_GuardBase):
         *,
         timeout: float = ADAPTER_TIMEOUT_S,
         fail: str = "open",
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__(url, token, fail)
-        self._client = Client(self.url, self.token, timeout=timeout)
+        self._client = Client(self.url, self.token, timeout=timeout, transport=transport)
 
     def check(self, request: CheckRequest) -> CheckResponse:
         try:
@@ -218,18 +255,22 @@ class AsyncGuard(_GuardBase):
         *,
         timeout: float = ADAPTER_TIMEOUT_S,
         fail: str = "open",
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(url, token, fail)
-        self._timeout = timeout
-        self._client = AsyncClient(self.url, self.token, timeout=timeout)
+        self._timeout, self._transport = timeout, transport
+        self._client = self._new_client()
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _new_client(self) -> AsyncClient:
+        return AsyncClient(self.url, self.token, timeout=self._timeout, transport=self._transport)
 
     def _client_for_this_loop(self) -> AsyncClient:
         """httpx pools belong to the loop that opened them: hosts that run each turn in a
         fresh `asyncio.run` get a fresh client."""
         loop = asyncio.get_running_loop()
         if self._loop is not None and self._loop is not loop:
-            self._client = AsyncClient(self.url, self.token, timeout=self._timeout)
+            self._client = self._new_client()
         self._loop = loop
         return self._client
 
@@ -271,18 +312,11 @@ def unreachable_answer(request: CheckRequest, fail: str, error: Exception) -> Ch
             "ratewarden daemon unreachable (%s); failing %s for %s", error, fail, request.tool
         )
     call_id = request.call_id or ""
-    if fail == "open":
+    if fail == FailMode.OPEN:
         return CheckResponse(
             decision="allow", allowed=True, message="", call_id=call_id, degraded=True
         )
-    message = f"Tool guard unavailable; {request.tool} calls are paused"
+    message = unavailable(request.tool)
     return CheckResponse(
         decision="deny", allowed=False, message=message, call_id=call_id, degraded=True
-    )
-
-
-def _from_environment(url: str | None, token: str | None) -> tuple[str, str | None]:
-    return (
-        url or os.environ.get("RATEWARDEN_URL") or DEFAULT_URL,
-        token or os.environ.get("RATEWARDEN_TOKEN") or None,
     )

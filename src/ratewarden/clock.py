@@ -40,8 +40,3 @@ class FakeClock:
 
     def set(self, now_ms: int) -> None:
         self._now = now_ms
-
-
-def monotonic() -> float:
-    """Seconds from a monotonic clock, for measuring durations."""
-    return time.perf_counter()

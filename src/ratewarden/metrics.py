@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -31,9 +32,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from ratewarden.calls import Call
 from ratewarden.engine import Decision, Settlement, Verdict
-from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
 from ratewarden.policy import Policy
 from ratewarden.store import Store, StoreError
+from ratewarden.store.base import Layer
 from ratewarden.store.breaker import STATES as CIRCUIT_STATES
 
 # Sub-millisecond to a second: a check normally takes well under 5 ms.
@@ -43,115 +44,101 @@ NEAR_LIMIT = 0.8  # an allowed call that leaves a rule at least this full is "ne
 # (near_limit() compares 5 * used >= 4 * limit: keep the two in step)
 
 
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One metric: its type, name, help text and labels (and buckets for a histogram)."""
+
+    type: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    doc: str
+    labels: tuple[str, ...] = ()
+
+    def build(self, registry: CollectorRegistry) -> MetricWrapperBase:
+        extra: dict[str, Any] = {}
+        if self.type is Histogram:
+            extra["buckets"] = LATENCY_BUCKETS
+        elif self.type is Gauge:
+            extra["multiprocess_mode"] = "max"  # workers agree on one value
+        return self.type(self.name, self.doc, self.labels, registry=registry, **extra)
+
+
+# Every metric the daemon exports, by the attribute of `Metrics` that holds it.
+METRICS = {
+    "checks": Spec(Counter, "ratewarden_checks_total",
+        "Decisions made, by decision and mode (shadow: a shadow rule would have blocked).",
+        ("decision", "mode")),
+    "blocked": Spec(Counter, "ratewarden_blocked_calls_total",
+        "Calls denied, per refusing rule.", ("tool", "rule", "reason")),
+    "asked": Spec(Counter, "ratewarden_ask_decisions_total",
+        "Calls sent for human approval, per rule that asked.", ("tool", "rule", "reason")),
+    "approved": Spec(Counter, "ratewarden_approved_calls_total",
+        "Approved calls let past an `ask` rule's limit.", ("tool", "rule")),
+    "shadow": Spec(Counter, "ratewarden_shadow_blocks_total",
+        "Calls a shadow-mode rule would have blocked (they were allowed).",
+        ("tool", "rule", "reason")),
+    "near_limit": Spec(Counter, "ratewarden_near_limit_total",
+        f"Allowed calls that left a rule at least {NEAR_LIMIT:.0%} used.", ("tool", "rule")),
+    "soft_limit": Spec(Counter, "ratewarden_budget_soft_limit_total",
+        "Allowed calls flagged by a budget's soft limit.", ("rule",)),
+    "degraded": Spec(Counter, "ratewarden_degraded_decisions_total",
+        "Decisions made without the store (by the fail mode): allow is fail-open.",
+        ("decision",)),
+    "duration": Spec(Histogram, "ratewarden_check_duration_seconds",
+        "Time to decide one call, store round trip included."),
+    "store_errors": Spec(Counter, "ratewarden_store_errors_total",
+        "Store operations that failed or timed out.", ("operation",)),
+    "store_duration": Spec(Histogram, "ratewarden_store_duration_seconds",
+        "Time of one store operation (one round trip for evaluate).", ("operation",)),
+    "budget_reserved": Spec(Counter, "ratewarden_budget_reserved_total",
+        "Money reserved by allowed calls at check time.", ("rule", "currency")),
+    "budget_spent": Spec(Counter, "ratewarden_budget_spent_total",
+        "Money charged when calls settle.", ("rule", "currency")),
+    "settles": Spec(Counter, "ratewarden_settles_total",
+        "Settle requests, by outcome (settled, already_settled, unknown).", ("outcome",)),
+    "reloads": Spec(Counter, "ratewarden_policy_reloads_total",
+        "Policy loads and reloads, by result (ok, error).", ("result",)),
+    "policy_info": Spec(Gauge, "ratewarden_policy_info",
+        "The policy in force: 1 for its version.", ("version",)),
+    "circuit_open": Spec(Gauge, "ratewarden_store_circuit_open",
+        "1 while the store's circuit breaker is open or half-open (decisions follow "
+        "the fail mode without waiting for the store), else 0."),
+    "circuit_transitions": Spec(Counter, "ratewarden_store_circuit_transitions_total",
+        "Store circuit breaker state changes, by the state entered (open, half_open, closed).",
+        ("state",)),
+}  # fmt: skip
+
+
 class Metrics:
+    """The daemon's metrics (the table above), and how each event updates them."""
+
+    checks: Counter
+    blocked: Counter
+    asked: Counter
+    approved: Counter
+    shadow: Counter
+    near_limit: Counter
+    soft_limit: Counter
+    degraded: Counter
+    duration: Histogram
+    store_errors: Counter
+    store_duration: Histogram
+    budget_reserved: Counter
+    budget_spent: Counter
+    settles: Counter
+    reloads: Counter
+    policy_info: Gauge
+    circuit_open: Gauge
+    circuit_transitions: Counter
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         # A labelled series by its metric and label values, remembered: prometheus-client's
         # labels() validates and locks on every call, and a decision makes one per rule.
         # Label values are bounded (see above), so this is too; series never removed.
         self.series = lru_cache(maxsize=4096)(_series)
-
-        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
-            return Counter(name, doc, labels, registry=registry)
-
-        self.checks = counter(
-            "ratewarden_checks_total",
-            "Decisions made, by decision and mode (shadow: a shadow rule would have blocked).",
-            ["decision", "mode"],
-        )
-        self.blocked = counter(
-            "ratewarden_blocked_calls_total",
-            "Calls denied, per refusing rule.",
-            ["tool", "rule", "reason"],
-        )
-        self.asked = counter(
-            "ratewarden_ask_decisions_total",
-            "Calls sent for human approval, per rule that asked.",
-            ["tool", "rule", "reason"],
-        )
-        self.approved = counter(
-            "ratewarden_approved_calls_total",
-            "Approved calls let past an `ask` rule's limit.",
-            ["tool", "rule"],
-        )
-        self.shadow = counter(
-            "ratewarden_shadow_blocks_total",
-            "Calls a shadow-mode rule would have blocked (they were allowed).",
-            ["tool", "rule", "reason"],
-        )
-        self.near_limit = counter(
-            "ratewarden_near_limit_total",
-            f"Allowed calls that left a rule at least {NEAR_LIMIT:.0%} used.",
-            ["tool", "rule"],
-        )
-        self.soft_limit = counter(
-            "ratewarden_budget_soft_limit_total",
-            "Allowed calls flagged by a budget's soft limit.",
-            ["rule"],
-        )
-        self.degraded = counter(
-            "ratewarden_degraded_decisions_total",
-            "Decisions made without the store (by the fail mode): allow is fail-open.",
-            ["decision"],
-        )
-        self.duration = Histogram(
-            "ratewarden_check_duration_seconds",
-            "Time to decide one call, store round trip included.",
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.store_errors = counter(
-            "ratewarden_store_errors_total",
-            "Store operations that failed or timed out.",
-            ["operation"],
-        )
-        self.store_duration = Histogram(
-            "ratewarden_store_duration_seconds",
-            "Time of one store operation (one round trip for evaluate).",
-            ["operation"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.budget_reserved = counter(
-            "ratewarden_budget_reserved_total",
-            "Money reserved by allowed calls at check time.",
-            ["rule", "currency"],
-        )
-        self.budget_spent = counter(
-            "ratewarden_budget_spent_total",
-            "Money charged when calls settle.",
-            ["rule", "currency"],
-        )
-        self.settles = counter(
-            "ratewarden_settles_total",
-            "Settle requests, by outcome (settled, already_settled, unknown).",
-            ["outcome"],
-        )
-        self.reloads = counter(
-            "ratewarden_policy_reloads_total",
-            "Policy loads and reloads, by result (ok, error).",
-            ["result"],
-        )
-        self.policy_info = Gauge(
-            "ratewarden_policy_info",
-            "The policy in force: 1 for its version.",
-            ["version"],
-            registry=registry,
-            multiprocess_mode="max",
-        )
-        self.circuit_open = Gauge(
-            "ratewarden_store_circuit_open",
-            "1 while the store's circuit breaker is open or half-open (decisions follow "
-            "the fail mode without waiting for the store), else 0.",
-            registry=registry,
-            multiprocess_mode="max",
-        )
+        for attribute, spec in METRICS.items():
+            setattr(self, attribute, spec.build(registry))
         self.circuit_open.set(0)
-        self.circuit_transitions = counter(
-            "ratewarden_store_circuit_transitions_total",
-            "Store circuit breaker state changes, by the state entered (open, half_open, closed).",
-            ["state"],
-        )
         for state in CIRCUIT_STATES:  # every series exists from the start
             self.circuit_transitions.labels(state)
         self._version = ""
@@ -231,55 +218,17 @@ def near_limit(verdict: Verdict) -> bool:
     return limit > 0 and used * 5 >= limit * 4  # used >= 80 % of limit, exactly
 
 
-class TimedStore:
+class TimedStore(Layer):
     """A store that times every operation and counts its failures; behaves like `store`."""
 
     def __init__(self, store: Store, metrics: Metrics) -> None:
-        self._store = store
+        super().__init__(store)
         self._metrics = metrics
 
-    @property
-    def description(self) -> str:
-        return self._store.description
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._store, name)  # e.g. the memory store's clock
-
-    async def start(self) -> None:
-        await self._timed("start", self._store.start())
-
-    async def evaluate(
-        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
-    ) -> Evaluation:
-        return await self._timed("evaluate", self._store.evaluate(ops, record, dry_run))
-
-    async def read_holds(self, record_key: str) -> list[Hold] | None:
-        return await self._timed("read_holds", self._store.read_holds(record_key))
-
-    async def settle(
-        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
-    ) -> tuple[int, list[int]]:
-        return await self._timed("settle", self._store.settle(record_key, call_id, actual, holds))
-
-    async def reset(self, pattern: str) -> int:
-        return await self._timed("reset", self._store.reset(pattern))
-
-    async def push_denials(self, entries: Sequence[str], keep: int) -> None:
-        await self._timed("push_denials", self._store.push_denials(entries, keep))
-
-    async def recent_denials(self, count: int) -> list[str]:
-        return await self._timed("recent_denials", self._store.recent_denials(count))
-
-    async def ping(self) -> None:
-        await self._timed("ping", self._store.ping())
-
-    async def close(self) -> None:
-        await self._store.close()
-
-    async def _timed(self, operation: str, call: Awaitable[T]) -> T:
+    async def around(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
         started = time.perf_counter()
         try:
-            return await call
+            return await call()
         except StoreError:
             self._metrics.store_errors.labels(operation).inc()
             raise

@@ -61,6 +61,14 @@ class Settings(BaseSettings):
     # larger is a 413. 256 KiB holds a 100-call batch at ~2.5 kB per call, and one check
     # with the largest `args` allowed (64 KiB as JSON).
     max_body_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # Seconds a connection has to deliver a whole request (headers and body), counted from
+    # its opening or from its previous answer; past it, the connection is closed. Without
+    # it a silent or slow socket held a file descriptor for ever (service/connections.py).
+    request_timeout_s: float = Field(5.0, gt=0, le=300)
+    # Open connections per process; past it, a new one gets a 503 and is closed at once.
+    # Unset: the open-file limit (ulimit -n) minus what the daemon keeps for its own files
+    # (a quarter of the limit, at least 64). A larger value is lowered to that, with a warning.
+    max_connections: int | None = Field(None, ge=1, le=1 << 20)
     # Clients (CLI, hooks, adapters): where the daemon is, and the token to send.
     url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
     token: str | None = None

@@ -6,16 +6,43 @@ load the client without FastAPI or Redis. `args` are accepted but never stored o
 
 from __future__ import annotations
 
+import codecs
+import gc
 import json
+import sys
 import unicodedata
-from typing import Annotated, Any, Literal
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import accumulate
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, StrictBool
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictBool,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError, PydanticSerializationError, from_json, to_json
 
-Subject = Annotated[str, Field(min_length=1, max_length=256)]
+from ratewarden.vocabulary import (
+    MAX_CALL_ID,
+    MAX_NAME,
+    MAX_TAG,
+    MAX_TAGS,
+    MCP_HINTS,
+    DecisionName,
+    SettledOutcome,
+)
+
+Subject = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
 
-def _no_control_characters(value: str) -> str:
+def no_control_characters(value: str) -> str:
     if any(unicodedata.category(char) == "Cc" for char in value):
         # A newline could never reach the settle route: the call could not be settled.
         raise ValueError("must not contain control characters: it travels in the settle URL")
@@ -24,68 +51,296 @@ def _no_control_characters(value: str) -> str:
 
 CallId = Annotated[
     str,
-    Field(min_length=1, max_length=128, json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f-\x9f]+$"}),
-    AfterValidator(_no_control_characters),
+    Field(
+        min_length=1,
+        max_length=MAX_CALL_ID,
+        json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f-\x9f]+$"},
+    ),
+    AfterValidator(no_control_characters),
 ]
-Tag = Annotated[str, Field(min_length=1, max_length=64)]
+Tag = Annotated[str, Field(min_length=1, max_length=MAX_TAG)]
 MAX_BATCH = 100
 # `args` only ever reach the audit log (when enabled): bounded so that no call can make an
-# audit entry, the recent-denials list or its serialisation blow up.
+# audit entry, the recent-denials list or its serialisation blow up. They are checked on
+# their compact JSON text in a fixed number of passes, each in C or Rust, however wide or
+# deep they are: refusing a body must not cost the daemon more than serving one
+# (docs/benchmarks.md, "Worst bodies").
 MAX_ARGS_BYTES = 64 * 1024  # as compact UTF-8 JSON
 MAX_ARGS_DEPTH = 32  # {"a": 1} is 1 level, {"a": {"b": [1]}} is 3
+_INT_DIGITS = sys.get_int_max_str_digits()  # the longest integer Python reads (0: any)
+_NOT_FINITE = "numbers must be finite: no NaN, Infinity" + (
+    f" or integer of more than {_INT_DIGITS} digits" if _INT_DIGITS else ""
+)
 
 
-def _nesting(value: Any) -> int:
-    """How deep `value`'s objects and arrays go, stopping early past the cap (no recursion)."""
-    deepest = 0
-    pending: list[tuple[Any, int]] = [(value, 1)]
-    while pending and deepest <= MAX_ARGS_DEPTH:
-        item, level = pending.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            deepest = max(deepest, level)
-            pending.extend((child, level + 1) for child in item)
-    return deepest
+class _Marks:
+    r"""Reads JSON text on its bytes, in C, without a parse: the characters it is asked
+    for (`chars`), each as its letter (`letters`), quotes as `a`, escapes resolved.
+
+    A letter is one after which Python's escape decoder reads an escape of its own (`b`,
+    `f`, `r`, `t`, `v`: `\b` is a control character). Of the rest, only what can follow
+    a backslash in JSON is kept, as `n` (so `\"`, `\u`, `\/` and the others are escapes
+    the decoder reads as one character). Decoded, an escaped quote or mark is a control
+    character, and what is left of the letters is the text's own: translate, decode,
+    translate; without a backslash, one translate. (After an invalid escape, such as
+    `\x`, the letters may mean anything, but a parser stops there.) Property-tested
+    against json.loads (tests/service/test_hole_requests.py).
+    """
+
+    def __init__(self, chars: bytes, letters: bytes) -> None:
+        table = bytearray(b"n" * 256)
+        table[ord('"')], table[ord("\\")] = ord("a"), ord("\\")
+        for char, letter in zip(chars, letters, strict=True):
+            table[char] = letter
+        self.table = bytes(table)
+        self.unmarked = _all_but(chars + b'"')
+        self.unescaped = _all_but(chars + b'"\\/bfnrtu')  # not after a backslash in JSON
+        self.unlettered = _all_but(letters + b"a")
+
+    def marks(self, text: bytes) -> bytes:
+        """`text`'s quotes and marks, as letters."""
+        if b"\\" not in text:
+            return text.translate(self.table, self.unmarked)
+        letters = text.translate(self.table, self.unescaped)
+        try:
+            decoded, _ = codecs.escape_decode(letters)
+        except ValueError:  # a lone backslash at the very end (not JSON): it escapes nothing
+            decoded, _ = codecs.escape_decode(letters[:-1])
+        return decoded.translate(None, self.unlettered)
 
 
-def _bounded_args(value: dict[str, Any]) -> dict[str, Any]:
-    if _nesting(value) > MAX_ARGS_DEPTH:
+def _all_but(kept: bytes) -> bytes:
+    """Every byte but those `kept`: for bytes.translate to delete."""
+    return bytes(sorted(set(range(256)) - set(kept)))
+
+
+def _outside(marks: bytes) -> bytes:
+    """`marks` without its strings: every other piece between quotes."""
+    return b"".join(marks.split(b"a")[::2])
+
+
+# A body's items: commas and opening brackets. Args: brackets for their depth, and the
+# capitals of NaN and Infinity.
+_ITEM_MARKS = _Marks(b",[{", b"bff")
+_ARGS_MARKS = _Marks(b"[{]}NI", b"ffrrbb")
+_STEPS = bytes.maketrans(b"fr", b"\x01\xff")  # as signed bytes: +1 and -1
+
+
+def _bounded_args(value: Any) -> dict[str, Any]:
+    # The object as it is: validated as `dict[str, Any]`, it was copied key by key into a
+    # new dict (0.05 us a key); JSON's keys are strings already, and a client's are held
+    # to be by str.join, which takes nothing else (in C, a fifth of the copy).
+    if not isinstance(value, dict):
+        raise PydanticCustomError("dict_type", "Input should be a valid dictionary")
+    try:
+        "".join(value)
+    except TypeError:
+        raise ValueError("keys must be strings") from None
+    text = _compact_json(value)
+    if len(text) > MAX_ARGS_BYTES:
+        raise ValueError(f"larger than {MAX_ARGS_BYTES} bytes as JSON (got {len(text)})")
+    marks = _ARGS_MARKS.marks(text)
+    if b"b" not in marks and marks.count(b"f") <= MAX_ARGS_DEPTH:
+        return value  # no N or I, too few brackets to nest deeper, strings included
+    structure = _outside(marks)
+    # Outside strings, an N or I can only begin NaN or (-)Infinity, which would reach the
+    # audit log as non-JSON.
+    if b"b" in structure:
+        raise ValueError(_NOT_FINITE)
+    if _depth(structure) > MAX_ARGS_DEPTH:
         raise ValueError(f"nested deeper than {MAX_ARGS_DEPTH} levels")
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > MAX_ARGS_BYTES:
-        raise ValueError(f"larger than {MAX_ARGS_BYTES} bytes as JSON (got {size})")
     return value
+
+
+def _compact_json(value: dict[str, Any]) -> bytes:
+    """`value` as compact UTF-8 JSON, the way pydantic writes it (a client's own Python
+    objects as their `str`)."""
+    try:
+        return to_json(value, fallback=str)
+    except PydanticSerializationError as exc:
+        if "depth" in str(exc):  # pydantic-core stops a few hundred levels down
+            raise ValueError(f"nested deeper than {MAX_ARGS_DEPTH} levels") from None
+        raise ValueError(f"cannot be written as JSON: {exc}") from None
+
+
+def _depth(structure: bytes) -> int:
+    """How deep the arrays and objects of `structure` (args' marks outside strings) go:
+    the most opening brackets not yet closed, summed in C over +1 and -1 bytes."""
+    steps = array("b", structure.translate(_STEPS, b"b"))
+    return max(accumulate(steps), default=0)
 
 
 Args = Annotated[
     dict[str, Any],
-    AfterValidator(_bounded_args),
+    PlainValidator(_bounded_args, json_schema_input_type=dict[str, Any]),
     Field(
         description=f"the tool's arguments, for the audit log only: at most {MAX_ARGS_DEPTH} "
-        f"levels deep and {MAX_ARGS_BYTES} bytes as JSON"
+        f"levels deep and {MAX_ARGS_BYTES} bytes as JSON, every number finite"
     ),
 ]
+
+
+# Reading a body makes a list or dict for each of its arrays and objects, and every 700 of
+# them set off a garbage collection that walks the young ones again: a 256 KiB body of
+# nested arrays cost 2 to 8 times its parse. What a parse makes holds no cycle, so the
+# collector waits while a body larger than this is read and validated. (Above it the hot
+# path also reads the body before validating it, not in one step: as cheap from 1 KiB
+# up, and up to half the cost for thousands of arrays.)
+LARGE_BODY = 1024
+
+# Reading JSON into Python costs per item, whatever is done with it next: 256 KiB of `[],`
+# is 87 000 lists, 10-15 ms to make. So the items of a body are counted on its bytes
+# before it is read, in a fixed number of passes in C, and a body with more is refused
+# unread (docs/benchmarks.md, "Worst bodies"). The cap is what a body can hold and still
+# cost at most about 10 normal checks, read and refused the costliest way (thousands of
+# keys, read twice when pydantic-core cannot read it); 100 calls of realistic args hold
+# 2 400 (tests/service/test_hostile_input.py), 100 calls of two dozen values each 3 800.
+MAX_ITEMS = 4_000
+
+
+class TooManyItems(ValueError):
+    """A body holding more than MAX_ITEMS items: refused before it is read."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"more than {MAX_ITEMS} items (array elements and object members, "
+            "an empty array or object counting as one)"
+        )
+
+
+def too_many_items(body: bytes) -> bool:
+    """Whether the JSON `body` holds more than MAX_ITEMS items, read on its bytes.
+
+    Each item is a comma or an opening bracket outside strings (`[1, [], {"a": 0}]`:
+    the list's `[` and two commas, the empty list's `[`, the object's `{`: 5). Counted
+    first with those inside strings too, which is most often enough to say a body is
+    within; then, with escapes resolved, every string is an item, a key or the body
+    itself, so more than 2 * MAX_ITEMS + 1 strings are too many; only then are the
+    strings taken out, at most 4 * MAX_ITEMS + 3 pieces. For JSON that is not valid the
+    count of what precedes the first error is still exact: a parser stops there.
+    """
+    if len(body) <= MAX_ITEMS:  # every item takes a byte of its own
+        return False
+    marks = _ITEM_MARKS.marks(_utf8(body))
+    quotes = marks.count(b"a")
+    if len(marks) - quotes <= MAX_ITEMS:
+        return False
+    if quotes > 2 * (2 * MAX_ITEMS + 1):
+        return True
+    return len(_outside(marks)) > MAX_ITEMS
+
+
+def count_items(body: bytes) -> int:
+    """The items of the JSON `body`, exactly (`too_many_items` says why they are what is
+    counted and how)."""
+    return len(_outside(_ITEM_MARKS.marks(_utf8(body))))
+
+
+def _utf8(body: bytes) -> bytes:
+    """`body` as UTF-8, as `json.loads` reads it (UTF-16 and UTF-32 too); empty if it
+    cannot be decoded (then nothing of it is read)."""
+    encoding = json.detect_encoding(body)
+    if encoding in ("utf-8", "utf-8-sig"):
+        return body
+    try:
+        return body.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+    except UnicodeError:
+        return b""
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No garbage collection inside (the collector's counts carry on afterwards)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def read_json(body: bytes, *, counted: bool = False) -> Any:
+    """A request body's JSON, as the routes and the hot path read it. A body of more than
+    MAX_ITEMS items is refused unread (TooManyItems; `counted`: the caller has held it to
+    that already). Invalid JSON raises json.JSONDecodeError, a body that is not text
+    UnicodeDecodeError (json.loads's errors).
+
+    Read by pydantic-core (in Rust: twice as fast as json.loads on keys, numbers and
+    escapes), and by json.loads what it does not read (a lone surrogate, a byte-order
+    mark, UTF-16 or UTF-32, and invalid JSON, for json.loads's words). A value no field
+    can take is read as one its field refuses by name instead of failing the body: NaN
+    and Infinity are read as floats (a number field says it must be finite, `args` that
+    they are refused), and an integer longer than Python converts (4300 digits), which
+    would fail the whole body, is read with every integer as a float. That loses nothing:
+    such a body is refused whatever else it holds, the huge integer as infinite, and every
+    other field is refused or taken as its integer would be (no request field is an
+    integer). Nesting too deep for the parser is invalid JSON, not a crash.
+    """
+    if not counted and too_many_items(body):
+        raise TooManyItems
+    if len(body) <= LARGE_BODY:
+        return _parse(body)
+    with collector_paused():
+        return _parse(body)
+
+
+def _parse(body: bytes) -> Any:
+    try:
+        return from_json(body, allow_inf_nan=True)
+    except ValueError as exc:
+        # Read again, whole, by json.loads: an integer too long is the only "number out
+        # of range" (as for Python, past 4300 digits), and json.loads would fail on it too.
+        huge_integer = "number out of range" in str(exc)
+    try:
+        try:
+            if not huge_integer:
+                return json.loads(body)
+        except ValueError as exc:
+            if isinstance(exc, json.JSONDecodeError) or "integer string conversion" not in str(exc):
+                raise  # a UnicodeDecodeError: the body is not text
+        return json.loads(body, parse_int=float)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None
+
+
+# Every unknown field costs pydantic an error of its own (0.4 us each): an object of a few
+# thousand cost more to refuse than all else in its body. No object of a request has more
+# than 11 names (ToolMetadata's, with their MCP aliases), so one with more than this is
+# refused by its size alone, before its fields are read.
+MAX_FIELDS = 64
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _few_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and len(data) > MAX_FIELDS:
+            raise ValueError(f"at most {MAX_FIELDS} fields (got {len(data)})")
+        return data
 
-def _hint(name: str, mcp: str) -> Any:
-    return Field(None, validation_alias=AliasChoices(name, mcp))
+
+_MCP_NAMES = {ours: mcp for mcp, ours in MCP_HINTS.items()}
+
+
+def _hint(name: str) -> Any:
+    """A metadata flag, also accepted under its MCP annotation name (`readOnlyHint`)."""
+    return Field(None, validation_alias=AliasChoices(name, _MCP_NAMES[name]))
 
 
 class ToolMetadata(_Body):
     """What the caller knows about the tool; MCP annotation names are accepted too."""
 
-    read_only: StrictBool | None = _hint("read_only", "readOnlyHint")
-    destructive: StrictBool | None = _hint("destructive", "destructiveHint")
-    idempotent: StrictBool | None = _hint("idempotent", "idempotentHint")
-    open_world: StrictBool | None = _hint("open_world", "openWorldHint")
+    # `vocabulary.METADATA_FIELDS`, typed (tests/unit/test_vocabulary.py holds them equal), and
+    # MCP's `title`. (A comment: the docstring is the API schema's description.)
+    read_only: StrictBool | None = _hint("read_only")
+    destructive: StrictBool | None = _hint("destructive")
+    idempotent: StrictBool | None = _hint("idempotent")
+    open_world: StrictBool | None = _hint("open_world")
     requires_confirmation: StrictBool | None = None
-    tags: Annotated[list[Tag], Field(max_length=32)] = []
+    tags: Annotated[list[Tag], Field(max_length=MAX_TAGS)] = []
     title: Annotated[str, Field(max_length=256)] | None = None  # MCP; ignored
 
 
@@ -102,7 +357,9 @@ class CheckRequest(_Body):
 
 
 class BatchRequest(_Body):
-    calls: Annotated[list[CheckRequest], Field(min_length=1, max_length=MAX_BATCH)]
+    # fail_fast: past the first invalid call the rest are not validated, so a body of
+    # thousands of them costs one refusal, not thousands (the first call's errors are named).
+    calls: Annotated[list[CheckRequest], Field(min_length=1, max_length=MAX_BATCH, fail_fast=True)]
 
 
 Number = int | float  # calls and slots are counted in integers, money in decimals
@@ -110,7 +367,7 @@ Number = int | float  # calls and slots are counted in integers, money in decima
 
 class Violation(BaseModel):
     rule: str
-    kind: str  # rate, concurrency, budget, unavailable
+    kind: str  # a vocabulary.RuleKind, or UNAVAILABLE (the store down, a fail mode refused)
     limit: Number
     window: str | None = None
     remaining: Number
@@ -136,7 +393,7 @@ class LimitState(BaseModel):
 
 
 class CheckResponse(BaseModel):
-    decision: Literal["allow", "deny", "ask"]
+    decision: DecisionName
     allowed: bool
     message: str
     call_id: str
@@ -186,7 +443,7 @@ class SettleRequest(_Body):
 
 class SettleResponse(BaseModel):
     call_id: str
-    outcome: Literal["settled", "already_settled"]
+    outcome: SettledOutcome
     charged: dict[str, float] = {}  # budget rule -> amount charged by this settle
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
+from ratewarden import vocabulary
 from ratewarden.calls import Call
 from ratewarden.limiter.ops import OpResult
 from ratewarden.policy.durations import MICROS, format_amount
-from ratewarden.policy.messages import retry_text
+from ratewarden.policy.messages import default_template, retry_text
 from ratewarden.policy.model import Applied, BudgetLimit, ConcurrencyLimit, Policy, RateLimit
+from ratewarden.vocabulary import DecisionName, SettleOutcome
 
-DecisionName = Literal["allow", "deny", "ask"]
 Number = int | float
 
 
@@ -21,7 +21,7 @@ class Verdict:
     """One rule's view of a call: its limit, what is left, and the sentence for the model."""
 
     rule: str
-    kind: str  # rate, concurrency, budget, unavailable
+    kind: str  # a RuleKind, or UNAVAILABLE (the store down, a fail mode refused)
     admitted: bool  # this rule alone would let the call through
     limit: Number  # calls, slots, or money
     remaining: Number
@@ -79,7 +79,7 @@ class Usage:
 @dataclass(frozen=True, slots=True)
 class Settlement:
     call_id: str
-    outcome: Literal["settled", "already_settled", "unknown"]
+    outcome: SettleOutcome
     charged: dict[str, float] = field(default_factory=dict)  # budget rule -> amount charged
 
 
@@ -169,16 +169,26 @@ def _with_message(found: Verdict, policy: Policy, applied: Applied, call: Call) 
             "currency": found.currency,
             "period": found.period,
         }
-    return replace(found, message=rule.template.render(fields, found.retry_after))
+    template = rule.template
+    if found.reserved and not template.custom:
+        template = _BUDGET_HELD  # the default budget sentence, saying what is held
+    return replace(found, message=template.render(fields, found.retry_after))
+
+
+_BUDGET_HELD = default_template(vocabulary.BUDGET_HELD)
 
 
 def soft_limit_warning(found: Verdict, label: str) -> str:
     assert found.spent is not None
     assert found.reserved is not None
     share = 100 * (found.spent + found.reserved) / float(found.limit)
-    return (
-        f"Budget soft limit: {label} tools at {share:.0f}% of {found.limit:.2f} "
-        f"{found.currency} this {found.period} ({found.rule})"
+    return vocabulary.SOFT_LIMIT_WARNING.format(
+        label=label,
+        share=share,
+        limit=found.limit,
+        currency=found.currency,
+        period=found.period,
+        rule=found.rule,
     )
 
 

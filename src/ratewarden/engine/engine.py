@@ -6,12 +6,14 @@ the store in one atomic step, and words the outcome. It never talks to Redis its
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ratewarden.calls import Call
-from ratewarden.clock import Clock, SystemClock
+from ratewarden.calls import UNCLASSIFIED, Call
+from ratewarden.clock import Clock
 from ratewarden.engine.decision import (
     Decision,
     Settlement,
@@ -22,9 +24,9 @@ from ratewarden.engine.decision import (
     soft_limit_warning,
     verdict,
 )
+from ratewarden.errors import RatewardenError
 from ratewarden.limiter.ops import (
     HOLDING,
-    KIND_OF,
     CallRecord,
     CounterOp,
     Hold,
@@ -32,9 +34,11 @@ from ratewarden.limiter.ops import (
     OpResult,
     Role,
 )
+from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy.durations import MICROS, to_micros
 from ratewarden.policy.messages import default_template
 from ratewarden.policy.model import (
+    Algorithm,
     Applied,
     BudgetLimit,
     ConcurrencyLimit,
@@ -47,12 +51,51 @@ from ratewarden.policy.model import (
 from ratewarden.store.base import Store, StoreError
 from ratewarden.store.breaker import CircuitOpenError
 from ratewarden.store.keys import CounterKeys, encode, record_key, reset_patterns
+from ratewarden.vocabulary import APPROVED_PAST, UNAVAILABLE
 
 log = logging.getLogger("ratewarden.engine")
 
+KIND_OF = {  # a rate rule's algorithm -> the counter kind the store knows it by
+    Algorithm.SLIDING_WINDOW: Kind.SLIDING_WINDOW,
+    Algorithm.TOKEN_BUCKET: Kind.TOKEN_BUCKET,
+    Algorithm.FIXED_WINDOW: Kind.FIXED_WINDOW,
+}
 
-class CallIdConflict(Exception):
-    """A call_id already recorded for another user or tool."""
+
+class CallIdConflict(RatewardenError):
+    """A call_id already recorded for another call, or for a call already settled."""
+
+
+def fingerprint(call: Call) -> str:
+    """What shapes the call's decision, so a call_id replays only the very same call.
+
+    User and tool in the clear (the common case stops there); the rest, when any of it
+    is set, as a digest: tags sorted, so every daemon computes the same string.
+    """
+    head = f"{encode(call.user)}|{encode(call.tool)}"
+    facts = call.facts
+    if (
+        call.session is None
+        and call.team is None
+        and call.cost is None
+        and (facts is UNCLASSIFIED or facts == UNCLASSIFIED)  # identity: the usual case
+        and not call.approved
+    ):
+        return head
+    rest = [
+        call.session,
+        call.team,
+        call.cost,
+        facts.read_only,
+        facts.destructive,
+        facts.idempotent,
+        facts.open_world,
+        facts.requires_confirmation,
+        sorted(facts.tags),
+        call.approved,
+    ]
+    digest = hashlib.blake2b(json.dumps(rest).encode(), digest_size=16).hexdigest()
+    return f"{head}|{digest}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +148,7 @@ class Engine:
         self.policy = policy
         self.store = store
         self.fail = fail  # the FAIL setting; a rule's own `fail:` still wins
-        self.clock = clock or SystemClock()  # only to pick budget periods; Redis has the time
+        self.clock = clock or store.clock  # only to pick budget periods; Redis has the time
         self._plans_policy: Policy | None = None
         self._plan_of: dict[int, _Plan] = {}  # by id() of the policy's Applied
 
@@ -123,7 +166,7 @@ class Engine:
         record = CallRecord(
             record_key(call.call_id),
             call.call_id,
-            f"{encode(call.user)}|{encode(call.tool)}",
+            fingerprint(call),
             max([policy.call_ttl_ms, *held]),
             keep=call.named,
         )
@@ -133,7 +176,13 @@ class Engine:
             return self._unavailable(policy, applied, call, exc)
         if found.conflict:
             raise CallIdConflict(
-                f"call_id {call.call_id!r} was already used for another user or tool"
+                f"call_id {call.call_id!r} was already used for another call (a different "
+                "user, tool, session, team, cost, metadata or approval)"
+            )
+        if found.settled:
+            raise CallIdConflict(
+                f"call_id {call.call_id!r} was already settled: a finished call is not "
+                "checked again; send a new call_id"
             )
         if found.replayed and not found.results:  # the policy changed since: allowed, once
             return Decision("allow", call.call_id, approved=call.approved, replayed=True)
@@ -148,9 +197,9 @@ class Engine:
         holds = [self._with_period(h) for h in holds]
         actual = None if cost is None else to_micros(cost)
         status, charged = await self.store.settle(key, call_id, actual, holds)
-        if status == 2:
+        if status is SettleStatus.UNKNOWN:
             return Settlement(call_id, "unknown")
-        if status == 1:
+        if status is SettleStatus.ALREADY_SETTLED:
             return Settlement(call_id, "already_settled")
         return Settlement(
             call_id,
@@ -262,7 +311,7 @@ class Engine:
                 approvals.append(found)
             else:
                 violations.append(found)
-        notes = [f"approved past {v.rule}: {v.message}" for v in approvals]
+        notes = [APPROVED_PAST.format(rule=v.rule, message=v.message) for v in approvals]
         decided = Decision(
             "allow",
             call.call_id,
@@ -308,8 +357,8 @@ class Engine:
             return Decision("allow", call.call_id, degraded=True, approved=call.approved)
         rule = closed[0]
         label = rule.label or policy.label_for(call.tool)
-        message = default_template("unavailable").render({"label": label}, None)
-        refusal = Verdict(rule.name, "unavailable", False, 0, 0, None, 0.0, message)
+        message = default_template(UNAVAILABLE).render({"label": label}, None)
+        refusal = Verdict(rule.name, UNAVAILABLE, False, 0, 0, None, 0.0, message)
         return Decision("deny", call.call_id, message, None, (refusal,), degraded=True)
 
 

@@ -1,4 +1,4 @@
-"""What the asyncio adapters share: one guard per event loop, call ids, check and settle.
+"""What the asyncio adapters share: one guard per event loop, check and settle.
 
 httpx's async connection pool belongs to the event loop that opened it: an `AsyncGuard`
 reused from a second loop (a second `asyncio.run`, say) fails with `RuntimeError: Event
@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 import weakref
 
 from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
+from ratewarden.integrations.names import check_request
+from ratewarden.vocabulary import FailMode, fail_mode
 from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest
 
 log = logging.getLogger("ratewarden.integrations")
-MAX_CALL_ID = 128  # the API's limit on call_id
+__all__ = ["LoopGuards", "check_call", "settle_call"]
 
 
 class LoopGuards:
@@ -26,10 +27,8 @@ class LoopGuards:
     def __init__(self, guard: AsyncGuard | None, fail: str | None) -> None:
         if guard is not None and fail is not None:
             raise ValueError("give the fail mode to the AsyncGuard: AsyncGuard(fail=...)")
-        if fail not in (None, "open", "closed"):
-            raise ValueError(f"fail must be 'open' or 'closed', got {fail!r}")
         self._guard = guard
-        self._fail = fail or "open"
+        self._fail = FailMode.OPEN if fail is None else fail_mode(fail)
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGuard] = (
             weakref.WeakKeyDictionary()
         )
@@ -44,26 +43,16 @@ class LoopGuards:
         return guard
 
 
-def new_call_id(host: str, tool_call_id: object = None) -> str:
-    """A fresh call id, naming the host's tool-call id when there is one.
-
-    The host's id alone is not used: the daemon replays an allowed call_id without
-    counting it again, and a model that reuses its tool-call ids (scripted and some
-    self-hosted models do) would then never be counted. The suffix keeps each check
-    its own call while the id still leads back to the host's logs.
-    """
-    nonce = uuid.uuid4().hex[:16]
-    if isinstance(tool_call_id, str) and tool_call_id:
-        return f"{tool_call_id[: MAX_CALL_ID - len(nonce) - 1]}~{nonce}"
-    return f"{host}-{nonce}"
-
-
 async def check_call(
     guard: AsyncGuard, *, user: str, tool: str, call_id: str, approved: bool = False
 ) -> CheckResponse:
-    """The daemon's decision; a refused request is answered by the fail mode, not raised."""
+    """The daemon's decision; a refused request is answered by the fail mode, not raised.
+
+    Names and ids go through `names.check_request`: a long tool name or an odd id is
+    checked, not refused.
+    """
     try:
-        request = CheckRequest(user=user, tool=tool, call_id=call_id, approved=approved)
+        request = check_request(user=user, tool=tool, call_id=call_id, approved=approved)
         return await guard.check(request)
     except (ClientError, ValueError) as exc:  # bad input or auth: the agent must go on
         unsent = CheckRequest.model_construct(user=user, tool=tool, call_id=call_id)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import getpass
-import os
 from collections.abc import Callable
 from typing import Any
+
+from ratewarden.vocabulary import ClientSettings
 
 UserLookup = Callable[[Any], str | None]
 
@@ -20,7 +20,7 @@ def user_from(context: Any, key: str = "user_id") -> str | None:
 
 def default_user() -> str:
     """Who calls when the host says nothing: RATEWARDEN_USER, else the OS login name."""
-    return os.environ.get("RATEWARDEN_USER") or getpass.getuser()
+    return ClientSettings.read().user_or_login()
 
 
 def resolve_user(context: Any, lookup: UserLookup | None = None, key: str = "user_id") -> str:

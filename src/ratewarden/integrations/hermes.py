@@ -32,7 +32,6 @@ import logging
 import os
 import shutil
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -40,14 +39,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user
+from ratewarden.integrations.names import check_request
 from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
 
 log = logging.getLogger("ratewarden.integrations.hermes")
 
 PLUGIN_NAME = "ratewarden"
-MAX_SUBJECT = 256  # the API's limit on user, tool and session
+HOST = "hermes"  # leads the call id when hermes gives no tool_call_id
 MAX_IN_FLIGHT = 10_000  # calls remembered for settling; older ones expire in the daemon
 Directive = dict[str, str]
 UserCallable = Callable[[Mapping[str, Any]], str | None]
@@ -120,19 +121,20 @@ class RatewardenPlugin:
         if answer.decision == "ask":
             answer = self._ask_human(request, answer)
         if not answer.allowed:
-            return _block(answer.message or f"ratewarden refused this {tool} call")
+            return _block(answer.message or vocabulary.REFUSED.format(tool=tool))
         if not answer.degraded:
             self._remember(_call_key(kwargs), answer.call_id or request.call_id or "")
         return None
 
     def request_for(self, tool: str, kwargs: Mapping[str, Any]) -> CheckRequest:
-        """The check for one hook invocation."""
+        """The check for one hook invocation (a name the API would refuse is mapped)."""
         user = (self._user(kwargs) if self._user is not None else None) or session_user()
-        return CheckRequest(
-            user=user[:MAX_SUBJECT],
-            tool=tool[:MAX_SUBJECT],
-            session=str(kwargs.get("session_id") or "")[:MAX_SUBJECT] or None,
-            call_id=new_call_id(kwargs.get("tool_call_id")),
+        return check_request(
+            user=user,
+            tool=tool,
+            session=str(kwargs.get("session_id") or "") or None,
+            # hermes' tool_call_id and a fresh suffix: some model servers reuse `call_0`
+            call_id=vocabulary.call_id(HOST, kwargs.get("tool_call_id")),
             metadata=tool_metadata(tool),
         )
 
@@ -148,7 +150,7 @@ class RatewardenPlugin:
 
     def _ask_human(self, request: CheckRequest, answer: CheckResponse) -> CheckResponse:
         """hermes' approval gate for an `ask`; approved, the call is checked as approved."""
-        reason = answer.message or f"ratewarden asks a human to approve this {request.tool} call"
+        reason = answer.message or vocabulary.ASK_REASON.format(tool=request.tool)
         rules = sorted({violation.rule for violation in answer.violations})
         try:
             # hermes' top-level `tools` package (imported by name: not a typed dependency)
@@ -215,18 +217,6 @@ def tool_metadata(tool: str) -> ToolMetadata | None:
     return ToolMetadata(tags=[tag]) if len(tag) <= 64 else None
 
 
-def new_call_id(tool_call_id: object) -> str:
-    """hermes' tool_call_id plus a fresh suffix: a new idempotency key for every call.
-
-    The daemon answers a repeated call_id from its record, consuming nothing, and some
-    model servers reuse ids such as `call_0` on every turn: the bare tool_call_id would
-    let those calls through uncounted.
-    """
-    suffix = uuid.uuid4().hex[:16]
-    prefix = str(tool_call_id or "")[:100]
-    return f"{prefix}.{suffix}" if prefix else suffix
-
-
 def _call_key(kwargs: Mapping[str, Any]) -> tuple[str, str, str]:
     """Pairs a post_tool_call with its pre_tool_call.
 
@@ -250,12 +240,7 @@ def _block(message: str) -> Directive:
 
 def fail_from_environment() -> str:
     """RATEWARDEN_FAIL: `open` (default) or `closed`; anything else is taken as closed."""
-    value = os.environ.get("RATEWARDEN_FAIL", "").strip().lower()
-    if value in ("", "open"):
-        return "open"
-    if value != "closed":
-        log.error("RATEWARDEN_FAIL=%r is neither 'open' nor 'closed'; failing closed", value)
-    return "closed"
+    return vocabulary.ClientSettings.read().fail
 
 
 def _already_registered(ctx: Any) -> bool:

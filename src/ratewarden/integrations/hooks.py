@@ -22,6 +22,10 @@ default) allows the call and says so on stderr; `--fail closed` blocks it with "
 unavailable; Bash calls are paused". A call id the host reuses is never a free pass: the
 call is checked again as a new one (see `_ask`).
 
+A name or id the daemon would refuse (a tool-call id with a control character, a tool or
+user name of 300 characters) is no reason to fail: it is mapped to one the daemon takes
+(`ratewarden.integrations.names`) and the call is checked like any other.
+
 Input the hook cannot read (not JSON, no tool name) is a broken installation, not a
 decision. Failing open, it is reported as the host's non-blocking hook error (Claude Code
 and hermes: exit 1, the reason on stderr; agent-code vetoes on any non-zero exit, so there
@@ -31,7 +35,6 @@ which hands stderr to the model).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -43,9 +46,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ratewarden.client import ADAPTER_TIMEOUT_S, DEFAULT_URL, Client, ClientError, DaemonUnavailable
+from ratewarden import vocabulary
+from ratewarden.client import Client, ClientError, DaemonUnavailable
 from ratewarden.client import unreachable_answer as fail_mode_answer
 from ratewarden.integrations._identity import default_user
+from ratewarden.integrations.names import check_request, usable_call_id
+from ratewarden.vocabulary import ADAPTER_TIMEOUT_S, ClientSettings
 from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest
 
 EXIT_REFUSED = {"deny": 1, "ask": 3}  # agent-code; the same codes as `ratewarden check`
@@ -138,8 +144,9 @@ def run(host: Host, options: HookOptions, payload: bytes, environ: Mapping[str, 
         return _unreadable(host, options, str(exc))
     if event is None:
         return HookOutput()
-    url = options.url or environ.get("RATEWARDEN_URL") or DEFAULT_URL
-    token = options.token or environ.get("RATEWARDEN_TOKEN") or None
+    settings = ClientSettings.read(environ)
+    url = options.url or settings.url
+    token = options.token or settings.token
     # The raising client, not the Guard: a hook tells an outage, a refused request and a
     # reused call id apart (each gets its own note or treatment).
     with Client(url, token, timeout=options.timeout) as client:
@@ -150,17 +157,14 @@ def run(host: Host, options: HookOptions, payload: bytes, environ: Mapping[str, 
 
 
 def _check_request(options: HookOptions, call: PreCall, environ: Mapping[str, str]) -> CheckRequest:
-    user = options.user or environ.get("RATEWARDEN_USER") or _login_name()
-    fields = {
-        "user": user,
-        "tool": call.tool,
-        "session": call.session,
-        "team": options.team,
-        "call_id": call.call_id,
-    }
+    """The check, its names and ids made acceptable to the daemon (names.py): a host's odd
+    id or a long name is still checked, never answered by the fail mode."""
+    user = options.user or ClientSettings.read(environ).user or _login_name()
     try:
-        return CheckRequest.model_validate({k: v for k, v in fields.items() if v is not None})
-    except ValidationError as exc:
+        return check_request(
+            user=user, tool=call.tool, session=call.session, team=options.team, call_id=call.call_id
+        )
+    except ValidationError as exc:  # only if the wire model changes under names.py
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
@@ -227,10 +231,7 @@ def _unreadable(host: Host, options: HookOptions, reason: str) -> HookOutput:
     if options.fail == "open":
         note = f"ratewarden: {reason}; failing open"
         return HookOutput(code=host.unreadable_open_code, stderr=(note,))
-    return host.refuse_unreadable(
-        f"Tool guard unavailable: cannot read the {host.name} hook input ({reason}); "
-        "tool calls are paused"
-    )
+    return host.refuse_unreadable(vocabulary.UNREADABLE.format(host=host.name, reason=reason))
 
 
 # -- reading payloads --------------------------------------------------------------------
@@ -251,6 +252,17 @@ def _text(value: Any, max_length: int) -> str | None:
     if isinstance(value, str) and 0 < len(value) <= max_length:
         return value
     return None
+
+
+def _string(value: Any) -> str | None:
+    """An optional name or id from the payload, as the host sent it (names.py maps it)."""
+    return value if isinstance(value, str) and value else None
+
+
+def _settle_id(value: Any) -> str | None:
+    """A call id as its check sent it, so that the post hook settles the same call."""
+    found = _string(value)
+    return None if found is None else usable_call_id(found)
 
 
 def _tool(value: Any, where: str) -> str:
@@ -285,11 +297,11 @@ def _read_claude(payload: bytes, environ: Mapping[str, str]) -> Event:
     if event == "PreToolUse":
         return PreCall(
             tool=_tool(data.get("tool_name"), "tool_name"),
-            session=_text(data.get("session_id"), 256),
-            call_id=_text(data.get("tool_use_id"), 128),
+            session=_string(data.get("session_id")),
+            call_id=_string(data.get("tool_use_id")),
         )
     if event in ("PostToolUse", "PostToolUseFailure"):
-        call_id = _text(data.get("tool_use_id"), 128)
+        call_id = _settle_id(data.get("tool_use_id"))
         if call_id is None:
             return None
         status = "ok" if event == "PostToolUse" else "error"
@@ -328,7 +340,7 @@ def _read_agent_code(payload: bytes, environ: Mapping[str, str]) -> Event:
 
 
 def _refuse_agent_code(answer: CheckResponse) -> HookOutput:
-    message = _one_line(answer.message) or f"{answer.decision} by ratewarden"
+    message = _one_line(answer.message) or vocabulary.REFUSED_BY.format(decision=answer.decision)
     return HookOutput(code=EXIT_REFUSED[answer.decision], stderr=(message,))
 
 
@@ -351,11 +363,11 @@ def _read_hermes(payload: bytes, environ: Mapping[str, str]) -> Event:
     if event == "pre_tool_call":
         return PreCall(
             tool=_tool(data.get("tool_name"), "tool_name"),
-            session=_text(data.get("session_id"), 256),
+            session=_string(data.get("session_id")),
             call_id=_hermes_call_id(extra),
         )
     if event == "post_tool_call":
-        call_id = _hermes_call_id(extra)
+        call_id = _settle_id(_hermes_call_id(extra))
         if call_id is None:
             return None
         status = _text(extra.get("status"), 32)
@@ -371,13 +383,14 @@ def _hermes_call_id(extra: dict[str, Any]) -> str | None:
 
     Some model servers send ids such as `call_0` on every turn. hermes' api_request_id
     (`<turn>:api:<n>`) names one model response and is the same in a call's pre and post
-    hooks, so the pair identifies the call and both hooks derive the same id.
+    hooks, so the pair identifies the call and both hooks derive the same id:
+    `<tool_call_id>~<16 hex digits of both>` (`vocabulary.call_id`).
     """
-    call = _text(extra.get("tool_call_id"), 100)
+    call = _string(extra.get("tool_call_id"))
     response = extra.get("api_request_id")
     if call is None or not isinstance(response, str) or not response:
         return call
-    return f"{call}@{hashlib.sha256(response.encode()).hexdigest()[:16]}"
+    return vocabulary.call_id("hermes", call, unique=response)
 
 
 def _hermes_block(message: str) -> HookOutput:
@@ -386,7 +399,7 @@ def _hermes_block(message: str) -> HookOutput:
 
 def _refuse_hermes(answer: CheckResponse) -> HookOutput:
     # A shell hook can only block; hermes has no way to ask a human from one.
-    return _hermes_block(answer.message or "Blocked by ratewarden")
+    return _hermes_block(answer.message or vocabulary.BLOCKED)
 
 
 HOSTS: dict[str, Host] = {

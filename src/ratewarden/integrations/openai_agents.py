@@ -34,14 +34,17 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
-from ratewarden.integrations._async import LoopGuards, check_call, new_call_id, settle_call
+from ratewarden.integrations._async import LoopGuards, check_call, settle_call
 from ratewarden.integrations._identity import UserLookup, resolve_user
 
 try:
     from agents import RunHooks
 except ImportError:  # the module imports without the SDK; the guardrails need it
     RunHooks = object
+
+HOST = "openai-agents"  # leads the call id when the SDK gives no tool_call_id
 
 __all__ = [
     "RatewardenRunHooks",
@@ -77,7 +80,7 @@ class _Check:
         tool_context = data.context
         guard = self._guards.get()
         user = resolve_user(getattr(tool_context, "context", None), self._user)
-        call_id = new_call_id("openai-agents", getattr(tool_context, "tool_call_id", None))
+        call_id = vocabulary.call_id(HOST, getattr(tool_context, "tool_call_id", None))
         answer = await check_call(guard, user=user, tool=tool_context.tool_name, call_id=call_id)
         info = answer.model_dump(include={"decision", "call_id", "degraded", "retry_after"})
         if not answer.allowed:

@@ -19,10 +19,10 @@ decides, and without one the call is blocked with the same message. The middlewa
 of an approval only when the tool has run, so it records it (`approved: true`) then.
 
 pydantic-ai-middleware 0.2.4 passes the hooks no tool-call id, so the call id is a fresh
-one (led by `ctx.tool_call_id` if a context ever carries it). The settle in
-`after_tool_call` (or `on_tool_error`) finds it again through a context variable, which
-holds because the toolset runs before, the tool and after in one task, and each of a
-turn's parallel calls in a task of its own.
+`pydantic-ai~<16 hex digits>` (led by `ctx.tool_call_id` if a context ever carries it).
+The settle in `after_tool_call` (or `on_tool_error`) finds it again through a context
+variable, which holds because the toolset runs before, the tool and after in one task,
+and each of a turn's parallel calls in a task of its own.
 The module imports without the framework (ratewarden never imports it); the hooks import
 what they return when the framework calls them.
 """
@@ -34,14 +34,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
-from ratewarden.integrations._async import (
-    LoopGuards,
-    check_call,
-    log,
-    new_call_id,
-    settle_call,
-)
+from ratewarden.integrations._async import LoopGuards, check_call, log, settle_call
 from ratewarden.integrations._identity import UserLookup, resolve_user
 
 try:
@@ -50,6 +45,7 @@ except ImportError:  # the module imports without it; only MiddlewareToolset(...
     AgentMiddleware = object
 
 __all__ = ["RatewardenMiddleware"]
+HOST = "pydantic-ai"  # leads the call id: the hooks get no tool-call id
 
 
 @dataclass(frozen=True)
@@ -102,7 +98,7 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         self._admitted.set(None)
         guard = self._guards.get()
         user = resolve_user(deps, self._user)
-        call_id = new_call_id("pydantic-ai", getattr(ctx, "tool_call_id", None))
+        call_id = vocabulary.call_id(HOST, getattr(ctx, "tool_call_id", None))
         answer = await check_call(guard, user=user, tool=tool_name, call_id=call_id)
         if answer.decision == "deny":
             return ToolPermissionResult(decision=ToolDecision.DENY, reason=answer.message)

@@ -23,14 +23,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
+from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import resolve_user, user_from
+from ratewarden.integrations.names import check_request
 from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
 
 try:
@@ -47,19 +48,7 @@ log = logging.getLogger("ratewarden.integrations.strands")
 
 UserCallable = Callable[[dict[str, Any]], str | None]
 
-# MCP ToolAnnotations names (as Strands keeps them in tool_spec["annotations"]) -> ours.
-MCP_HINTS = {
-    "readOnlyHint": "read_only",
-    "destructiveHint": "destructive",
-    "idempotentHint": "idempotent",
-    "openWorldHint": "open_world",
-}
-FLAGS = ("read_only", "destructive", "idempotent", "open_world", "requires_confirmation")
-HOLDS = ("concurrency", "budget")  # what an allowed call holds until it is settled
-ASK_SUFFIX = (
-    "A human must approve this call before it can run: tell the user why, "
-    "and do not retry it until they have approved it."
-)
+HOST = "strands"  # leads the call id when a tool use has no toolUseId
 
 
 class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
@@ -104,7 +93,9 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
         tool = str(tool_use.get("name", "tool"))
         answer = await asyncio.to_thread(self._decide, self.request_for(event), tool)
         if answer.decision == "allow":
-            if not answer.degraded and any(limit.kind in HOLDS for limit in answer.limits):
+            if not answer.degraded and any(
+                limit.kind in vocabulary.HOLDING_KINDS for limit in answer.limits
+            ):
                 with self._lock:
                     self._held.setdefault(_use_id(tool_use), []).append(answer.call_id)
             return
@@ -123,16 +114,19 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
         await asyncio.to_thread(self.guard.settle, call_id, settle)
 
     def request_for(self, event: Any) -> CheckRequest | None:
-        """The check for a BeforeToolCallEvent; None if it cannot be expressed."""
+        """The check for a BeforeToolCallEvent (a name the API would refuse is mapped);
+        None if it cannot be expressed."""
         state = event.invocation_state
         tool_use = event.tool_use
         try:
-            return CheckRequest(
+            return check_request(
                 user=resolve_user(state, self._user),
-                tool=tool_use["name"],
+                tool=str(tool_use["name"]),
                 session=user_from(state, "session_id"),
                 team=user_from(state, "team_id"),
-                call_id=new_call_id(tool_use.get("toolUseId")),
+                # the toolUseId and a fresh suffix: Strands checks again when a hook
+                # retries a tool, and some model servers reuse `call_0` on every turn
+                call_id=vocabulary.call_id(HOST, tool_use.get("toolUseId")),
                 metadata=self.metadata_for(event.selected_tool, tool_use["name"]),
             )
         except (ValidationError, KeyError) as exc:
@@ -169,22 +163,8 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
 
 def refusal_message(answer: CheckResponse, tool: str) -> str:
     """What the model reads instead of the tool's result."""
-    message = answer.message or f"ratewarden refused this {tool} call"
-    if answer.decision == "ask":
-        return f"{message.rstrip('. ')}. {ASK_SUFFIX}"
-    return message
-
-
-def new_call_id(tool_use_id: object) -> str:
-    """The toolUseId plus a fresh suffix: a new idempotency key for every attempt.
-
-    The daemon answers a repeated call_id from its record, consuming nothing. Strands
-    checks again when a hook retries a tool, and some model servers reuse ids such as
-    `call_0` on every turn, so the bare toolUseId would let those calls through unseen.
-    """
-    suffix = uuid.uuid4().hex[:12]
-    prefix = str(tool_use_id or "")[:100]
-    return f"{prefix}.{suffix}" if prefix else suffix
+    message = answer.message or vocabulary.REFUSED.format(tool=tool)
+    return vocabulary.needs_approval(message) if answer.decision == "ask" else message
 
 
 def _use_id(tool_use: Mapping[str, Any]) -> str:
@@ -202,12 +182,16 @@ def _flags(source: Mapping[str, Any]) -> dict[str, Any]:
     """Boolean hints under our names or MCP's, and valid tags; anything else is ignored."""
     found: dict[str, Any] = {}
     for key, value in source.items():
-        name = MCP_HINTS.get(key, key)
-        if name in FLAGS and isinstance(value, bool):
+        name = vocabulary.MCP_HINTS.get(key, key)
+        if name in vocabulary.METADATA_FLAGS and isinstance(value, bool):
             found[name] = value
         elif name == "tags" and isinstance(value, list | tuple):
-            found["tags"] = [t for t in value if isinstance(t, str) and 0 < len(t) <= 64][:32]
+            found["tags"] = [t for t in value if _valid_tag(t)][: vocabulary.MAX_TAGS]
     return found
+
+
+def _valid_tag(tag: object) -> bool:
+    return isinstance(tag, str) and 0 < len(tag) <= vocabulary.MAX_TAG
 
 
 def _status(event: Any) -> str:

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
-from ratewarden.policy.model import Algorithm
-
 
 class Kind(StrEnum):
     """A counter's arithmetic, by the short code the Lua script knows it by."""
@@ -25,11 +23,6 @@ class Kind(StrEnum):
     CONCURRENCY = "cc"
 
 
-KIND_OF = {
-    Algorithm.SLIDING_WINDOW: Kind.SLIDING_WINDOW,
-    Algorithm.TOKEN_BUCKET: Kind.TOKEN_BUCKET,
-    Algorithm.FIXED_WINDOW: Kind.FIXED_WINDOW,
-}
 HOLDING = (Kind.BUDGET, Kind.CONCURRENCY)  # kinds a call holds until it settles
 
 
@@ -87,7 +80,7 @@ class CallRecord:
 
     key: str
     call_id: str
-    fingerprint: str  # user and tool: a call_id reused for another call is refused
+    fingerprint: str  # what shapes the decision: a call_id reused for another call is refused
     ttl_ms: int
     keep: bool  # record even without held ops (the caller chose the call_id)
 
@@ -98,7 +91,8 @@ class Evaluation:
 
     results: list[OpResult] = field(default_factory=list)
     replayed: bool = False  # answered from the call's record; nothing consumed
-    conflict: bool = False  # the call_id belongs to another user or tool
+    conflict: bool = False  # the call_id belongs to another call (user, tool, cost, ...)
+    settled: bool = False  # the call_id's call already finished: it is not run again
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +125,6 @@ def to_result(
     return OpResult(
         admitted, used, remaining, None if retry_ms < 0 else retry_ms, reset_ms, reserved
     )
-
-
-def encode_holds(holds: list[Hold]) -> str:
-    """The record's list of holds, one per line: kind, estimate, rule, key (last: any bytes)."""
-    return "\n".join(_hold_line(h.kind, h.estimate, h.rule, h.key) for h in holds)
 
 
 def _hold_line(kind: Kind, estimate: int, rule: str, key: str) -> str:

@@ -14,16 +14,12 @@ from zoneinfo import ZoneInfo
 from ratewarden.policy.errors import PolicyIssue
 from ratewarden.policy.messages import compile_template, default_template
 from ratewarden.policy.model import (
-    METADATA_FIELDS,
-    Algorithm,
     Bounded,
     BudgetLimit,
     ConcurrencyLimit,
     Limit,
     Match,
-    Mode,
     NameSet,
-    OnExceed,
     Overrides,
     Policy,
     RateLimit,
@@ -32,7 +28,8 @@ from ratewarden.policy.model import (
     Unlimited,
     is_glob,
 )
-from ratewarden.policy.schema import MatchSpec, OverrideSpec, PolicySpec, RuleSpec
+from ratewarden.policy.schema import MatchSpec, OverrideSpec, PolicySpec, RuleSpec, limits_in
+from ratewarden.vocabulary import METADATA_FLAGS, Algorithm, RuleKind
 
 
 def compile_policy(
@@ -75,15 +72,15 @@ def _compile_rule(
         name=rule.name,
         index=index,
         match=_compile_match(rule.match),
-        per=tuple(rule.per),
+        per=tuple(dimension.value for dimension in rule.per),
         limit=limit,
-        mode=Mode(rule.mode or spec.defaults.mode),
-        on_exceed=OnExceed(rule.on_exceed),
+        mode=rule.mode or spec.defaults.mode,
+        on_exceed=rule.on_exceed,
         fail=rule.fail,
         label=rule.label,
-        template=compile_template(rule.message, _kind(rule))
+        template=compile_template(rule.message, rule.kind)
         if rule.message
-        else default_template(_kind(rule)),
+        else default_template(rule.kind),
         overrides=overrides or Overrides(),
     )
 
@@ -102,18 +99,8 @@ def _rule_limit(
         return ConcurrencyLimit(slots, base.lease_timeout or spec.defaults.lease_timeout)
     rate = rule.rate or base.rate
     assert rate is not None
-    algorithm = Algorithm(base.algorithm or spec.defaults.algorithm)
+    algorithm = base.algorithm or spec.defaults.algorithm
     return RateLimit(rate, algorithm, rule.burst or base.burst)
-
-
-def _kind(rule: RuleSpec) -> str:
-    return (
-        "budget"
-        if rule.budget is not None
-        else "concurrency"
-        if rule.concurrency is not None
-        else "rate"
-    )
 
 
 def _compile_match(spec: MatchSpec) -> Match:
@@ -127,7 +114,7 @@ def _compile_match(spec: MatchSpec) -> Match:
         sessions=names(spec.session),
         teams=names(spec.team),
         metadata=tuple(
-            (name, value) for name in METADATA_FIELDS if (value := getattr(spec, name)) is not None
+            (name, value) for name in METADATA_FLAGS if (value := getattr(spec, name)) is not None
         ),
         tags=None if spec.tags is None else frozenset(spec.tags),
     )
@@ -164,15 +151,18 @@ def _override_limit(
 ) -> Limit:
     if override.unlimited:
         return Unlimited()
-    kind = _kind(rule)
-    for other in ("rate", "concurrency", "budget"):
-        if other != kind and getattr(override, other) is not None:
+    kind = rule.kind
+    for other in limits_in(vars(override)):
+        if other != kind:
             issues.append(
                 PolicyIssue(
-                    ("overrides", index, other), f"rule {rule.name!r} is a {kind} rule, not {other}"
+                    ("overrides", index, other.value),
+                    f"rule {rule.name!r} is a {kind} rule, not {other}",
                 )
             )
-    if override.burst is not None and (kind != "rate" or rule.algorithm != "token_bucket"):
+    if override.burst is not None and (
+        kind != RuleKind.RATE or rule.algorithm != Algorithm.TOKEN_BUCKET
+    ):
         issues.append(
             PolicyIssue(("overrides", index, "burst"), "burst only applies to token_bucket rules")
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ratewarden.errors import RatewardenError
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyIssue:
@@ -23,7 +25,7 @@ class PolicyIssue:
         return text or "(top level)"
 
 
-class PolicyError(Exception):
+class PolicyError(RatewardenError):
     """A policy file that cannot be used; `issues` holds every problem found."""
 
     def __init__(self, source: str, issues: Sequence[PolicyIssue]) -> None:

@@ -1,7 +1,8 @@
 """Read a policy file: YAML with line numbers, then schema checks, then compilation.
 
-YAML is parsed twice (once into data, once into nodes carrying line marks) so that
-every error, from the schema or from compilation, can point at the line it is about.
+The YAML is composed once into nodes carrying line marks, within the limits of
+`bounded_yaml` (size, aliases, nodes, depth), so that every error, from the schema or
+from compilation, can point at the line it is about; the data is constructed from them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from ratewarden.policy.bounded_yaml import BoundedLoader, LimitError, read_bounded, size_problem
 from ratewarden.policy.compile import compile_policy
 from ratewarden.policy.errors import PolicyError, PolicyIssue
 from ratewarden.policy.model import Policy
@@ -28,7 +30,7 @@ def load_policy(path: str | Path) -> Policy:
     """Load and validate the policy at `path`; raise PolicyError naming every problem."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path)
     except OSError as exc:
         raise PolicyError(str(path), [PolicyIssue((), f"cannot read: {exc.strerror}")]) from None
     return parse_policy(raw, source=str(path))
@@ -41,20 +43,15 @@ def load_example_policy() -> Policy:
 
 
 def parse_policy(raw: bytes, source: str = "<policy>") -> Policy:
-    text = raw.decode("utf-8", errors="replace")
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise PolicyError(
-            source, [PolicyIssue((), f"invalid YAML: {_yaml_problem(exc)}", line)]
-        ) from None
+    too_large = size_problem(raw)
+    if too_large:
+        raise PolicyError(source, [PolicyIssue((), too_large)])
     lines: dict[Path_, int] = {}
     issues: list[PolicyIssue] = []
-    if root is not None:
-        _index_lines(root, (), lines, issues)
+    try:
+        data = _read_yaml(raw.decode("utf-8", errors="replace"), lines, issues)
+    except yaml.YAMLError as exc:
+        raise PolicyError(source, [_yaml_issue(exc)]) from None
     if not isinstance(data, dict):
         issues.append(PolicyIssue((), "expected a mapping with version: 1 and rules", 1))
         raise PolicyError(source, issues)
@@ -71,6 +68,20 @@ def parse_policy(raw: bytes, source: str = "<policy>") -> Policy:
     return policy
 
 
+def _read_yaml(text: str, lines: dict[Path_, int], issues: list[PolicyIssue]) -> Any:
+    """The document's data; its lines and duplicate keys go to `lines` and `issues`."""
+    loader = BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        # Index first: constructing applies merge keys (<<) to the nodes in place.
+        _index_lines(root, (), lines, issues)
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
 def _index_lines(
     node: yaml.Node, path: Path_, lines: dict[Path_, int], issues: list[PolicyIssue]
 ) -> None:
@@ -79,6 +90,8 @@ def _index_lines(
     if isinstance(node, yaml.MappingNode):
         seen: set[Any] = set()
         for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                continue  # a list or mapping as a key: construction refuses it
             name = key.value
             if name in seen:
                 issues.append(PolicyIssue((*path, name), "duplicate key", key.start_mark.line + 1))
@@ -120,6 +133,15 @@ def _with_lines(issues: list[PolicyIssue], lines: dict[Path_, int]) -> list[Poli
             path = path[:-1]
         located.append(PolicyIssue(issue.path, issue.message, issue.line or lines.get(path)))
     return sorted(located, key=lambda issue: issue.line or 0)  # in file order
+
+
+def _yaml_issue(exc: yaml.YAMLError) -> PolicyIssue:
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    problem = _yaml_problem(exc)
+    return PolicyIssue(
+        (), problem if isinstance(exc, LimitError) else f"invalid YAML: {problem}", line
+    )
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -1,7 +1,8 @@
-"""Every message a model can receive, in one place.
+"""The daemon's messages: templates checked at load, rendered for each refusal.
 
-Templates are checked when the policy loads, so a typo in a rule's `message:` is a
-policy error, never a failure while deciding a call.
+The sentences themselves are `ratewarden.vocabulary`'s (with every other sentence a
+model can read). Templates are checked when the policy loads, so a typo in a rule's
+`message:` is a policy error, never a failure while deciding a call.
 """
 
 from __future__ import annotations
@@ -10,24 +11,12 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ratewarden import vocabulary
 from ratewarden.policy.durations import humanize_seconds
 
-DEFAULT_TEMPLATES = {
-    "rate": "Rate limit: max {limit} {label} calls per {window}",
-    "concurrency": "Concurrency limit: max {limit} {label} calls at once",
-    "budget": (
-        "Budget exceeded for {label} tools: spent {spent} of {budget} {currency} this {period}"
-    ),
-    "unavailable": "Tool guard unavailable; {label} calls are paused",
-}
-
-# Fields a `message:` template may use, by the kind of rule it belongs to.
-_COMMON = frozenset({"limit", "label", "retry_after", "remaining", "user", "tool", "rule"})
-TEMPLATE_FIELDS = {
-    "rate": _COMMON | {"window"},
-    "concurrency": _COMMON,
-    "budget": _COMMON | {"spent", "reserved", "budget", "currency", "period"},
-}
+# The texts are the vocabulary's; this module checks and renders them.
+DEFAULT_TEMPLATES = vocabulary.TEMPLATES
+TEMPLATE_FIELDS = vocabulary.TEMPLATE_FIELDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +29,11 @@ class Template:
     def render(self, fields: Mapping[str, object], retry_after: float | None) -> str:
         message = self.text.format_map(fields)
         if not self.custom and retry_after is not None and retry_after > 0:
-            message += f" (retry in {humanize_seconds(retry_after)})"
+            message += vocabulary.RETRY_SUFFIX.format(wait=humanize_seconds(retry_after))
         return message
 
 
-def compile_template(text: str, kind: str = "rate") -> Template:
+def compile_template(text: str, kind: str = vocabulary.RuleKind.RATE) -> Template:
     """Check that `text` only uses the `{fields}` a `kind` rule has; raise ValueError otherwise."""
     try:
         parsed = list(string.Formatter().parse(text))
@@ -65,4 +54,4 @@ def default_template(kind: str) -> Template:
 
 def retry_text(retry_after: float | None) -> str:
     """What `{retry_after}` renders as in a custom template."""
-    return "later" if retry_after is None else humanize_seconds(retry_after)
+    return vocabulary.RETRY_LATER if retry_after is None else humanize_seconds(retry_after)

@@ -11,38 +11,42 @@ import fnmatch
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
 from ratewarden.calls import Call
 from ratewarden.policy.durations import Budget, Rate
 from ratewarden.policy.messages import Template
 from ratewarden.policy.periods import Bounds, PeriodClock
+from ratewarden.vocabulary import Algorithm, FailMode, Mode, OnExceed, RuleKind
 
-METADATA_FIELDS = ("read_only", "destructive", "idempotent", "open_world", "requires_confirmation")
-DIMENSIONS = ("user", "tool", "session", "team")
+# The policy's enums are the vocabulary's (one spelling for the file, the model, the API);
+# they are named here too, beside the types that hold them.
+__all__ = [
+    "Algorithm",
+    "Applied",
+    "Bounded",
+    "BudgetLimit",
+    "ConcurrencyLimit",
+    "Explanation",
+    "Limit",
+    "Match",
+    "Mode",
+    "NameSet",
+    "OnExceed",
+    "Overrides",
+    "Policy",
+    "RateLimit",
+    "Rule",
+    "ToolEntry",
+    "Unlimited",
+    "is_glob",
+]
 
 # (user, tool) pairs whose candidate rules are remembered; bounded so that a flood of
 # distinct users cannot grow memory without limit.
 _CANDIDATE_CACHE_SIZE = 65_536
-
-
-class Algorithm(StrEnum):
-    SLIDING_WINDOW = "sliding_window"
-    TOKEN_BUCKET = "token_bucket"
-    FIXED_WINDOW = "fixed_window"
-
-
-class Mode(StrEnum):
-    ENFORCE = "enforce"
-    SHADOW = "shadow"
-
-
-class OnExceed(StrEnum):
-    DENY = "deny"
-    ASK = "ask"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,7 @@ def _matching_glob(names: NameSet, tool: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
+    kind: ClassVar[RuleKind] = RuleKind.RATE
     rate: Rate
     algorithm: Algorithm
     burst: int | None = None
@@ -87,6 +92,7 @@ class RateLimit:
 
 @dataclass(frozen=True, slots=True)
 class BudgetLimit:
+    kind: ClassVar[RuleKind] = RuleKind.BUDGET
     budget: Budget
     currency: str
     soft_limit: float | None  # share of the budget at which calls are flagged
@@ -98,6 +104,7 @@ class BudgetLimit:
 
 @dataclass(frozen=True, slots=True)
 class ConcurrencyLimit:
+    kind: ClassVar[RuleKind] = RuleKind.CONCURRENCY
     slots: int
     lease_ms: int  # a slot whose call never settles returns after this long
 
@@ -207,17 +214,15 @@ class Rule:
     limit: Bounded
     mode: Mode
     on_exceed: OnExceed
-    fail: str | None  # None: the daemon's FAIL setting, else the policy default
+    fail: FailMode | None  # None: the daemon's FAIL setting, else the policy default
     label: str | None
     template: Template
     overrides: Overrides = field(default_factory=Overrides)
 
     @property
-    def kind(self) -> str:
-        """`rate`, `budget` or `concurrency`: what the rule limits."""
-        if isinstance(self.limit, BudgetLimit):
-            return "budget"
-        return "concurrency" if isinstance(self.limit, ConcurrencyLimit) else "rate"
+    def kind(self) -> RuleKind:
+        """`rate`, `budget` or `concurrency`: what the rule limits (its limit's kind)."""
+        return self.limit.kind
 
     @property
     def algorithm(self) -> str:

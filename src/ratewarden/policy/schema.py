@@ -7,6 +7,7 @@ These models only check each field on its own; `compile.py` checks how fields re
 from __future__ import annotations
 
 import zoneinfo
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -22,8 +23,16 @@ from pydantic import (
     model_validator,
 )
 
-from ratewarden.policy.durations import Budget, Rate, parse_budget, parse_duration, parse_rate
+from ratewarden.policy.durations import (
+    MAX_AMOUNT,
+    Budget,
+    Rate,
+    parse_budget,
+    parse_duration,
+    parse_rate,
+)
 from ratewarden.policy.messages import compile_template
+from ratewarden.vocabulary import Algorithm, Dimension, FailMode, Mode, OnExceed, RuleKind
 
 Name = Annotated[str, Field(min_length=1, max_length=256)]
 
@@ -55,10 +64,6 @@ def _percent(value: object) -> float:
 
 
 Percent = Annotated[float, PlainValidator(_percent), PlainSerializer(lambda f: f"{f * 100:g}%")]
-Dimension = Literal["user", "tool", "session", "team"]
-Mode = Literal["enforce", "shadow"]
-FailMode = Literal["open", "closed"]
-AlgorithmName = Literal["sliding_window", "token_bucket", "fixed_window"]
 
 # Exact sliding windows keep one timestamp per unit of limit (6 bytes each); above this
 # use token_bucket or fixed_window, whose memory does not grow with the limit.
@@ -70,9 +75,9 @@ class _Strict(BaseModel):
 
 
 class DefaultsSpec(_Strict):
-    mode: Mode = "enforce"
-    fail: FailMode = "open"
-    algorithm: AlgorithmName = "sliding_window"
+    mode: Mode = Mode.ENFORCE
+    fail: FailMode = FailMode.OPEN
+    algorithm: Algorithm = Algorithm.SLIDING_WINDOW
     timezone: str = "UTC"
     # A concurrency slot whose call never settles is reclaimed after this long.
     lease_timeout: DurationText = 600_000
@@ -99,7 +104,7 @@ class DefaultsSpec(_Strict):
 
 class ToolSpec(_Strict):
     label: Name | None = None
-    cost: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    cost: Annotated[float, Field(ge=0, le=MAX_AMOUNT, allow_inf_nan=False)] = 0.0
 
 
 class MatchSpec(_Strict):
@@ -119,64 +124,78 @@ class MatchSpec(_Strict):
 class RuleSpec(_Strict):
     name: RuleName
     match: MatchSpec = MatchSpec()
-    per: list[Dimension] = Field(default_factory=lambda: list[Dimension](["user"]))
+    per: list[Dimension] = Field(default_factory=lambda: [Dimension.USER])
     rate: RateText | None = None
     concurrency: Annotated[int, Field(ge=0)] | None = None
     budget: BudgetText | None = None
-    algorithm: AlgorithmName | None = None
+    algorithm: Algorithm | None = None
     burst: Annotated[int, Field(ge=1)] | None = None
     currency: Annotated[str, Field(min_length=1, max_length=16)] | None = None
     soft_limit: Percent | None = None
     lease_timeout: DurationText | None = None
     mode: Mode | None = None
-    on_exceed: Literal["deny", "ask"] = "deny"
+    on_exceed: OnExceed = OnExceed.DENY
     fail: FailMode | None = None
     label: Name | None = None
     message: str | None = None
 
     @field_validator("per")
     @classmethod
-    def _unique_dimensions(cls, value: list[str]) -> list[str]:
+    def _unique_dimensions(cls, value: list[Dimension]) -> list[Dimension]:
         if len(set(value)) != len(value):
-            raise ValueError(f"lists a dimension twice: {value}")
+            raise ValueError(f"lists a dimension twice: {[str(d) for d in value]}")
         return value
 
     @field_validator("message")
     @classmethod
     def _valid_template(cls, value: str | None, info: ValidationInfo) -> str | None:
         # The limit fields come first, so the rule's kind is known here.
-        kind = next((k for k in ("budget", "concurrency") if info.data.get(k) is not None), "rate")
         if value is not None:
-            compile_template(value, kind)
+            compile_template(value, kind_of(info.data))
         return value
+
+    @property
+    def kind(self) -> RuleKind:
+        """What the rule limits (once validated, it states exactly one limit)."""
+        return kind_of(vars(self))
 
     @model_validator(mode="after")
     def _one_limit(self) -> RuleSpec:
-        given = [k for k in ("rate", "concurrency", "budget") if getattr(self, k) is not None]
+        given = limits_in(vars(self))
         if len(given) != 1:
             raise ValueError(
                 "a rule needs exactly one of rate, concurrency, budget"
                 + (f" (got {', '.join(given)})" if given else "")
             )
-        if self.burst is not None and self.algorithm != "token_bucket":
+        if self.burst is not None and self.algorithm != Algorithm.TOKEN_BUCKET:
             raise ValueError("burst only applies to algorithm: token_bucket")
-        _only_with(self, "rate", "algorithm", "burst")
-        _only_with(self, "budget", "currency", "soft_limit")
-        _only_with(self, "concurrency", "lease_timeout")
+        _only_with(self, RuleKind.RATE, "algorithm", "burst")
+        _only_with(self, RuleKind.BUDGET, "currency", "soft_limit")
+        _only_with(self, RuleKind.CONCURRENCY, "lease_timeout")
         if (
             self.rate
             and self.rate.limit > MAX_SLIDING_LIMIT
-            and self.algorithm
-            in (
-                None,
-                "sliding_window",
-            )
+            and self.algorithm in (None, Algorithm.SLIDING_WINDOW)
         ):
             raise ValueError(
                 f"sliding_window limits are capped at {MAX_SLIDING_LIMIT} calls per window; "
                 "use token_bucket or fixed_window for larger limits"
             )
         return self
+
+
+def kind_of(fields: Mapping[str, object]) -> RuleKind:
+    """The kind of rule whose limit fields (`rate`, `concurrency`, `budget`, the kinds'
+    own names) are `fields`: the first given of budget and concurrency, else rate."""
+    return next(
+        (k for k in (RuleKind.BUDGET, RuleKind.CONCURRENCY) if fields.get(k) is not None),
+        RuleKind.RATE,
+    )
+
+
+def limits_in(fields: Mapping[str, object]) -> list[RuleKind]:
+    """The limits `fields` state, in the kinds' order (rate, concurrency, budget)."""
+    return [kind for kind in RuleKind if fields.get(kind) is not None]
 
 
 def _only_with(rule: RuleSpec, kind: str, *fields: str) -> None:
@@ -199,7 +218,7 @@ class OverrideSpec(_Strict):
     def _who_and_what(self) -> OverrideSpec:
         if not self.users and not self.groups:
             raise ValueError("an override needs users or groups")
-        given = [k for k in ("rate", "concurrency", "budget") if getattr(self, k) is not None]
+        given = limits_in(vars(self))
         if self.unlimited and given:
             raise ValueError(f"unlimited: true cannot be combined with {', '.join(given)}")
         if not self.unlimited and len(given) != 1 and self.burst is None:

@@ -57,10 +57,10 @@ def create_app(
     )
     guarded = GuardedStore(raw_store, settings.store_timeout_ms, breaker)
     timed = TimedStore(guarded, metrics)  # outermost: fast refusals count as store errors
-    audit = AuditTrail(timed, include_args=settings.audit_args)
+    audit = AuditTrail(timed, include_args=settings.audit_args, clock=timed.clock)
     # Budget periods are picked on the store's clock when it has one (the embedded store);
     # Redis stores use Redis TIME and the engine's clock only proposes the period.
-    engine = Engine(policy, timed, fail=settings.fail, clock=getattr(raw_store, "clock", None))
+    engine = Engine(policy, timed, fail=settings.fail)  # periods on the store's clock
     # Reloads read the start-up source again: the same file, or the packaged example.
     reloader = PolicyReloader(engine, metrics, settings.policy_path(), settings.reload_interval_s)
 

@@ -15,6 +15,7 @@ from pydantic_core import CoreSchema, SchemaSerializer, core_schema
 
 from ratewarden.calls import UNCLASSIFIED, Call, ToolFacts
 from ratewarden.engine import Decision, Usage, Verdict
+from ratewarden.vocabulary import METADATA_FLAGS
 from ratewarden.wire import CheckRequest, CheckResponse, LimitState, UsageItem, Violation
 
 
@@ -25,12 +26,7 @@ def to_call(request: CheckRequest) -> Call:
         UNCLASSIFIED
         if meta is None
         else ToolFacts(
-            read_only=meta.read_only,
-            destructive=meta.destructive,
-            idempotent=meta.idempotent,
-            open_world=meta.open_world,
-            requires_confirmation=meta.requires_confirmation,
-            tags=frozenset(meta.tags),
+            **{name: getattr(meta, name) for name in METADATA_FLAGS}, tags=frozenset(meta.tags)
         )
     )
     return Call(
@@ -63,7 +59,7 @@ def check_json(decision: Decision) -> bytes:
     more than the engine's own work for five rules. A serializer compiled once from the
     wire models reads the engine's dataclasses by attribute, as `to_response` does, with
     no dict per verdict. The engine's types already hold the wire's types
-    (tests/test_hotpath.py holds both paths to the same answers, ints and floats told
+    (tests/service/test_hotpath.py holds both paths to the same answers, ints and floats told
     apart).
     """
     return _CHECK.to_json(decision)

@@ -7,30 +7,54 @@ FastAPI (app.py's `Daemon.front`), behind auth and the body cap (so both still a
 and serves those two routes directly: pydantic-core validates the raw bytes in one step,
 the engine decides, pydantic-core writes the JSON from the decision.
 
-It only ever serves what it can serve exactly like FastAPI would. Anything else (not
-JSON, invalid, a body that did not arrive whole) is handed on to FastAPI, with the body
-already read replayed, so every error keeps its one shape and wording (errors.py) and
-the OpenAPI schema still describes both routes (routes.py). tests/test_hotpath.py holds
-the two paths to the same answers.
+It only ever answers exactly like FastAPI would, and reads and validates a body once.
+A body of more than wire.MAX_ITEMS items is refused unread (its items counted on its
+bytes, here, for both paths). A body of the wrong shape is refused here, with the
+answer errors.py gives FastAPI's validation error: handed on, it was validated a second
+time, and a hostile body cost twice (docs/benchmarks.md, "Worst bodies"). A large body
+is read by the routes' own reader (wire.read_json) and answered here whatever it holds,
+invalid JSON included. Only a small body that pydantic-core cannot read in one step
+(invalid JSON, a huge integer, a lone surrogate, UTF-16) or that did not arrive whole
+is handed on to FastAPI, the body already read replayed: nothing was validated yet,
+and FastAPI reads it with `wire.read_json` and gives the exact error (counting its
+items again costs nothing: it is smaller than MAX_ITEMS bytes). The OpenAPI schema
+still describes both routes (routes.py). tests/service/test_hotpath.py holds the two
+paths to the same answers.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ratewarden.engine import CallIdConflict
 from ratewarden.service import routes
 from ratewarden.service.convert import batch_json, check_json
-from ratewarden.service.errors import internal_error
-from ratewarden.wire import BatchRequest, CheckRequest
+from ratewarden.service.errors import (
+    internal_error,
+    invalid_json,
+    items_refusal,
+    refusal,
+    undecodable,
+)
+from ratewarden.wire import (
+    LARGE_BODY,
+    BatchRequest,
+    CheckRequest,
+    collector_paused,
+    read_json,
+    too_many_items,
+)
 
 _JSON = (b"content-type", b"application/json")
 _SERVERS = {"/v1/check": "_check", "/v1/check/batch": "_batch"}  # path -> method
 HOT_ROUTES = frozenset(_SERVERS)
+Body = TypeVar("Body", CheckRequest, BatchRequest)
 
 
 class HotPath:
@@ -48,8 +72,12 @@ class HotPath:
         body = await _read_body(receive)
         if body is None:
             return  # the client left before its body arrived: nobody to answer
+        answer: bytes | Any
         try:
-            answer = await serve(scope["app"], body)
+            if too_many_items(body):  # counted once, here, for both paths
+                answer = items_refusal()
+            else:
+                answer = await serve(scope["app"], body)
         except Exception:  # in front of FastAPI: its catch-all's answer, given here
             answer = internal_error("POST", scope["path"])
         if answer is None:  # not ours to answer: FastAPI gives the exact error
@@ -67,10 +95,15 @@ class HotPath:
             await answer(scope, receive, send)  # an error response of routes.py
 
     async def _check(self, app: Any, body: bytes) -> Any:
-        try:
-            request = CheckRequest.model_validate_json(body)
-        except ValidationError:
-            return None
+        if len(body) > LARGE_BODY:
+            request = _read_large(CheckRequest, body)
+            if not isinstance(request, CheckRequest):
+                return request  # a refusal
+        else:
+            try:
+                request = CheckRequest.model_validate_json(body)  # one step from the bytes
+            except ValidationError as exc:
+                return _refusal(exc)
         try:
             decision = await routes.decide(app, request)
         except CallIdConflict as exc:
@@ -78,14 +111,50 @@ class HotPath:
         return check_json(decision)
 
     async def _batch(self, app: Any, body: bytes) -> Any:
-        try:
-            request = BatchRequest.model_validate_json(body)
-        except ValidationError:
-            return None
+        if len(body) > LARGE_BODY:
+            request = _read_large(BatchRequest, body)
+            if not isinstance(request, BatchRequest):
+                return request
+        else:
+            try:
+                request = BatchRequest.model_validate_json(body)
+            except ValidationError as exc:
+                return _refusal(exc)
         decided = await routes.decide_batch(app, request)
         if not isinstance(decided, list):
             return decided  # the conflict's error response
         return batch_json(decided)
+
+
+def _read_large(model: type[Body], body: bytes) -> Body | JSONResponse:
+    """A large body validated as `model`, or refused.
+
+    From the bytes in one step, pydantic-core parses into a tree of its own, copies it
+    into Python objects, and copies it again into an error: a large body is read into
+    Python objects once, by the routes' own reader, then validated as FastAPI does (2 to
+    3 times cheaper for 256 KiB of arrays), and answered here whatever it holds: handed
+    on, it was read again. Refused, it is freed (with `exc`) before the collector runs
+    again.
+    """
+    with collector_paused():  # wire.LARGE_BODY says why
+        try:
+            read = model.model_validate  # no name holds the body's objects but `exc`
+            return read(read_json(body, counted=True), from_attributes=True)
+        except ValidationError as exc:
+            return refusal(exc)
+        except json.JSONDecodeError as exc:
+            return invalid_json(exc)
+        except UnicodeDecodeError:
+            return undecodable()
+
+
+def _refusal(exc: ValidationError) -> JSONResponse | None:
+    """FastAPI's 422 for a body of the wrong shape; None for JSON pydantic-core cannot
+    read, which FastAPI answers (its parser reads more: huge integers, lone surrogates,
+    UTF-16)."""
+    if exc.error_count() == 1 and exc.errors()[0]["type"] == "json_invalid":
+        return None
+    return refusal(exc)
 
 
 def _sends_json(scope: Scope) -> bool:

@@ -42,6 +42,7 @@ from ratewarden.policy import (
     load_example_policy,
     parse_policy,
 )
+from ratewarden.policy.bounded_yaml import read_bounded
 
 log = logging.getLogger("ratewarden.reload")
 
@@ -213,7 +214,7 @@ def version_of(raw: bytes) -> str:
 
 def _read(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return read_bounded(path)  # a huge file is refused, not read whole
     except OSError as exc:
         raise PolicyError(
             str(path), [PolicyIssue((), f"cannot read: {exc.strerror or exc}")]
@@ -222,7 +223,7 @@ def _read(path: Path) -> bytes:
 
 def _read_or_none(path: Path) -> bytes | None:
     try:
-        return path.read_bytes()
+        return read_bounded(path)  # a huge file is refused, not read whole
     except OSError:
         return None
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ratewarden.clock import Clock
+from ratewarden.errors import RatewardenError
 from ratewarden.store.base import Store, StoreError
 from ratewarden.store.memory import MemoryStore
 from ratewarden.store.snapshot import StateFile, StateFileError
@@ -15,7 +16,7 @@ from ratewarden.store.snapshot import StateFile, StateFileError
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
-class StoreURLError(ValueError):
+class StoreURLError(RatewardenError, ValueError):
     """A store URL ratewarden cannot use; the message says what would work."""
 
 
@@ -69,8 +70,9 @@ CLUSTER_FORM = "redis+cluster://[:PASSWORD@]HOST:PORT[,HOST:PORT...]"
 
 def _replicated_store(url: str, scheme: str, timeout_ms: int, clock: Clock | None) -> Store:
     """Sentinel (the single-node store on the current master) or Cluster (per slot)."""
-    from ratewarden.store.cluster import URLProblem, cluster_store_from_url
+    from ratewarden.store.cluster import cluster_store_from_url
     from ratewarden.store.sentinel import sentinel_store_from_url
+    from ratewarden.store.urls import URLProblem
 
     try:
         if scheme == "redis+sentinel":

@@ -1,28 +1,33 @@
-"""The one interface every store implements."""
+"""The store's interface, in three narrow parts, and the one way to wrap a store.
+
+- `Counters`: the atomic decisions on counters, what the engine needs;
+- `DenialLog`: the recent-denials list, what the audit trail needs;
+- `Store`: both, with the store's life cycle and its clock.
+
+A `Layer` is a store around a store; each operation passes through its `around`, so a
+wrapper (the deadline and breaker in breaker.py, the timer in metrics.py) states what it
+adds once, not the interface again.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar
 
+from ratewarden.clock import Clock
+from ratewarden.errors import RatewardenError
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
+from ratewarden.limiter.script import SettleStatus
+
+T = TypeVar("T")
 
 
-class StoreError(Exception):
+class StoreError(RatewardenError):
     """The store could not answer (unreachable, timed out, or refused the command)."""
 
 
-class Store(Protocol):
+class Counters(Protocol):
     """Keeps the counters; decides a call's ops atomically: all are committed, or none."""
-
-    @property
-    def description(self) -> str:
-        """Where the store is, without credentials; printed at start-up."""
-        ...
-
-    async def start(self) -> None:
-        """Connect and prepare (load scripts); called once before the first call."""
-        ...
 
     async def evaluate(
         self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
@@ -36,13 +41,17 @@ class Store(Protocol):
 
     async def settle(
         self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
-    ) -> tuple[int, list[int]]:
-        """Settle once: (0 settled | 1 already settled | 2 unknown, charge per hold)."""
+    ) -> tuple[SettleStatus, list[int]]:
+        """Settle once: its status, and what each hold charged."""
         ...
 
     async def reset(self, pattern: str) -> int:
         """Delete every key matching the glob `pattern`; return how many."""
         ...
+
+
+class DenialLog(Protocol):
+    """The newest refusals, shared by every daemon on the store."""
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
         """Prepend audit entries (JSON lines, oldest first) to the recent list; keep `keep`."""
@@ -52,8 +61,79 @@ class Store(Protocol):
         """The newest `count` audit entries, newest first."""
         ...
 
+
+class Store(Counters, DenialLog, Protocol):
+    """A store: counters and the denial log, with a life cycle and a clock."""
+
+    @property
+    def description(self) -> str:
+        """Where the store is, without credentials; printed at start-up."""
+        ...
+
+    @property
+    def clock(self) -> Clock:
+        """The clock that picks budget periods: the memory store's own, a Redis store's
+        injected one, else the system's (Redis `TIME` is the time inside the script)."""
+        ...
+
+    async def start(self) -> None:
+        """Connect and prepare (load scripts); called once before the first call."""
+        ...
+
     async def ping(self) -> None:
         """Raise StoreError unless the store answers."""
         ...
 
     async def close(self) -> None: ...
+
+
+class Layer:
+    """A store around `inner`: every operation but `close` passes through `around`."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    async def around(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one operation (`call` makes its coroutine); a layer adds its part here."""
+        return await call()
+
+    @property
+    def description(self) -> str:
+        return self.inner.description
+
+    @property
+    def clock(self) -> Clock:
+        return self.inner.clock
+
+    async def start(self) -> None:
+        await self.around("start", self.inner.start)
+
+    async def evaluate(
+        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
+    ) -> Evaluation:
+        return await self.around("evaluate", lambda: self.inner.evaluate(ops, record, dry_run))
+
+    async def read_holds(self, record_key: str) -> list[Hold] | None:
+        return await self.around("read_holds", lambda: self.inner.read_holds(record_key))
+
+    async def settle(
+        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+    ) -> tuple[SettleStatus, list[int]]:
+        return await self.around(
+            "settle", lambda: self.inner.settle(record_key, call_id, actual, holds)
+        )
+
+    async def reset(self, pattern: str) -> int:
+        return await self.around("reset", lambda: self.inner.reset(pattern))
+
+    async def push_denials(self, entries: Sequence[str], keep: int) -> None:
+        await self.around("push_denials", lambda: self.inner.push_denials(entries, keep))
+
+    async def recent_denials(self, count: int) -> list[str]:
+        return await self.around("recent_denials", lambda: self.inner.recent_denials(count))
+
+    async def ping(self) -> None:
+        await self.around("ping", self.inner.ping)
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -30,11 +30,10 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
-from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
-from ratewarden.store.base import Store, StoreError
+from ratewarden.store.base import Layer, Store, StoreError
 
 log = logging.getLogger("ratewarden.store")
 
@@ -164,7 +163,7 @@ class CircuitBreaker:
         )
 
 
-class GuardedStore:
+class GuardedStore(Layer):
     """A store whose every operation answers within `timeout_ms`, through `breaker`.
 
     `reset` (an admin operation that scans the keyspace in many round trips) is the one
@@ -177,57 +176,15 @@ class GuardedStore:
     ) -> None:
         if timeout_ms <= 0:
             raise ValueError("timeout_ms must be positive")
-        self._store = store
+        super().__init__(store)
         self.timeout_s = timeout_ms / 1000
         self.breaker = breaker or CircuitBreaker(failures=0)
 
-    @property
-    def description(self) -> str:
-        return self._store.description
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._store, name)  # e.g. the memory store's clock
-
-    async def start(self) -> None:
-        await self._guarded("start", self._store.start)
-
-    async def evaluate(
-        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
-    ) -> Evaluation:
-        return await self._guarded("evaluate", lambda: self._store.evaluate(ops, record, dry_run))
-
-    async def read_holds(self, record_key: str) -> list[Hold] | None:
-        return await self._guarded("read_holds", lambda: self._store.read_holds(record_key))
-
-    async def settle(
-        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
-    ) -> tuple[int, list[int]]:
-        return await self._guarded(
-            "settle", lambda: self._store.settle(record_key, call_id, actual, holds)
-        )
-
-    async def reset(self, pattern: str) -> int:
-        return await self._guarded("reset", lambda: self._store.reset(pattern), deadline=False)
-
-    async def push_denials(self, entries: Sequence[str], keep: int) -> None:
-        await self._guarded("push_denials", lambda: self._store.push_denials(entries, keep))
-
-    async def recent_denials(self, count: int) -> list[str]:
-        return await self._guarded("recent_denials", lambda: self._store.recent_denials(count))
-
-    async def ping(self) -> None:
-        await self._guarded("ping", self._store.ping)
-
-    async def close(self) -> None:
-        await self._store.close()
-
-    async def _guarded(
-        self, operation: str, call: Callable[[], Awaitable[T]], *, deadline: bool = True
-    ) -> T:
+    async def around(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
         # The coroutine is made only once admitted: a refused call creates nothing to await.
         probe = self.breaker.admit()
         try:
-            if deadline:
+            if operation != "reset":  # see the class docstring
                 async with asyncio.timeout(self.timeout_s):
                     result = await call()
             else:

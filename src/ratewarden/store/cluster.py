@@ -12,7 +12,7 @@ protocol rather than by one script (docs/cluster.md has the design and its worst
 2. Commit slot by slot, in ascending slot order: each slot's script evaluates its
    counters again and commits them only if none of its enforcing ops refuses.
 3. If a slot refuses now (another call took the last unit between 1 and 2), take back
-   what the earlier slots committed (counters.lua `release`: the exact inverse of each
+   what the earlier slots committed (cluster.lua `release`: the exact inverse of each
    commit) and answer the refusal.
 4. Write the call record (if the call is named or holds something) in its slot.
 
@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
@@ -46,16 +45,27 @@ from ratewarden.limiter.ops import (
     Hold,
     decode_holds,
 )
-from ratewarden.limiter.reference import results_from
+from ratewarden.limiter.script import (
+    GROUP_NUMBERS,
+    NUMBERS,
+    SHA,
+    SOURCE,
+    Mode,
+    SettleStatus,
+    Status,
+    evaluation_of,
+    hold_values,
+    op_values,
+    results_from,
+    settle_head,
+)
 from ratewarden.store.base import StoreError
 from ratewarden.store.keys import DENIALS_KEY
-from ratewarden.store.redis_store import COUNTERS_LUA, REDIS_ERRORS, RedisKeyspace, store_errors
+from ratewarden.store.redis_store import REDIS_ERRORS, RedisKeyspace, store_errors
+from ratewarden.store.urls import URLProblem, parse_hosts
 
 log = logging.getLogger("ratewarden.store")
 
-_OK, _BLOCKED, _REPLAYED, _CONFLICT, _IN_FLIGHT = 0, 1, 2, 3, 4
-_NUMBERS = 5  # per op, as `decide` returns them: admitted, used, retry, reset, reserved
-_GROUP = 8  # per op from `group`: the five numbers, committed, two undo tokens
 # A pending marker outlives any check that is still making progress: each round trip is
 # bounded by the socket timeout, and a check makes at most a few per slot it touches.
 MIN_PENDING_TTL_MS = 5_000
@@ -64,43 +74,6 @@ MIN_PENDING_TTL_MS = 5_000
 # single-node client would open another; so calls queue here instead, under the store's
 # deadline, and each node gets twice this many connections (the other commands).
 MAX_IN_FLIGHT = 256
-SCRIPT_SHA = hashlib.sha1(COUNTERS_LUA.encode()).hexdigest()
-
-
-class URLProblem(ValueError):
-    """A malformed sentinel or cluster URL (the factory turns it into StoreURLError)."""
-
-
-def parse_hosts(netloc: str, default_port: int) -> tuple[list[tuple[str, int]], str, str]:
-    """`[user[:password]@]host1:port1,host2:port2` -> ([(host, port)], user, password).
-
-    Hosts may be IPv6 literals in brackets (`[::1]:7000`); user and password are
-    percent-decoded.
-    """
-    userinfo, _, hostlist = netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
-    hosts = []
-    for part in hostlist.split(","):
-        item = part.strip()
-        if not item:
-            raise URLProblem("empty host in the host list")
-        if item.startswith("["):
-            host, _, rest = item[1:].partition("]")
-            port_text = rest.removeprefix(":")
-        elif item.count(":") == 1:
-            host, _, port_text = item.partition(":")
-        elif ":" in item:
-            raise URLProblem(f"IPv6 hosts need brackets: [{item}]")
-        else:
-            host, port_text = item, ""
-        try:
-            port = int(port_text) if port_text else default_port
-        except ValueError:
-            raise URLProblem(f"bad port {port_text!r} for host {host!r}") from None
-        if not host or not 0 < port < 65_536:
-            raise URLProblem(f"bad host {item!r}")
-        hosts.append((host, port))
-    return hosts, unquote(user), unquote(password)
 
 
 def cluster_store_from_url(
@@ -160,20 +133,6 @@ class _Taken:
         return bool(self.certain or self.uncertain_holds or self.claim)
 
 
-def op_args(op: CounterOp) -> list[Any]:
-    """The ten values counters.lua reads per op (see its header)."""
-    return [
-        op.kind.value,
-        int(op.role),
-        op.limit,
-        op.window_ms,
-        op.burst,
-        op.cost,
-        *op.period,
-        op.hold_line,
-    ]
-
-
 def slot_of(key: str) -> int:
     return key_slot(key.encode())
 
@@ -192,6 +151,121 @@ def merge(count: int, parts: Iterable[dict[int, list[int]]]) -> list[int]:
     for part in parts:
         by_op.update(part)
     return [n for i in range(count) for n in by_op.get(i, [])]
+
+
+class _Decision:
+    """One call decided on a cluster, one method per step of docs/cluster.md.
+
+    Whatever a step takes is noted in `taken`, so that a call stopped midway (an error,
+    the store's deadline) can be given back by the store.
+    """
+
+    def __init__(
+        self,
+        store: ClusterStore,
+        ops: list[CounterOp],
+        groups: list[_Group],
+        record: CallRecord | None,
+        now: str,
+        taken: _Taken,
+    ) -> None:
+        self.store, self.ops, self.groups, self.record = store, ops, groups, record
+        self.now, self.taken = now, taken
+        self.call_id = record.call_id if record else ""
+
+    async def run(self) -> Evaluation:
+        early = await self.claim_and_look()
+        if early is not None:
+            return early
+        replies = await self.commit()
+        if replies and replies[-1].blocked:
+            return await self.give_back(replies)
+        return await self.write_record(replies)
+
+    async def claim_and_look(self) -> Evaluation | None:
+        """1. Claim a named call's call_id, and look at every slot of a multi-slot call
+        (a dry run). A replay, a conflict or a refusal ends the call here."""
+        store, record, taken = self.store, self.record, self.taken
+        first: list[Awaitable[Any]] = []
+        named = record is not None and record.keep
+        if record is not None and named:
+            taken.claim = True
+            first.append(store._claim(record, self.now, taken.nonce))
+        looked = store.precheck and len(self.groups) > 1
+        if looked:
+            first.extend(self._look(g) for g in self.groups)
+        found = list(await asyncio.gather(*first)) if first else []
+        if named:
+            claim: list[int] = found.pop(0)
+            if claim[0] != Status.ALLOWED:
+                taken.claim = False  # not ours: another check's record
+                return evaluation_of(self.ops, claim)
+        if looked and any(look.blocked for look in found):
+            await store._unclaim(record, taken)
+            return self._evaluation(r.numbers for r in found)
+        return None
+
+    async def commit(self) -> list[_Reply]:
+        """2. Commit slot by slot, in slot order, until one refuses."""
+        replies: list[_Reply] = []
+        for group in self.groups:
+            holding = [i for i in group.indices if self.ops[i].kind in HOLDING]
+            self.taken.uncertain_holds.append(holding)
+            reply = await self.store._group(group, self.ops, self.now, self.call_id, dry=False)
+            self.taken.uncertain_holds.pop()
+            replies.append(reply)
+            if reply.blocked:
+                break
+            self.taken.certain.append(reply.committed)
+        return replies
+
+    async def give_back(self, replies: list[_Reply]) -> Evaluation:
+        """3. A slot refused after all (another call took its last unit since the look):
+        give back the earlier slots, and look at the slots not reached, so that every
+        refusing rule is reported."""
+        store = self.store
+        fresh = await store._give_back_committed(self.taken, self.ops, self.now, self.call_id)
+        later = [await self._look(g) for g in self.groups[len(replies) :]]
+        await store._unclaim(self.record, self.taken)
+        return self._evaluation([*(r.numbers for r in replies), *(r.numbers for r in later), fresh])
+
+    async def write_record(self, replies: list[_Reply]) -> Evaluation:
+        """4. Record the allowed call; the record lists what it holds, for its settle."""
+        numbers = merge(len(self.ops), (r.numbers for r in replies))
+        held = sorted(i for r in replies for i, _, _ in r.committed if self.ops[i].hold_line)
+        record, taken = self.record, self.taken
+        if record is not None and (record.keep or held):
+            taken.claim = True  # from here on the record may be ours
+            outcome = await self.store._run([record.key], self._record_args(numbers, held))
+            if outcome[0] != Status.ALLOWED:  # our claim expired; another check recorded it
+                taken.claim = False
+                await self.store._give_back_committed(taken, self.ops, self.now, self.call_id)
+                if outcome[0] == Status.REPLAYED:
+                    return evaluation_of(self.ops, outcome)
+                raise StoreError(f"call_id {self.call_id!r} is being decided by another check")
+        taken.certain.clear()
+        taken.claim = False
+        return Evaluation(results_from(self.ops, numbers))
+
+    def _record_args(self, numbers: list[int], held: list[int]) -> list[Any]:
+        record = self.record
+        assert record is not None
+        return [
+            Mode.RECORD.value,
+            self.now,
+            self.taken.nonce,
+            record.fingerprint,
+            ",".join(str(int(n)) for n in numbers),
+            "\n".join(self.ops[i].hold_line for i in held),
+            record.ttl_ms,
+            "1" if record.keep else "0",
+        ]
+
+    def _look(self, group: _Group) -> Awaitable[_Reply]:
+        return self.store._group(group, self.ops, self.now, self.call_id, dry=True)
+
+    def _evaluation(self, parts: Iterable[dict[int, list[int]]]) -> Evaluation:
+        return Evaluation(results_from(self.ops, merge(len(self.ops), parts)))
 
 
 class ClusterStore(RedisKeyspace):
@@ -225,7 +299,7 @@ class ClusterStore(RedisKeyspace):
     async def start(self) -> None:
         """Load the script on every primary (a node that lacks it later gets it by EVAL)."""
         try:
-            await self._client.script_load(COUNTERS_LUA)
+            await self._client.script_load(SOURCE)
         except REDIS_ERRORS as exc:
             raise StoreError(f"cannot load the counters script: {exc}") from exc
 
@@ -242,91 +316,13 @@ class ClusterStore(RedisKeyspace):
             return Evaluation(results_from(ops, merge(len(ops), (r.numbers for r in looks))))
         taken = _Taken()
         try:
-            return await self._decide(ops, groups, record, now, taken)
+            return await _Decision(self, ops, groups, record, now, taken).run()
         except BaseException:
             # An error or a cancellation (the store deadline) stopped the call midway:
             # give back what it took, in the background, so the deadline still holds.
             if taken:
                 self._spawn(self._give_back(taken, ops, now, record))
             raise
-
-    async def _decide(
-        self,
-        ops: list[CounterOp],
-        groups: list[_Group],
-        record: CallRecord | None,
-        now: str,
-        taken: _Taken,
-    ) -> Evaluation:
-        call_id = record.call_id if record else ""
-        named = record is not None and record.keep
-        # 1. Claim a named call's call_id, and look at every slot of a multi-slot call.
-        first: list[Awaitable[Any]] = []
-        if named and record is not None:
-            taken.claim = True
-            first.append(self._claim(record, now, taken.nonce))
-        looked = self.precheck and len(groups) > 1
-        if looked:
-            first.extend(self._group(g, ops, now, call_id, dry=True) for g in groups)
-        found = list(await asyncio.gather(*first)) if first else []
-        if named:
-            claim: list[int] = found.pop(0)
-            if claim[0] != _OK:
-                taken.claim = False  # not ours: another check's record
-                if claim[0] == _CONFLICT:
-                    return Evaluation(conflict=True)
-                return Evaluation(results_from(ops, claim[1:]), replayed=True)
-        if looked and any(look.blocked for look in found):
-            await self._unclaim(record, taken)
-            return Evaluation(results_from(ops, merge(len(ops), (r.numbers for r in found))))
-        # 2. Commit slot by slot, in slot order.
-        replies: list[_Reply] = []
-        for group in groups:
-            taken.uncertain_holds.append([i for i in group.indices if ops[i].kind in HOLDING])
-            reply = await self._group(group, ops, now, call_id, dry=False)
-            taken.uncertain_holds.pop()
-            replies.append(reply)
-            if reply.blocked:
-                break
-            taken.certain.append(reply.committed)
-        if replies and replies[-1].blocked:
-            # 3. A slot refused after all (another call took its last unit since the
-            # look): give back the earlier slots, and look at the slots not reached, so
-            # that every refusing rule is reported.
-            fresh = await self._give_back_committed(taken, ops, now, call_id)
-            later = [
-                await self._group(g, ops, now, call_id, dry=True) for g in groups[len(replies) :]
-            ]
-            await self._unclaim(record, taken)
-            parts = [*(r.numbers for r in replies), *(r.numbers for r in later), fresh]
-            return Evaluation(results_from(ops, merge(len(ops), parts)))
-        numbers = merge(len(ops), (r.numbers for r in replies))
-        # 4. Record the allowed call; the record lists what it holds, for its settle.
-        held = sorted(i for r in replies for i, _, _ in r.committed if ops[i].hold_line)
-        if record is not None and (record.keep or held):
-            taken.claim = True  # from here on the record may be ours
-            outcome = await self._run(
-                [record.key],
-                [
-                    "record",
-                    now,
-                    taken.nonce,
-                    record.fingerprint,
-                    ",".join(str(int(n)) for n in numbers),
-                    "\n".join(ops[i].hold_line for i in held),
-                    record.ttl_ms,
-                    "1" if record.keep else "0",
-                ],
-            )
-            if outcome[0] != _OK:  # our claim expired and another check recorded the call
-                taken.claim = False
-                await self._give_back_committed(taken, ops, now, call_id)
-                if outcome[0] == _REPLAYED:
-                    return Evaluation(results_from(ops, outcome[1:]), replayed=True)
-                raise StoreError(f"call_id {call_id!r} is being decided by another check")
-        taken.certain.clear()
-        taken.claim = False
-        return Evaluation(results_from(ops, numbers))
 
     async def _claim(self, record: CallRecord, now: str, nonce: str) -> list[int]:
         """Hold the call_id while the call is decided: {0} held, else claim's answer.
@@ -337,10 +333,11 @@ class ClusterStore(RedisKeyspace):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         delay = 0.002
-        args = ["claim", now, record.call_id, record.fingerprint, nonce, self.pending_ttl_ms]
+        args: list[Any] = [Mode.CLAIM.value, now, record.call_id, record.fingerprint, nonce]
+        args.append(self.pending_ttl_ms)
         while True:
             reply = await self._run([record.key], args)
-            if reply[0] != _IN_FLIGHT:
+            if reply[0] != Status.IN_FLIGHT:
                 return reply
             if loop.time() + delay > deadline:
                 raise StoreError(f"call_id {record.call_id!r} is being decided by another check")
@@ -349,21 +346,21 @@ class ClusterStore(RedisKeyspace):
 
     async def _unclaim(self, record: CallRecord | None, taken: _Taken) -> None:
         if record is not None and taken.claim:
-            await self._run([record.key], ["unclaim", "", taken.nonce])
+            await self._run([record.key], [Mode.UNCLAIM.value, "", taken.nonce])
         taken.claim = False
 
     async def _group(
         self, group: _Group, ops: list[CounterOp], now: str, call_id: str, *, dry: bool
     ) -> _Reply:
         """Run one slot's ops: evaluate, and unless `dry`, commit them if none refuses."""
-        args: list[Any] = ["group", now, "1" if dry else "0", call_id]
+        args: list[Any] = [Mode.GROUP.value, now, "1" if dry else "0", call_id]
         for i in group.indices:
-            args += op_args(ops[i])
+            args += op_values(ops[i])
         reply = await self._run([ops[i].key for i in group.indices], args)
-        found = _Reply(reply[0] == _BLOCKED, {})
+        found = _Reply(reply[0] == Status.BLOCKED, {})
         for k, i in enumerate(group.indices):
-            values = reply[1 + k * _GROUP : 1 + (k + 1) * _GROUP]
-            found.numbers[i] = values[:_NUMBERS]
+            values = reply[1 + k * GROUP_NUMBERS : 1 + (k + 1) * GROUP_NUMBERS]
+            found.numbers[i] = values[:NUMBERS]
             if values[5]:
                 found.committed.append((i, values[6], values[7]))
         return found
@@ -374,11 +371,11 @@ class ClusterStore(RedisKeyspace):
         """Take back what one slot's commit took; the counters' numbers afterwards."""
         if not items:
             return {}
-        args: list[Any] = ["release", now, call_id]
+        args: list[Any] = [Mode.RELEASE.value, now, call_id]
         for i, undo, undo2 in items:
-            args += [*op_args(ops[i]), undo, undo2]
+            args += [*op_values(ops[i]), undo, undo2]
         reply = await self._run([ops[i].key for i, _, _ in items], args)
-        return {i: reply[k * _NUMBERS : (k + 1) * _NUMBERS] for k, (i, _, _) in enumerate(items)}
+        return {i: reply[k * NUMBERS : (k + 1) * NUMBERS] for k, (i, _, _) in enumerate(items)}
 
     async def _give_back_committed(
         self, taken: _Taken, ops: list[CounterOp], now: str, call_id: str
@@ -436,7 +433,7 @@ class ClusterStore(RedisKeyspace):
 
     async def settle(
         self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
-    ) -> tuple[int, list[int]]:
+    ) -> tuple[SettleStatus, list[int]]:
         """Mark the record settled first (so a settle counts once), then each slot's holds.
 
         If the holds cannot be reached after the mark, the call is as if never settled:
@@ -444,23 +441,21 @@ class ClusterStore(RedisKeyspace):
         reclaimed when their leases end.
         """
         now = self._now()
-        status = (await self._run([record_key], ["settle_mark", now]))[0]
-        if status != _OK:
+        status = SettleStatus((await self._run([record_key], [Mode.SETTLE_MARK.value, now]))[0])
+        if status != SettleStatus.SETTLED:
             return status, []
         charged = [0] * len(holds)
-        actual_arg = "" if actual is None else actual
 
         async def one(group: _Group) -> None:
-            args: list[Any] = ["settle_holds", now, call_id, actual_arg]
+            args: list[Any] = settle_head(Mode.SETTLE_HOLDS, now, call_id, actual)
             for i in group.indices:
-                hold = holds[i]
-                args += (hold.kind.value, hold.estimate, *hold.period)
+                args += hold_values(holds[i])
             reply = await self._run([holds[i].key for i in group.indices], args)
             for k, i in enumerate(group.indices):
                 charged[i] = reply[k]
 
         await asyncio.gather(*(one(g) for g in slot_groups(h.key for h in holds)))
-        return _OK, charged
+        return SettleStatus.SETTLED, charged
 
     # -- administration ------------------------------------------------------------
 
@@ -484,10 +479,8 @@ class ClusterStore(RedisKeyspace):
         with store_errors():
             async with self._in_flight:
                 try:
-                    reply: list[int] = await self._client.evalsha(
-                        SCRIPT_SHA, len(keys), *keys, *args
-                    )
+                    reply: list[int] = await self._client.evalsha(SHA, len(keys), *keys, *args)
                 except NoScriptError:  # this node restarted, failed over or joined:
                     # EVAL runs the script there and caches it, whatever the other nodes do
-                    reply = await self._client.eval(COUNTERS_LUA, len(keys), *keys, *args)
+                    reply = await self._client.eval(SOURCE, len(keys), *keys, *args)
         return reply

@@ -25,6 +25,7 @@ from typing import Any
 from ratewarden.clock import Clock, SystemClock
 from ratewarden.limiter import reference
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
+from ratewarden.limiter.script import SettleStatus
 from ratewarden.store import snapshot
 from ratewarden.store.snapshot import StateFile, StateFileError
 
@@ -115,7 +116,7 @@ class MemoryStore:
 
     async def settle(
         self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
-    ) -> tuple[int, list[int]]:
+    ) -> tuple[SettleStatus, list[int]]:
         with self._lock:
             now = self.clock.now_ms()
             self._changes += 1

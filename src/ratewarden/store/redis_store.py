@@ -11,13 +11,12 @@ import contextlib
 import inspect
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisClusterException, RedisError
 
-from ratewarden.clock import Clock
+from ratewarden.clock import Clock, SystemClock
 from ratewarden.limiter.ops import (
     HOLDING,
     CallRecord,
@@ -28,16 +27,25 @@ from ratewarden.limiter.ops import (
     Role,
     decode_holds,
 )
-from ratewarden.limiter.reference import results_from
+from ratewarden.limiter.script import (
+    SOURCE,
+    Mode,
+    SettleStatus,
+    decide_head,
+    evaluation_of,
+    held_values,
+    hold_values,
+    rule_values,
+    settle_head,
+)
 from ratewarden.store.base import StoreError
 from ratewarden.store.coalesce import Encoded, ScriptPipeline, encoded
 from ratewarden.store.keys import DENIALS_KEY
 
-COUNTERS_LUA = resources.files("ratewarden.limiter").joinpath("counters.lua").read_text()
-_DECIDED, _BLOCKED, _REPLAYED, _CONFLICT = 0, 1, 2, 3
 _RESET_BATCH = 500
 # What redis-py and the network raise (a cluster client adds its own): a StoreError to us.
 REDIS_ERRORS = (RedisError, RedisClusterException, OSError)
+SYSTEM_CLOCK = SystemClock()
 
 
 @contextlib.contextmanager
@@ -70,6 +78,12 @@ class RedisKeyspace:
     """What the single-node and the cluster store do alike: plain commands on `_client`."""
 
     _client: Any  # redis.asyncio.Redis or RedisCluster
+    _clock: Clock | None  # injected in tests; else Redis `TIME` inside the script
+
+    @property
+    def clock(self) -> Clock:
+        """What picks budget periods; Redis `TIME` decides everything else."""
+        return self._clock or SYSTEM_CLOCK
 
     async def reset(self, pattern: str) -> int:
         deleted = 0
@@ -96,21 +110,22 @@ class RedisKeyspace:
 
 @lru_cache(maxsize=4096)  # one entry per distinct rule and limit, per role
 def _rule_arguments(kind: Kind, role: Role, limit: int, window_ms: int, burst: int) -> Encoded:
-    """The first five of an op's ten arguments, which come from its rule: encoded once."""
-    return encoded(kind.value, int(role), limit, window_ms, burst)
+    """The first five of an op's values, which come from its rule: encoded once."""
+    return encoded(*rule_values(kind, role, limit, window_ms, burst))
 
 
 @lru_cache(maxsize=4096)  # a tool's usual cost and the current budget period: few values
 def _held_arguments(cost: int, start: int, end: int, next_end: int) -> Encoded:
-    """Four of the other five arguments of an op that holds something (all but its line)."""
-    return encoded(cost, start, end, next_end)
+    """Four of the other five values of an op that holds something (all but its line)."""
+    return encoded(*held_values(cost, (start, end, next_end)))
 
 
-_NOTHING_HELD = encoded(0, 0, 0, 0, "")  # the other five, for an op that holds nothing
+_NOTHING_HELD = encoded(*held_values(0, (0, 0, 0)), "")  # the other five, holding nothing
 
 
 class RedisStore(RedisKeyspace):
-    """Runs `counters.lua` by SHA; time comes from Redis `TIME` unless a clock is injected.
+    """Runs the counters script (limiter/script.py) by SHA; time is Redis `TIME` unless a
+    clock is injected.
 
     The injected clock exists for tests, so the same fake-clock scenarios run on the
     memory store, fakeredis and a real redis-server.
@@ -122,7 +137,7 @@ class RedisStore(RedisKeyspace):
         self._client = client
         self._description = description
         self._clock = clock
-        self._script = ScriptPipeline(client, COUNTERS_LUA)
+        self._script = ScriptPipeline(client, SOURCE)
 
     @property
     def description(self) -> str:
@@ -138,22 +153,14 @@ class RedisStore(RedisKeyspace):
         self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
     ) -> Evaluation:
         keys = [record.key if record else "rw:call:{}", *(op.key for op in ops)]
-        args: list[Any] = ["decide", self._now(), "1" if dry_run else "0"]
-        if record:
-            args += [record.call_id, record.fingerprint, record.ttl_ms, "1" if record.keep else "0"]
-        else:
-            args += ["", "", 0, "0"]
+        args: list[Any] = decide_head(self._now(), dry_run, record)
         for op in ops:
             args.append(_rule_arguments(op.kind, op.role, op.limit, op.window_ms, op.burst))
             if op.kind in HOLDING:
                 args += (_held_arguments(op.cost, *op.period), op.hold_line)
             else:
                 args.append(_NOTHING_HELD)
-        reply = await self._run(keys, args)
-        status, numbers = reply[0], reply[1:]
-        if status == _CONFLICT:
-            return Evaluation(conflict=True)
-        return Evaluation(results_from(list(ops), numbers), replayed=status == _REPLAYED)
+        return evaluation_of(ops, await self._run(keys, args))
 
     async def read_holds(self, record_key: str) -> list[Hold] | None:
         with store_errors():
@@ -165,12 +172,12 @@ class RedisStore(RedisKeyspace):
 
     async def settle(
         self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
-    ) -> tuple[int, list[int]]:
-        args: list[Any] = ["settle", self._now(), call_id, "" if actual is None else actual]
+    ) -> tuple[SettleStatus, list[int]]:
+        args: list[Any] = settle_head(Mode.SETTLE, self._now(), call_id, actual)
         for hold in holds:
-            args += (hold.kind.value, hold.estimate, *hold.period)
+            args += hold_values(hold)
         reply = await self._run([record_key, *(h.key for h in holds)], args)
-        return reply[0], reply[1:]
+        return SettleStatus(reply[0]), reply[1:]
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
         with store_errors():

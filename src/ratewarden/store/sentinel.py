@@ -22,8 +22,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from ratewarden.clock import Clock
-from ratewarden.store.cluster import URLProblem, parse_hosts
 from ratewarden.store.redis_store import RedisStore, connection_options
+from ratewarden.store.urls import URLProblem, parse_hosts
 
 _SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
 

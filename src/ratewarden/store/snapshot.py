@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ratewarden.errors import RatewardenError
 from ratewarden.limiter.reference import Budget, Record, Ring
 
 FORMAT = "ratewarden-state"
@@ -42,7 +43,7 @@ VERSION = 1
 log = logging.getLogger("ratewarden.store")
 
 
-class StateFileError(Exception):
+class StateFileError(RatewardenError):
     """The state file cannot be read, parsed, locked or written; the message says why."""
 
 
@@ -70,6 +71,7 @@ def encode_value(value: Any) -> dict[str, Any]:
                 "spent": value.spent,
                 "reserved": value.reserved,
                 "holds": {call: [amount, expiry] for call, (amount, expiry) in value.holds.items()},
+                "charged": dict(value.charged),
             }
         }
     if isinstance(value, Record):
@@ -190,6 +192,10 @@ def decode_value(tagged: Any, what: str) -> Any:
             spent=_int(_field(found, "spent", where), f"{where}.spent"),
             reserved=_int(_field(found, "reserved", where), f"{where}.reserved"),
             holds=holds,
+            charged={  # absent in files written before it existed
+                _str(call, f"{where} call"): _int(amount, f"{where} charged amount")
+                for call, amount in _dict(found.get("charged", {}), f"{where}.charged").items()
+            },
         )
     if tag == "record":
         found = _dict(body, where)

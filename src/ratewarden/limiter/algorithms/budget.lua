@@ -1,0 +1,99 @@
+-- Twin: budget.py (same name, same shape).
+
+-- Budget: one hash per counter: p (period start), s (spent), r (reserved), n (earliest
+-- reservation expiry), h:<call_id> = "amount:expiry" per reservation not yet settled, and
+-- x:<call_id> = amount per reservation charged at its estimate in this period because it
+-- expired unsettled (so its late settle can correct this period, and no other).
+-- Reservations left unsettled past their expiry are charged at their estimate. A
+-- reservation in flight when the period ends is carried into the new one. The hash is
+-- written only when something changed, so refused calls and usage reads create nothing.
+--
+-- Money never wraps: spent saturates at CEILING and then stays there until the period
+-- ends (so it still denies: no budget exceeds CEILING), and a reservation takes at most
+-- what is left below CEILING. Every figure stays below 3 x CEILING, far inside the
+-- integers a double holds exactly (2^53).
+local CEILING = 1000000000000000  -- micro-units; reference.MONEY_CEILING
+
+local function spend(spent, delta)  -- spent plus delta (may be negative), saturating
+  if spent >= CEILING then return CEILING end
+  return math.min(math.max(0, spent + delta), CEILING)
+end
+
+local function charge_expired(key, b, upto, mark)
+  if not b.n or b.n > upto then return end
+  local fields = redis.call('HGETALL', key)
+  local next_expiry = nil
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 2) == 'h:' then
+      local amount, expiry = string.match(fields[i + 1], '^(%d+):(%d+)$')
+      amount, expiry = tonumber(amount), tonumber(expiry)
+      if expiry <= upto then
+        b.s, b.r, b.dirty = spend(b.s, amount), b.r - amount, true
+        redis.call('HDEL', key, fields[i])
+        if mark then redis.call('HSET', key, 'x:' .. string.sub(fields[i], 3), int(amount)) end
+      elseif not next_expiry or expiry < next_expiry then
+        next_expiry = expiry
+      end
+    end
+  end
+  b.n = next_expiry
+end
+
+local function forget_charges(key)  -- a new period: no correction may reach back past it
+  local fields = redis.call('HKEYS', key)
+  for i = 1, #fields do
+    if string.sub(fields[i], 1, 2) == 'x:' then redis.call('HDEL', key, fields[i]) end
+  end
+end
+
+local function budget_load(key, p0, p1, p2)
+  local h = redis.call('HMGET', key, 'p', 's', 'r', 'n')
+  local b = {p = tonumber(h[1]), s = tonumber(h[2]) or 0, r = tonumber(h[3]) or 0, n = tonumber(h[4])}
+  if p1 == 0 then  -- period unknown (a settle for a rule since removed): keep the counter's
+    b.start, b.finish = b.p or now, now
+  elseif now >= p1 then  -- the daemon's clock lags Redis's: the next period has begun
+    b.start, b.finish = p1, p2
+  else
+    b.start, b.finish = p0, p1
+  end
+  if b.p ~= b.start then
+    if b.p then  -- the period ended: charge what expired in it, then start afresh
+      charge_expired(key, b, math.min(now, b.start - 1), false)
+      forget_charges(key)
+      b.dirty = true
+    end
+    b.p, b.s = b.start, 0
+  end
+  charge_expired(key, b, now, true)
+  return b
+end
+
+local function budget_save(key, b, min_ttl)
+  if not b.dirty then return end
+  redis.call('HSET', key, 'p', int(b.p), 's', int(b.s), 'r', int(b.r))
+  if b.n then redis.call('HSET', key, 'n', int(b.n)) else redis.call('HDEL', key, 'n') end
+  -- Live through the period, every reservation, and the period in which the latest
+  -- reservation expires, so its charge is still there to be read.
+  local ttl = math.max(b.finish - now, min_ttl, (b.keep or now) - now, 1)
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+end
+
+local function budget(key, op, call_id)
+  local b = budget_load(key, op.p0, op.p1, op.p2)
+  local held = b.s + b.r
+  local c = {used = b.s, reserved = b.r, reset = b.finish - now}
+  c.admitted = held < op.limit and held + op.cost <= op.limit
+  if c.admitted then c.retry = 0 elseif op.cost > op.limit then c.retry = -1 else c.retry = b.finish - now end
+  c.commit = function()
+    if op.cost > 0 then
+      local expiry, amount = now + op.window, math.min(op.cost, CEILING - b.r)
+      redis.call('HSET', key, 'h:' .. call_id, int(amount) .. ':' .. int(expiry))
+      if not b.n or expiry < b.n then b.n = expiry end
+      b.r, b.dirty = b.r + amount, true
+      if expiry >= b.finish then b.keep = expiry + (op.p2 - op.p1) end
+    end
+    c.reserved = b.r
+  end
+  c.save = function() budget_save(key, b, op.window) end
+  return c
+end

@@ -1,0 +1,93 @@
+"""Budgets: spent and reserved money per period, reserve then settle (twin of budget.lua)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ratewarden.limiter.algorithms import Check, Table, noop
+from ratewarden.limiter.ops import CounterOp
+
+# Money never wraps (see budget.lua): spent saturates here and stays until the period
+# ends, a reservation takes at most what is left below it; no budget is larger.
+MONEY_CEILING = 10**15  # micro-units: the largest budget (policy.durations.MAX_AMOUNT)
+
+
+def spend(spent: int, delta: int) -> int:
+    """`spent` plus `delta` (which may be negative), saturating at the ceiling."""
+    if spent >= MONEY_CEILING:
+        return MONEY_CEILING
+    return min(max(0, spent + delta), MONEY_CEILING)
+
+
+@dataclass(slots=True)
+class Budget:
+    """A budget counter: its period, spent and reserved money, and open reservations."""
+
+    period: int | None = None
+    spent: int = 0
+    reserved: int = 0
+    holds: dict[str, tuple[int, int]] = field(default_factory=dict)  # call_id -> (amount, expiry)
+    # call_id -> amount charged in this period when its reservation expired unsettled
+    charged: dict[str, int] = field(default_factory=dict)
+    finish: int = 0  # end of the current period (not stored in Redis; recomputed)
+    dirty: bool = False  # changed since loaded: write it back
+    keep: int = 0  # live until then: the period in which the latest reservation expires
+
+
+def charge_expired(budget: Budget, upto: int, mark: bool) -> None:
+    for call_id, (amount, expiry) in list(budget.holds.items()):
+        if expiry <= upto:
+            budget.spent = spend(budget.spent, amount)
+            budget.reserved -= amount
+            budget.dirty = True
+            del budget.holds[call_id]
+            if mark:
+                budget.charged[call_id] = amount
+
+
+def load_budget(budget: Budget, p0: int, p1: int, p2: int, now: int) -> Budget:
+    """Roll the period over if it ended, then charge expired reservations at their estimate."""
+    budget.dirty, budget.keep = False, 0
+    if p1 == 0:  # period unknown (a settle for a rule since removed): keep the counter's
+        start, budget.finish = (now if budget.period is None else budget.period), now
+    else:
+        start, budget.finish = (p1, p2) if now >= p1 else (p0, p1)
+    if budget.period != start:
+        if budget.period is not None:  # the period ended: charge what expired in it
+            charge_expired(budget, min(now, start - 1), mark=False)
+            budget.charged.clear()  # no correction may reach back past a new period
+            budget.dirty = True
+        budget.period, budget.spent = start, 0
+    charge_expired(budget, now, mark=True)
+    return budget
+
+
+def save_budget(table: Table, key: str, budget: Budget, min_ttl: int, now: int) -> None:
+    if not budget.dirty:
+        return
+    # Live through the period, every reservation, and the period in which the latest
+    # reservation expires, so its charge is still there to be read.
+    ttl = max(budget.finish - now, min_ttl, budget.keep - now, 1)
+    table.put(key, budget, max(ttl, table.ttl(key, now)), now)
+
+
+def budget(table: Table, op: CounterOp, now: int, call_id: str) -> Check:
+    state = load_budget(table.get(op.key, now) or Budget(), *op.period, now)
+    held = state.spent + state.reserved
+    admitted = held < op.limit and held + op.cost <= op.limit
+    retry = 0 if admitted else (None if op.cost > op.limit else state.finish - now)
+    check = Check(admitted, state.spent, retry, state.finish - now, noop, reserved=state.reserved)
+
+    def commit() -> None:
+        if op.cost > 0:
+            expiry, amount = now + op.window_ms, min(op.cost, MONEY_CEILING - state.reserved)
+            state.holds[call_id] = (amount, expiry)
+            state.reserved += amount
+            state.dirty = True
+            if expiry >= state.finish:
+                state.keep = expiry + (op.period[2] - op.period[1])
+        check.reserved = state.reserved
+
+    check.commit = commit
+    check.save = lambda: save_budget(table, op.key, state, op.window_ms, now)
+    return check

@@ -1,0 +1,172 @@
+"""The contract between Python and the counters script: its one home.
+
+The script is assembled at import from Lua files split by concern, into one source (one
+SHA, one EVALSHA per decision): `codec.lua` (the mode, the clock, number codecs), one
+file per algorithm in `algorithms/` beside its Python twin of the same name and shape,
+`decide.lua` and `settle.lua` (twins in reference.py), `cluster.lua` (no twin) and
+`modes.lua` (the entry point). The conformance tests hold each pair to the same answers.
+
+Every mode's KEYS, ARGV and reply, as both sides read them (times are ms since the
+epoch, money integer micro-units; `now` is '' for Redis `TIME`):
+
+decide        KEYS: the call's record, then one counter per op.
+              ARGV: 'decide', now, dry ('1' = report only), call_id, fingerprint, record
+              TTL, keep ('1' = record even without holds), then OP_VALUES per op.
+              Reply: a Status, then NUMBERS per op.
+settle        KEYS: the call's record, then one counter per hold.
+              ARGV: 'settle', now, call_id, actual cost ('' = the estimate), then
+              HOLD_VALUES per hold. Reply: a SettleStatus, then per hold what it charged.
+claim         KEYS: the record. ARGV: 'claim', now, call_id, fingerprint, nonce, pending TTL.
+              Reply: {ALLOWED} claimed (a pending marker holds the call_id), {REPLAYED,
+              numbers...}, {CONFLICT}, {IN_FLIGHT} (another check of it) or {SETTLED}.
+record        KEYS: the record. ARGV: 'record', now, nonce, fingerprint, numbers
+              (comma-separated), holds, TTL, keep. Reply: {ALLOWED} written (or, with
+              nothing to keep, the claim dropped), {REPLAYED, numbers...} when another
+              check recorded the call first, {IN_FLIGHT} while it is pending.
+unclaim       KEYS: the record. ARGV: 'unclaim', now, nonce: drop our pending marker (or
+              the record we wrote), never another check's. Reply: {ALLOWED}.
+group         KEYS: the counters of one slot. ARGV: 'group', now, dry, call_id, then
+              OP_VALUES per op. Commits the slot's ops unless one of its enforcing ops
+              refuses. Reply: a Status, then GROUP_NUMBERS per op.
+release       KEYS: counters of one slot that 'group' committed. ARGV: 'release', now,
+              call_id, then OP_VALUES + 2 undo tokens per op. Takes back exactly what that
+              commit took. Reply: NUMBERS per op, a fresh look at each counter.
+settle_mark   KEYS: the record. ARGV: 'settle_mark', now. Reply: a SettleStatus
+              (SETTLED when it was open and is now marked; UNKNOWN also while pending).
+settle_holds  KEYS: the holds of one slot. ARGV: 'settle_holds', now, call_id, actual,
+              then HOLD_VALUES per hold. Reply: per hold, what it charged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from enum import IntEnum, StrEnum
+from importlib import resources
+
+from ratewarden.limiter.ops import (
+    CallRecord,
+    CounterOp,
+    Evaluation,
+    Hold,
+    Kind,
+    OpResult,
+    Role,
+    to_result,
+)
+
+_PARTS = (
+    "codec.lua",
+    "algorithms/sliding_window.lua",
+    "algorithms/token_bucket.lua",
+    "algorithms/fixed_window.lua",
+    "algorithms/budget.lua",
+    "algorithms/concurrency.lua",
+    "decide.lua",
+    "settle.lua",
+    "cluster.lua",
+    "modes.lua",
+)
+_HERE = resources.files("ratewarden.limiter")
+SOURCE = "\n".join(_HERE.joinpath(part).read_text() for part in _PARTS)
+SHA = hashlib.sha1(SOURCE.encode()).hexdigest()
+
+
+class Mode(StrEnum):
+    """ARGV[1]: which step the script runs (see the module docstring)."""
+
+    DECIDE = "decide"
+    SETTLE = "settle"
+    CLAIM = "claim"
+    RECORD = "record"
+    UNCLAIM = "unclaim"
+    GROUP = "group"
+    RELEASE = "release"
+    SETTLE_MARK = "settle_mark"
+    SETTLE_HOLDS = "settle_holds"
+
+
+class Status(IntEnum):
+    """The first number of a decision-side reply (decide, group, claim, record)."""
+
+    ALLOWED = 0  # decided and allowed; claimed; recorded
+    BLOCKED = 1  # an enforcing op refused: nothing was committed
+    REPLAYED = 2  # answered from the call's record; the numbers follow
+    CONFLICT = 3  # the call_id belongs to another call
+    IN_FLIGHT = 4  # another check of the call_id is being decided (cluster)
+    SETTLED = 5  # the call_id's call already finished
+
+
+class SettleStatus(IntEnum):
+    """The first number of a settle reply (settle, settle_mark)."""
+
+    SETTLED = 0
+    ALREADY_SETTLED = 1
+    UNKNOWN = 2  # no record (never allowed, expired, or still pending on a cluster)
+
+
+OP_VALUES = 10  # per op: kind, role, limit, window, burst, cost, period (3), hold line
+HOLD_VALUES = 5  # per hold: kind, estimate, period start, end, next period's end
+NUMBERS = 5  # per op: admitted (1/0), used, retry (-1: waiting does not help), reset, reserved
+GROUP_NUMBERS = 8  # per op from 'group': the five, committed (1/0), two undo tokens
+
+
+def rule_values(
+    kind: Kind, role: Role, limit: int, window_ms: int, burst: int
+) -> tuple[str, int, int, int, int]:
+    """An op's first five values, which come from its rule (a store may encode them once)."""
+    return kind.value, int(role), limit, window_ms, burst
+
+
+def held_values(cost: int, period: tuple[int, int, int]) -> tuple[int, int, int, int]:
+    """An op's next four: a budget's cost and period (zeros for an op that holds nothing)."""
+    return cost, *period
+
+
+def op_values(op: CounterOp) -> list[str | int]:
+    """All OP_VALUES of one op, in order."""
+    return [
+        *rule_values(op.kind, op.role, op.limit, op.window_ms, op.burst),
+        *held_values(op.cost, op.period),
+        op.hold_line,
+    ]
+
+
+def hold_values(hold: Hold) -> tuple[str, int, int, int, int]:
+    return hold.kind.value, hold.estimate, *hold.period
+
+
+def decide_head(now: str, dry_run: bool, record: CallRecord | None) -> list[str | int]:
+    """Mode.DECIDE's ARGV before the ops."""
+    if record is None:
+        return [Mode.DECIDE.value, now, "1" if dry_run else "0", "", "", 0, "0"]
+    keep = "1" if record.keep else "0"
+    dry = "1" if dry_run else "0"
+    return [Mode.DECIDE.value, now, dry, record.call_id, record.fingerprint, record.ttl_ms, keep]
+
+
+def settle_head(mode: Mode, now: str, call_id: str, actual: int | None) -> list[str | int]:
+    """Mode.SETTLE's or Mode.SETTLE_HOLDS' ARGV before the holds."""
+    return [mode.value, now, call_id, "" if actual is None else actual]
+
+
+def results_from(ops: Sequence[CounterOp], numbers: Sequence[int]) -> list[OpResult]:
+    """Results from the raw numbers (NUMBERS per op); none if the ops no longer line up."""
+    if len(numbers) != NUMBERS * len(ops):
+        return []
+    n = iter(numbers)  # zipped five times over: each op takes the next five numbers
+    return [
+        to_result(op, bool(admitted), used, retry, reset, reserved)
+        for op, admitted, used, retry, reset, reserved in zip(ops, n, n, n, n, n, strict=True)
+    ]
+
+
+def evaluation_of(ops: Sequence[CounterOp], reply: Sequence[int]) -> Evaluation:
+    """A decision-side reply (decide, or a cluster claim or record that was answered from
+    the call's record) as the store's answer."""
+    status = reply[0]
+    if status == Status.CONFLICT:
+        return Evaluation(conflict=True)
+    if status == Status.SETTLED:
+        return Evaluation(settled=True)
+    return Evaluation(results_from(ops, reply[1:]), replayed=status == Status.REPLAYED)

@@ -1,0 +1,293 @@
+"""The words the daemon, the client and every adapter share, each spelled once, here.
+
+- the enums of a policy (rule kinds, algorithms, modes, what to do past a limit, fail
+  modes, the `per` dimensions): `policy/schema.py` types its fields with them and
+  `policy/model.py` compiles to them;
+- the names of decisions and of settle outcomes;
+- the metadata fields a caller may state about a tool, and their MCP names;
+- every sentence a model can read: the daemon's default messages (rendered by
+  `policy/messages.py`) and the adapters' and hooks' own fallbacks;
+- the one call-id scheme of every host: `call_id`;
+- the one reader of the client side's `RATEWARDEN_*` variables: `ClientSettings` (the
+  daemon's own settings are `settings.py`).
+
+Standard library only: the client, the hooks and the adapters load this inside a host
+agent's process, without FastAPI, Redis, pydantic-settings or the policy loader
+(tests/unit/test_vocabulary.py checks it in a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import itertools
+import logging
+import os
+import unicodedata
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal, get_args
+
+# -- the policy's words ------------------------------------------------------------------
+
+
+class RuleKind(StrEnum):
+    """What a rule limits; a rule states exactly one of these, under the same name.
+
+    Not the counter kinds of the script (`limiter.ops.Kind`: sw, tb, fw, bg, cc), which
+    say which arithmetic runs a counter: a rate rule's counter is sw, tb or fw.
+    """
+
+    RATE = "rate"
+    CONCURRENCY = "concurrency"
+    BUDGET = "budget"
+
+
+# What an allowed call holds until it is settled (or its lease or reservation expires).
+HOLDING_KINDS = frozenset({RuleKind.CONCURRENCY, RuleKind.BUDGET})
+# A verdict's kind when no rule could be asked: the store was down and a fail mode refused.
+UNAVAILABLE = "unavailable"
+# The default budget refusal while calls in flight hold part of the budget.
+BUDGET_HELD = "budget_held"
+
+
+class Algorithm(StrEnum):
+    SLIDING_WINDOW = "sliding_window"
+    TOKEN_BUCKET = "token_bucket"
+    FIXED_WINDOW = "fixed_window"
+
+
+class Mode(StrEnum):
+    ENFORCE = "enforce"
+    SHADOW = "shadow"
+
+
+class OnExceed(StrEnum):
+    DENY = "deny"
+    ASK = "ask"
+
+
+class FailMode(StrEnum):
+    """The answer when the daemon (or its store) cannot be asked."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Dimension(StrEnum):
+    """What a rule may count per (`per:`): the call's parts of the same names."""
+
+    USER = "user"
+    TOOL = "tool"
+    SESSION = "session"
+    TEAM = "team"
+
+
+_FAIL_MODES = frozenset(FailMode)
+
+
+def fail_mode(value: object) -> FailMode:
+    """`value` as a fail mode; ValueError naming the choices otherwise."""
+    if not isinstance(value, str) or value not in _FAIL_MODES:
+        choices = " or ".join(repr(mode.value) for mode in FailMode)
+        raise ValueError(f"fail must be {choices}, got {value!r}")
+    return FailMode(value)
+
+
+# -- decisions and settles (strings on the hot path, so Literal types, not enums) --------
+
+DecisionName = Literal["allow", "deny", "ask"]
+SettledOutcome = Literal["settled", "already_settled"]  # what a settle answers
+SettleOutcome = Literal[SettledOutcome, "unknown"]  # "unknown": a 404, no such call
+DECISIONS: tuple[DecisionName, ...] = get_args(DecisionName)
+SETTLE_OUTCOMES: tuple[SettleOutcome, ...] = get_args(SettleOutcome)
+
+# -- what a caller may say about a tool ---------------------------------------------------
+
+# The boolean facts, in the order the API, the policy's `match:` and the engine list them.
+# Each model that holds them (calls.ToolFacts, wire.ToolMetadata, schema.MatchSpec) states
+# them as typed fields; tests/unit/test_vocabulary.py holds all of them equal to this.
+METADATA_FLAGS = ("read_only", "destructive", "idempotent", "open_world", "requires_confirmation")
+METADATA_FIELDS = (*METADATA_FLAGS, "tags")
+# MCP ToolAnnotations names -> ours (requires_confirmation has no MCP name).
+MCP_HINTS = {
+    "readOnlyHint": "read_only",
+    "destructiveHint": "destructive",
+    "idempotentHint": "idempotent",
+    "openWorldHint": "open_world",
+}
+MAX_TAG = 64  # characters in one tag
+MAX_TAGS = 32  # tags on one call
+
+# -- every sentence a model can read ------------------------------------------------------
+
+# The daemon's default messages, by rule kind; `{fields}` as in a rule's `message:`.
+TEMPLATES: dict[str, str] = {
+    RuleKind.RATE: "Rate limit: max {limit} {label} calls per {window}",
+    RuleKind.CONCURRENCY: "Concurrency limit: max {limit} {label} calls at once",
+    RuleKind.BUDGET: (
+        "Budget exceeded for {label} tools: spent {spent} of {budget} {currency} this {period}"
+    ),
+    # The same refusal while calls in flight hold part of the budget: what is held counts
+    # as much as what is spent, and the model must not read "spent 0.00" as room left.
+    BUDGET_HELD: (
+        "Budget exceeded for {label} tools: {spent} spent and {reserved} held by calls in "
+        "flight of {budget} {currency} this {period}"
+    ),
+    # A fail-closed refusal, from the daemon (store down) or the client (daemon down).
+    UNAVAILABLE: "Tool guard unavailable; {label} calls are paused",
+}
+# Fields a `message:` template may use, by the kind of rule it belongs to.
+_COMMON = frozenset({"limit", "label", "retry_after", "remaining", "user", "tool", "rule"})
+TEMPLATE_FIELDS: dict[str, frozenset[str]] = {
+    RuleKind.RATE: _COMMON | {"window"},
+    RuleKind.CONCURRENCY: _COMMON,
+    RuleKind.BUDGET: _COMMON | {"spent", "reserved", "budget", "currency", "period"},
+}
+RETRY_SUFFIX = " (retry in {wait})"  # after a default message, when waiting helps
+RETRY_LATER = "later"  # `{retry_after}` when no wait will help (a limit of 0)
+SOFT_LIMIT_WARNING = (
+    "Budget soft limit: {label} tools at {share:.0f}% of {limit:.2f} {currency} this "
+    "{period} ({rule})"
+)
+APPROVED_PAST = "approved past {rule}: {message}"  # a warning on an approved call
+# The adapters' and hooks' own: a refusal that came without a message...
+REFUSED = "ratewarden refused this {tool} call"
+REFUSED_BY = "{decision} by ratewarden"  # agent-code: "deny by ratewarden"
+BLOCKED = "Blocked by ratewarden"  # hermes' shell hook
+# ...an `ask` where the host has a human to ask (hermes' gate), or has none (Strands)...
+ASK_REASON = "ratewarden asks a human to approve this {tool} call"
+APPROVAL_NEEDED = (
+    "A human must approve this call before it can run: tell the user why, "
+    "and do not retry it until they have approved it."
+)
+# ...and a hook that cannot read its host's input, failing closed.
+UNREADABLE = (
+    "Tool guard unavailable: cannot read the {host} hook input ({reason}); tool calls are paused"
+)
+
+SENTENCES: dict[str, str] = {
+    **{f"template {kind}": text for kind, text in TEMPLATES.items()},
+    "retry suffix": RETRY_SUFFIX,
+    "soft limit warning": SOFT_LIMIT_WARNING,
+    "approved past": APPROVED_PAST,
+    "refused": REFUSED,
+    "refused by": REFUSED_BY,
+    "blocked": BLOCKED,
+    "ask reason": ASK_REASON,
+    "approval needed": APPROVAL_NEEDED,
+    "unreadable": UNREADABLE,
+}
+
+
+def unavailable(label: str) -> str:
+    """The fail-closed refusal for `label` (a tool's catalogue label, or its name)."""
+    return TEMPLATES[UNAVAILABLE].format(label=label)
+
+
+def needs_approval(message: str) -> str:
+    """An `ask` for a host that cannot ask anyone: the reason, then what the model must do."""
+    return f"{message.rstrip('. ')}. {APPROVAL_NEEDED}"
+
+
+# -- call ids ---------------------------------------------------------------------------
+
+MAX_NAME = 256  # the API's limit on user, tool, session and team
+MAX_CALL_ID = 128  # the API's limit on call_id
+SUFFIX_CHARS = 16  # hex digits after the `~`: 64 bits, random or of SHA-256
+SEPARATOR = "~"  # unreserved in a URL: a call id travels in the settle path unescaped
+# Every id an adapter or hook makes, and every name or id it had to replace.
+CALL_ID_PATTERN = rf"[^\x00-\x1f\x7f-\x9f]{{0,{MAX_CALL_ID - SUFFIX_CHARS - 1}}}~[0-9a-f]{{16}}"
+_UNSENDABLE = frozenset({"Cc", "Cs"})  # control characters, lone surrogates
+
+
+def call_id(host: str, host_call_id: object = None, *, unique: str | None = None) -> str:
+    """The call id of one check: `<lead>~<16 hex digits>`, at most 128 characters.
+
+    The lead is the host's own id for the call (its tool-call id) as far as the API takes
+    it, else the host's name (`hermes`, `pydantic-ai`). The digits are random, so that
+    each check is a call of its own: the daemon replays an allowed call_id without
+    counting it, and models that reuse their tool-call ids (`call_0` on every turn) would
+    otherwise go uncounted. A host whose pre and post hooks run in separate processes
+    passes `unique` (what tells this call from another with the same tool-call id): the
+    digits are then the digest of both ids, so both hooks name the same call, and two
+    calls apart even when their leads had to be cut.
+    """
+    given = host_call_id if isinstance(host_call_id, str) else ""
+    lead = _sendable(given, MAX_CALL_ID) or host
+    if unique is None:
+        return tagged(lead, uuid.uuid4().hex[:SUFFIX_CHARS], MAX_CALL_ID)
+    return tagged(lead, digest(f"{given}\x00{unique}"), MAX_CALL_ID)
+
+
+def tagged(lead: str, suffix: str, limit: int) -> str:
+    """`<lead>~<suffix>` in at most `limit` characters, the lead cut to fit and stripped
+    of what the API refuses (control characters, lone surrogates)."""
+    return f"{_sendable(lead, limit - len(suffix) - len(SEPARATOR))}{SEPARATOR}{suffix}"
+
+
+def digest(value: str) -> str:
+    """The first 16 hex digits of `value`'s SHA-256 (lone surrogates included, one to one)."""
+    raw = value.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(raw).hexdigest()[:SUFFIX_CHARS]
+
+
+def sendable(value: str) -> bool:
+    """Whether `value` holds no control character or lone surrogate."""
+    return _sendable(value, len(value)) == value
+
+
+def _sendable(value: str, limit: int) -> str:
+    """The first `limit` characters of `value` that the API takes (reading no further: a
+    host may send megabytes)."""
+    kept = (char for char in value if unicodedata.category(char) not in _UNSENDABLE)
+    return "".join(itertools.islice(kept, max(limit, 0)))
+
+
+# -- the client side's settings ------------------------------------------------------------
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+DEFAULT_TIMEOUT_S = 2.0  # a client's (the CLI's) wait for an answer
+ADAPTER_TIMEOUT_S = 1.0  # a guard in front of every tool call must not stall the agent
+_log = logging.getLogger("ratewarden.client")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """The `RATEWARDEN_*` variables the client, the hooks and the adapters read.
+
+    Read when a guard or hook is made, never at import. An argument or flag given in code
+    wins over each of them.
+    """
+
+    url: str = DEFAULT_URL  # RATEWARDEN_URL: where the daemon is
+    token: str | None = None  # RATEWARDEN_TOKEN: the bearer token to send
+    user: str | None = None  # RATEWARDEN_USER: who calls when the host does not say
+    fail_text: str = ""  # RATEWARDEN_FAIL, as set: see `fail`
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None) -> ClientSettings:
+        env = os.environ if environ is None else environ
+        return cls(
+            url=env.get("RATEWARDEN_URL") or DEFAULT_URL,
+            token=env.get("RATEWARDEN_TOKEN") or None,
+            user=env.get("RATEWARDEN_USER") or None,
+            fail_text=env.get("RATEWARDEN_FAIL", "").strip().lower(),
+        )
+
+    @property
+    def fail(self) -> FailMode:
+        """`open` when unset; anything but `open` or `closed` is a typo, and fails closed."""
+        if self.fail_text in ("", FailMode.OPEN):
+            return FailMode.OPEN
+        if self.fail_text != FailMode.CLOSED:
+            _log.error(
+                "RATEWARDEN_FAIL=%r is neither 'open' nor 'closed'; failing closed", self.fail_text
+            )
+        return FailMode.CLOSED
+
+    def user_or_login(self) -> str:
+        """RATEWARDEN_USER, else the OS login name (OSError or KeyError without one)."""
+        return self.user or getpass.getuser()

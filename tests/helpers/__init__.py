@@ -1,0 +1,1 @@
+"""Shared test helpers: apps in process, Redis servers, host environments."""

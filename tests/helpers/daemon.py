@@ -1,0 +1,112 @@
+"""A real `ratewarden serve` process for a test to talk to over real sockets.
+
+One way to start it, wait for it and stop it, so every test that needs a daemon gets the
+same clean environment, the same bounded wait and the same cleanup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers.redis_server import free_port
+
+START_TIMEOUT_S = 20.0  # for a `ratewarden serve` process to answer /healthz
+RATEWARDEN = (sys.executable, "-m", "ratewarden")
+
+
+def clean_environment(**extra: str) -> dict[str, str]:
+    """The environment without RATEWARDEN_*, proxy or multiprocess-metrics settings (the
+    daemon under test is local and configured by the test), plus `extra`."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.upper().startswith("RATEWARDEN_")
+        and "proxy" not in k.lower()
+        and k != "PROMETHEUS_MULTIPROC_DIR"
+    }
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Daemon:
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def running_daemon(
+    cwd: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    command: Sequence[str] = RATEWARDEN,
+    ready: str = "/healthz",
+    start_timeout_s: float = START_TIMEOUT_S,
+) -> Iterator[Daemon]:
+    """`<command> serve --port <free port> <flags>` in `cwd` with `env` (a clean
+    environment if None), its output in a log file in `cwd`; yields once `ready` answers
+    200 and stops the process (and any workers it forked) when the block ends."""
+    port = free_port()
+    log = cwd / f"serve-{port}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [*command, "serve", "--port", str(port), *flags],
+            cwd=cwd,
+            env=clean_environment() if env is None else env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: workers are killed with it
+        )
+    daemon = Daemon(f"http://127.0.0.1:{port}", port, process, log)
+    try:
+        wait_until_healthy(daemon, ready, start_timeout_s)
+        yield daemon
+    finally:
+        stop(process)
+
+
+def wait_until_healthy(
+    daemon: Daemon, path: str = "/healthz", timeout_s: float = START_TIMEOUT_S
+) -> None:
+    """Polls `path` until it answers 200; fails the test if the daemon exits or never does."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(trust_env=False, timeout=1.0) as http:
+        while True:
+            if daemon.process.poll() is not None:
+                pytest.fail(f"serve exited with {daemon.process.returncode}:\n{daemon.log_text()}")
+            with contextlib.suppress(httpx.TransportError):
+                if http.get(f"{daemon.url}{path}").status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                pytest.fail(f"serve did not answer {path} in {timeout_s}s:\n{daemon.log_text()}")
+            time.sleep(0.05)  # bounded polling for the subprocess to listen
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL to the whole group if it has not exited within 10 s (a test
+    may already have stopped it itself)."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

@@ -1,0 +1,204 @@
+"""The real Claude Code CLI (the one bundled in the claude-agent-sdk wheel) runs
+`ratewarden hook claude-code` as its PreToolUse / PostToolUse command hook.
+
+Offline: the CLI talks to a scripted Messages API on loopback (tests/helpers/fake_anthropic.py),
+with HOME in a temporary directory and non-essential traffic off. The fake model asks for
+`Bash` again and again; each Bash call appends a line to a file, so the test counts what
+really ran rather than trusting the hook.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.fake_anthropic import fake_messages_api
+from tests.helpers.hostenv import Daemon, host_python, running_daemon
+from tests.helpers.redis_server import free_port
+
+# The first run builds the host's venv (the wheel bundles a 381 MB CLI).
+pytestmark = pytest.mark.timeout(900)
+
+POLICY = """\
+version: 1
+tools:
+  Bash: {label: terminal}
+rules:
+  - name: terminal-per-minute
+    match: {tool: Bash}
+    per: [user]
+    rate: 10/minute
+  - name: one-bash-at-a-time     # call after call passes only if PostToolUse settles each
+    match: {tool: Bash}
+    per: [user]
+    concurrency: 1
+  - name: interns-ask-first
+    match: {tool: Bash, user: "intern-*"}
+    rate: 0/minute
+    on_exceed: ask
+"""
+MESSAGE = "Rate limit: max 10 terminal calls per minute"
+PAUSED = "Tool guard unavailable; Bash calls are paused"
+
+
+@dataclass
+class ClaudeCode:
+    cli: Path  # the bundled `claude` executable
+    ratewarden: Path  # the console script in the same venv, as a user would install it
+
+
+@pytest.fixture(scope="module")
+def claude_code() -> ClaudeCode:
+    python = host_python("claude_code", ["claude-agent-sdk"])
+    # Where the SDK itself looks for its bundled CLI.
+    found = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import claude_agent_sdk, pathlib; "
+            "print(pathlib.Path(claude_agent_sdk.__file__).parent / '_bundled' / 'claude')",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    cli = Path(found.stdout.strip())
+    assert os.access(cli, os.X_OK), f"no bundled CLI at {cli}"
+    return ClaudeCode(cli, python.with_name("ratewarden"))
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with running_daemon(POLICY, tmp_path / "daemon") as served:
+        yield served
+
+
+def hooks_settings(command: str) -> str:
+    """The `hooks` block of a settings.json, as docs/integrations.md shows it."""
+    entry = [{"matcher": "Bash", "hooks": [{"type": "command", "command": command}]}]
+    return json.dumps({"hooks": {"PreToolUse": entry, "PostToolUse": entry}})
+
+
+def run_claude(
+    claude: ClaudeCode, tmp_path: Path, model_url: str, hook_flags: str, stdin: str = ""
+) -> dict[str, Any]:
+    """`claude -p` with our hooks; returns its JSON result. `stdin` goes before the hook
+    command (to feed it something else than Claude Code's payload)."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": model_url,
+        "ANTHROPIC_API_KEY": "sk-ant-fake",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
+    command = f"{stdin}{shlex.quote(str(claude.ratewarden))} hook claude-code {hook_flags}"
+    done = subprocess.run(
+        [
+            str(claude.cli),
+            "-p",
+            "Append a line to the file, again and again.",
+            "--output-format",
+            "json",
+            "--settings",
+            hooks_settings(command),
+            "--allowedTools",
+            "Bash",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"claude failed:\n{done.stdout}\n{done.stderr}"
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_real_claude_code_stops_the_11th_bash_call(
+    claude_code: ClaudeCode, daemon: Daemon, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran.txt"
+    with fake_messages_api(f"echo ran >> {shlex.quote(str(ran))}", calls=11) as (url, model):
+        result = run_claude(claude_code, tmp_path, url, f"--url {daemon.url} --user carol")
+    assert result["is_error"] is False, result
+    assert len(model.tool_use_ids) == 11
+    assert lines(ran) == 10  # the command ran 10 times, not 11
+    allowed, denied = model.tool_use_ids[:10], model.tool_use_ids[10]
+    assert MESSAGE in model.tool_results[denied]
+    assert all(MESSAGE not in model.tool_results[call] for call in allowed)
+    assert [d["tool_use_id"] for d in result["permission_denials"]] == [denied]
+    # Each allowed call was settled by PostToolUse, or the concurrency cap of 1 would have
+    # refused the second; and the calls were counted for the --user we gave.
+    usage = httpx.get(f"{daemon.url}/v1/usage", params={"user": "carol", "tool": "Bash"}).json()
+    used = {item["rule"]: item["used"] for item in usage["limits"]}
+    assert used == {"terminal-per-minute": 10, "one-bash-at-a-time": 0}
+    [denial] = httpx.get(f"{daemon.url}/v1/denials", params={"user": "carol"}).json()["denials"]
+    assert (denial["call_id"], denial["session"]) == (denied, result["session_id"])
+
+
+def test_real_claude_code_with_the_daemon_down(claude_code: ClaudeCode, tmp_path: Path) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    ran = tmp_path / "ran.txt"
+    command = f"echo ran >> {shlex.quote(str(ran))}"
+    # Failing open (the default): the call runs.
+    with fake_messages_api(command, calls=1) as (url, model):
+        run_claude(claude_code, tmp_path, url, f"--url {nowhere}")
+    assert lines(ran) == 1
+    assert PAUSED not in model.tool_results[model.tool_use_ids[0]]
+    # Failing closed: the model is told the guard is unavailable, and nothing runs.
+    with fake_messages_api(command, calls=1) as (url, model):
+        result = run_claude(claude_code, tmp_path, url, f"--url {nowhere} --fail closed")
+    assert lines(ran) == 1
+    assert PAUSED in model.tool_results[model.tool_use_ids[0]]
+    assert len(result["permission_denials"]) == 1
+
+
+def test_real_claude_code_ask_without_a_human_is_refused(
+    claude_code: ClaudeCode, daemon: Daemon, tmp_path: Path
+) -> None:
+    # `permissionDecision: ask` needs someone at the prompt; `claude -p` has no one, so the
+    # call is refused with our reason, even with `--allowedTools Bash`.
+    ran = tmp_path / "ran.txt"
+    with fake_messages_api(f"echo ran >> {shlex.quote(str(ran))}", calls=1) as (url, model):
+        result = run_claude(claude_code, tmp_path, url, f"--url {daemon.url} --user intern-1")
+    assert lines(ran) == 0
+    [call] = model.tool_use_ids
+    assert "Rate limit: max 0 terminal calls per minute" in model.tool_results[call]
+    assert [d["tool_use_id"] for d in result["permission_denials"]] == [call]
+
+
+def test_real_claude_code_unreadable_input_failing_closed_blocks(
+    claude_code: ClaudeCode, tmp_path: Path
+) -> None:
+    # A broken installation (here: the hook fed garbage instead of Claude Code's JSON):
+    # failing closed, exit 2 blocks the call and Claude Code hands our stderr to the model.
+    ran = tmp_path / "ran.txt"
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    garbage = "cat > /dev/null; echo garbage | "
+    with fake_messages_api(f"echo ran >> {shlex.quote(str(ran))}", calls=1) as (url, model):
+        run_claude(claude_code, tmp_path, url, f"--url {nowhere} --fail closed", stdin=garbage)
+    assert lines(ran) == 0
+    [call] = model.tool_use_ids
+    assert (
+        "Tool guard unavailable: cannot read the claude-code hook input"
+        in (model.tool_results[call])
+    )

@@ -1,0 +1,254 @@
+"""One round trip per decision: the client sends exactly one EVALSHA, whatever the rules.
+
+A raw MONITOR connection to the real redis-server records every command in execution
+order. Commands run inside the script are reported as from `[<db> lua]` and are left
+out: only what the store's own connection sends is counted. ECHO markers from a
+separate connection delimit each measurement.
+
+The one EVALSHA runs the counters script in `decide` mode: KEYS[1] is the call's record and
+one counter key per rule follows; ARGV is 'decide', now, dry, call_id, fingerprint,
+record TTL, keep, then ten values per rule (see the script's header).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import re
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from ratewarden.calls import Call
+from ratewarden.engine import Engine
+from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation
+from ratewarden.policy import parse_policy
+from ratewarden.store.keys import record_key
+from ratewarden.store.redis_store import RedisStore
+from tests.helpers.redis_server import RedisServer
+
+pytestmark = pytest.mark.redis
+
+_LINE = re.compile(r"^\+\d+\.\d+ \[\d+ (?P<client>[^\]]+)\] (?P<args>.*)$")
+_ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+Command = tuple[str, ...]  # (client, COMMAND, arg, ...)
+
+POLICY = b"""
+version: 1
+rules:
+  - {name: all-tools, rate: 100/minute}
+  - {name: t3-a, match: {tool: [t3, t6]}, rate: 100/minute, algorithm: token_bucket}
+  - {name: t3-b, match: {tool: [t3, t6]}, rate: 100/minute, algorithm: fixed_window}
+  - {name: t6-a, match: {tool: t6}, per: [user, tool], rate: 2/minute}
+  - {name: t6-b, match: {tool: t6}, per: [], rate: 100/hour, algorithm: token_bucket}
+  - {name: t6-c, match: {tool: t6}, per: [tool], rate: 100/day, algorithm: fixed_window}
+"""
+# Each rule's kind, in policy order, as ARGV names it.
+KINDS = {"t1": ["sw"], "t3": ["sw", "tb", "fw"], "t6": ["sw", "tb", "fw", "sw", "tb", "fw"]}
+HEADER = 7  # 'decide', now, dry, call_id, fingerprint, record TTL, keep
+PER_OP = 10
+
+
+def parse_monitor_line(line: str) -> Command | None:
+    found = _LINE.match(line)
+    if not found:
+        return None
+    args = _ARG.findall(found["args"])
+    return (found["client"], args[0].upper(), *args[1:])
+
+
+class Monitor:
+    """MONITOR on a raw socket, read by a thread; `between()` returns one marked span."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self._sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        self._sock.sendall(b"MONITOR\r\n")
+        self._file = self._sock.makefile("rb")
+        assert self._file.readline() == b"+OK\r\n"
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        self._marker = redis.Redis(port=server.port)
+        self._ids = itertools.count()
+
+    def _read(self) -> None:
+        try:
+            for raw in self._file:
+                self._lines.put(raw.decode("utf-8", "backslashreplace").rstrip("\r\n"))
+        except (OSError, ValueError):
+            pass  # closed by close()
+
+    def mark(self) -> str:
+        marker = f"rw-test-marker-{next(self._ids)}"
+        self._marker.echo(marker)
+        return marker
+
+    def between(self, begin: str, end: str) -> list[Command]:
+        """Client commands after ECHO `begin` and before ECHO `end`, script lines left out."""
+        commands: list[Command] = []
+        started = False
+        while True:
+            parsed = parse_monitor_line(self._lines.get(timeout=10))
+            if parsed is None:
+                continue
+            client, name, *args = parsed
+            if name == "ECHO" and args == [begin]:
+                started = True
+            elif name == "ECHO" and args == [end]:
+                assert started, "end marker before begin marker"
+                return commands
+            elif started and not client.endswith("lua"):
+                commands.append(parsed)
+
+    def close(self) -> None:
+        self._marker.close()
+        self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def monitor(redis_server: RedisServer, redis_url: str) -> Iterator[Monitor]:
+    watcher = Monitor(redis_server)
+    yield watcher
+    watcher.close()
+
+
+@contextmanager
+def recording(monitor: Monitor) -> Iterator[list[Command]]:
+    """Collect the commands sent inside the `with` block (filled in on exit)."""
+    found: list[Command] = []
+    begin = monitor.mark()
+    yield found
+    found.extend(monitor.between(begin, monitor.mark()))
+
+
+async def started_store(url: str, cls: type[RedisStore] = RedisStore) -> RedisStore:
+    store = cls(aioredis.Redis.from_url(url), url)  # no clock: Redis TIME, as in production
+    await store.start()
+    return store
+
+
+def names_and_numkeys(commands: Sequence[Command]) -> list[tuple[str, ...]]:
+    """(COMMAND, numkeys) for EVALSHA, (COMMAND,) for anything else."""
+    return [(c[1], c[3]) if c[1] == "EVALSHA" else (c[1],) for c in commands]
+
+
+@pytest.mark.parametrize(("tool", "rules"), [("t1", 1), ("t3", 3), ("t6", 6)])
+async def test_one_evalsha_per_decision(
+    monitor: Monitor, redis_url: str, tool: str, rules: int
+) -> None:
+    store = await started_store(redis_url)
+    try:
+        engine = Engine(parse_policy(POLICY), store)
+        decisions = []
+        with recording(monitor) as commands:
+            for i in range(4):  # with tool t6 the last two are refused (t6-a: 2/minute)
+                decisions.append(await engine.check(Call(user="u", tool=tool, call_id=str(i))))
+    finally:
+        await store.close()
+    assert [len(d.limits) for d in decisions] == [rules] * 4
+    expected_decisions = ["allow"] * 4 if rules < 6 else ["allow", "allow", "deny", "deny"]
+    assert [d.decision for d in decisions] == expected_decisions
+    # One EVALSHA per decision, refused or not: the record's key and one key per rule.
+    assert names_and_numkeys(commands) == [("EVALSHA", str(1 + rules))] * 4
+    assert len({c[0] for c in commands}) == 1  # all from the store's one connection
+    for i, command in enumerate(commands):
+        sha, numkeys, *rest = command[2:]
+        assert sha == store._script.sha
+        keys, argv = rest[: int(numkeys)], rest[int(numkeys) :]
+        assert keys[0] == record_key(str(i))
+        assert all(key.startswith("rw:{") for key in keys[1:])
+        # Redis TIME, not a dry run; the caller named the call, so it is recorded for 1 h.
+        assert argv[:HEADER] == ["decide", "", "0", str(i), f"u|{tool}", "3600000", "1"]
+        assert len(argv) == HEADER + PER_OP * rules
+        assert argv[HEADER::PER_OP] == KINDS[tool]
+
+
+async def test_usage_and_unmatched_calls(monitor: Monitor, redis_url: str) -> None:
+    store = await started_store(redis_url)
+    try:
+        engine = Engine(parse_policy(POLICY), store)
+        with recording(monitor) as usage_commands:
+            usage = await engine.usage("u", tool="t6")
+        no_rules = Engine(parse_policy(b"version: 1\nrules: []\n"), store)
+        with recording(monitor) as unmatched_commands:
+            decision = await no_rules.check(Call(user="u", tool="t6", call_id="x"))
+    finally:
+        await store.close()
+    assert len(usage) == 6
+    assert names_and_numkeys(usage_commands) == [("EVALSHA", "7")]
+    argv = usage_commands[0][4 + 7 :]
+    # A dry run, with no record: no call_id, nothing kept.
+    assert argv[:HEADER] == ("decide", "", "1", "", "", "0", "0")
+    assert len(argv) == HEADER + PER_OP * 6
+    assert decision.decision == "allow"
+    assert unmatched_commands == []  # nothing to count, nothing sent
+
+
+class ChattyStore(RedisStore):
+    """A store that sends one command too many per decision: the check must notice."""
+
+    async def evaluate(
+        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
+    ) -> Evaluation:
+        await self._client.exists(*[op.key for op in ops])
+        return await super().evaluate(ops, record, dry_run)
+
+
+class RestartingStore(RedisStore):
+    """A store that forgets its script SHA, as if Redis had flushed its script cache."""
+
+    async def evaluate(
+        self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
+    ) -> Evaluation:
+        await self._client.script_flush()
+        return await super().evaluate(ops, record, dry_run)
+
+
+@pytest.mark.parametrize(
+    ("cls", "expected"),
+    [
+        (ChattyStore, [("EXISTS",), ("EVALSHA", "4")] * 2),
+        # NOSCRIPT: the store reloads the script and retries, once.
+        (RestartingStore, [("SCRIPT",), ("EVALSHA", "4"), ("SCRIPT",), ("EVALSHA", "4")] * 2),
+    ],
+    ids=["extra-command", "script-reload"],
+)
+async def test_the_monitor_sees_every_extra_command(
+    monitor: Monitor, redis_url: str, cls: type[RedisStore], expected: list[tuple[str, ...]]
+) -> None:
+    store = await started_store(redis_url, cls)
+    try:
+        engine = Engine(parse_policy(POLICY), store)
+        # Twice first, so that every connection the store uses is open (a new one says
+        # HELLO; the script keeps the first it gets): recorded is what each decision sends.
+        for i in range(2):
+            await engine.check(Call(user="warm-up", tool="t3", call_id=f"warm-up-{i}"))
+        with recording(monitor) as commands:
+            for i in range(2):
+                decision = await engine.check(Call(user="u", tool="t3", call_id=str(i)))
+                assert decision.decision == "allow"
+    finally:
+        await store.close()
+    assert names_and_numkeys(commands) == expected
+    assert names_and_numkeys(commands) != [("EVALSHA", "4")] * 2
+
+
+def test_monitor_line_parsing() -> None:
+    line = '+1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "ab\\"c" "1" "rw:{x|u=a}:sw"'
+    assert parse_monitor_line(line) == ("127.0.0.1:5555", "EVALSHA", 'ab\\"c', "1", "rw:{x|u=a}:sw")
+    assert parse_monitor_line('+1700000000.123456 [0 lua] "GETRANGE" "k" "0" "7"') == (
+        "lua",
+        "GETRANGE",
+        "k",
+        "0",
+        "7",
+    )
+    assert parse_monitor_line("+OK") is None
