@@ -122,12 +122,13 @@ class AuditTrail:
         self._task: asyncio.Task[None] | None = None
 
     def record(self, decision: Decision, call: Call, args: dict[str, Any] | None) -> None:
+        if _event(decision) is None:
+            return  # most calls: no clock read, no id (a uuid4 is 3 us of every request)
         kept = args if self.include_args else None
         entry = audit_entry(
             decision, call, kept, now_ms=self.clock.now_ms(), entry_id=self.new_id()
         )
-        if entry is None:
-            return
+        assert entry is not None  # it has an event
         line = _json_line(entry)
         log.info(line)
         self._pending.append(line)

@@ -136,13 +136,17 @@ def hold_values(hold: Hold) -> tuple[str, int, int, int, int]:
     return hold.kind.value, hold.estimate, *hold.period
 
 
+_DECIDE = Mode.DECIDE.value  # read once: an enum member's .value costs 0.4 us a read
+_CONFLICT, _SETTLED, _REPLAYED = int(Status.CONFLICT), int(Status.SETTLED), int(Status.REPLAYED)
+
+
 def decide_head(now: str, dry_run: bool, record: CallRecord | None) -> list[str | int]:
     """Mode.DECIDE's ARGV before the ops."""
-    if record is None:
-        return [Mode.DECIDE.value, now, "1" if dry_run else "0", "", "", 0, "0"]
-    keep = "1" if record.keep else "0"
     dry = "1" if dry_run else "0"
-    return [Mode.DECIDE.value, now, dry, record.call_id, record.fingerprint, record.ttl_ms, keep]
+    if record is None:
+        return [_DECIDE, now, dry, "", "", 0, "0"]
+    keep = "1" if record.keep else "0"
+    return [_DECIDE, now, dry, record.call_id, record.fingerprint, record.ttl_ms, keep]
 
 
 def settle_head(mode: Mode, now: str, call_id: str, actual: int | None) -> list[str | int]:
@@ -164,9 +168,9 @@ def results_from(ops: Sequence[CounterOp], numbers: Sequence[int]) -> list[OpRes
 def evaluation_of(ops: Sequence[CounterOp], reply: Sequence[int]) -> Evaluation:
     """A decision-side reply (decide, or a cluster claim or record that was answered from
     the call's record) as the store's answer."""
-    status = reply[0]
-    if status == Status.CONFLICT:
+    status = reply[0]  # compared as plain ints: on every decision
+    if status == _CONFLICT:
         return Evaluation(conflict=True)
-    if status == Status.SETTLED:
+    if status == _SETTLED:
         return Evaluation(settled=True)
-    return Evaluation(results_from(ops, reply[1:]), replayed=status == Status.REPLAYED)
+    return Evaluation(results_from(ops, reply[1:]), replayed=status == _REPLAYED)
