@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from ratewarden.arguments import MISSING, ArgPath, digest
+from ratewarden.vocabulary import ARGS_DIMENSION, Dimension
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +54,23 @@ class Call:
     facts: ToolFacts = field(default=UNCLASSIFIED)
     approved: bool = False
     named: bool = True  # the caller chose call_id (an idempotency key); False if generated
+    # The tool's arguments, when the policy reads them: matched and hashed into counter
+    # keys, never stored or logged (the audit gets them separately, if the operator asks).
+    args: Mapping[str, Any] | None = None
 
     def dimension(self, name: str) -> str | None:
-        """The value of a `per` dimension (user, tool, session, team)."""
-        value: str | None = getattr(self, name)
-        return value
+        """The value of a `per` dimension: user, tool, session or team as it is; `args`
+        and `args.PATH` as a fixed-length digest of the arguments (None when absent)."""
+        if name == Dimension.ARGS:
+            return None if self.args is None else digest(self.args)
+        if name.startswith(ARGS_DIMENSION):
+            value = _arg_path(name).resolve(self.args)
+            return None if value is MISSING else digest(value)
+        found: str | None = getattr(self, name)
+        return found
+
+
+@lru_cache(maxsize=1024)
+def _arg_path(dimension: str) -> ArgPath:
+    """`args.PATH`'s path, parsed once (the policy checked it at load)."""
+    return ArgPath.parse(dimension.removeprefix(ARGS_DIMENSION))

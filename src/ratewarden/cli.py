@@ -232,6 +232,11 @@ def _add_check(commands: Any) -> None:
     check.add_argument("--cost", type=float)
     check.add_argument("--call-id")
     check.add_argument("--approved", action="store_true", help="a human approved this call")
+    check.add_argument(
+        "--args",
+        type=_args_json,
+        help="the call's arguments as a JSON object; sent only if the policy reads them",
+    )
     _add_metadata_flags(check)
     _add_client_flags(check)
     check.set_defaults(run=_check)
@@ -250,7 +255,9 @@ def _check(args: argparse.Namespace) -> int:
 
     request = CheckRequest.model_validate(
         {
-            **_given(args, "user", "tool", "session", "team", "cost", "call_id", "approved"),
+            **_given(
+                args, "user", "tool", "session", "team", "cost", "call_id", "approved", "args"
+            ),
             "metadata": _metadata(args),
         }
     )
@@ -438,6 +445,9 @@ def _add_policy(commands: Any) -> None:
     explain.add_argument("--session")
     explain.add_argument("--team")
     explain.add_argument("--approved", action="store_true")
+    explain.add_argument(
+        "--args", type=_args_json, help="the call's arguments as a JSON object (args rules)"
+    )
     _add_metadata_flags(explain)
     explain.set_defaults(run=_policy_explain)
 
@@ -477,13 +487,34 @@ def _policy_explain(args: argparse.Namespace) -> int:
         args.team,
         facts=facts,
         approved=args.approved,
+        args=args.args,
     )
     print(explain_text(policy, call))
     return 0
 
 
+def _args_json(text: str) -> dict[str, Any]:
+    """`--args`: a JSON object within the API's caps (wire.Args), or a usage error."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from ratewarden.wire import Args
+
+    try:
+        value: dict[str, Any] = TypeAdapter(Args).validate_json(text)
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"]
+        raise argparse.ArgumentTypeError(f"not a JSON object of arguments: {problem}") from None
+    return value
+
+
 def explain_text(policy: Any, call: Any) -> str:
-    from ratewarden.policy.model import BudgetLimit, ConcurrencyLimit, RateLimit
+    from ratewarden.policy.model import (
+        AccessLimit,
+        BudgetLimit,
+        ConcurrencyLimit,
+        RateLimit,
+        Unlimited,
+    )
 
     groups = sorted(policy.groups_of(call.user))
     lines = [
@@ -495,10 +526,13 @@ def explain_text(policy: Any, call: Any) -> str:
         + " (unset fields take the MCP defaults)",
         "",
     ]
+    if call.args is not None:
+        lines.insert(-1, "args: given (counter keys hold a digest of them, never their text)")
     for item in policy.explain(call):
         rule = item.rule
         if not item.applies:
             lines.append(f"  skip     {rule.name}: {item.reason}")
+            lines += _condition_lines(item.conditions)
             continue
         limit = item.limit
         if isinstance(limit, RateLimit):
@@ -507,15 +541,44 @@ def explain_text(policy: Any, call: Any) -> str:
             what = f"budget {limit.budget} {limit.currency}"
         elif isinstance(limit, ConcurrencyLimit):
             what = f"concurrency {limit.slots} (lease {limit.lease_ms // 1000}s)"
+        elif isinstance(limit, AccessLimit):
+            what = f"access: {rule.on_exceed} {rule.template.text!r}"
         else:
             what = "unlimited"
         origin = "rule default" if item.source == "rule" else item.source
-        per = ", ".join(rule.per) if rule.per else "everyone (one global counter)"
-        lines.append(
-            f"  APPLIES  {rule.name}: {what} ({origin}) per {per}; "
-            f"{rule.algorithm}, {rule.mode}, on_exceed {rule.on_exceed}"
-        )
+        if isinstance(rule.limit, AccessLimit):  # no counter, whatever the override
+            lines.append(f"  APPLIES  {rule.name}: {what} ({origin}); {rule.mode}")
+        else:
+            per = ", ".join(rule.per) if rule.per else "everyone (one global counter)"
+            lines.append(
+                f"  APPLIES  {rule.name}: {what} ({origin}) per {per}; "
+                f"{rule.algorithm}, {rule.mode}, on_exceed {rule.on_exceed}"
+            )
+        if not isinstance(limit, AccessLimit | Unlimited):
+            lines.append(f"           counter key: {_counter_key(rule, call)}")
+        lines += _condition_lines(item.conditions)
     return "\n".join(lines)
+
+
+def _condition_lines(conditions: Any) -> list[str]:
+    return [f"           {'held  ' if held else 'failed'} {text}" for text, held in conditions]
+
+
+def _counter_key(rule: Any, call: Any) -> str:
+    """The rule's counter key for `call`; an `args` part is a digest, and says so."""
+    from ratewarden.engine.engine import KIND_OF
+    from ratewarden.limiter.ops import Kind
+    from ratewarden.policy.model import BudgetLimit, RateLimit
+    from ratewarden.store.keys import CounterKeys
+
+    limit = rule.limit
+    if isinstance(limit, RateLimit):
+        kind = KIND_OF[limit.algorithm]
+    else:
+        kind = Kind.BUDGET if isinstance(limit, BudgetLimit) else Kind.CONCURRENCY
+    keys = CounterKeys.of(rule.name, kind, rule.per)
+    key = keys.for_call(call)
+    return key + ("  (args parts are digests of the arguments)" if keys.hashed else "")
 
 
 # -- helpers ---------------------------------------------------------------------------

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -27,6 +30,7 @@ from ratewarden.vocabulary import (
     unavailable,
 )
 from ratewarden.wire import (
+    Capabilities,
     CheckRequest,
     CheckResponse,
     ErrorResponse,
@@ -37,8 +41,10 @@ from ratewarden.wire import (
 
 __all__ = [
     "ADAPTER_TIMEOUT_S",
+    "ARGS_FRESH_S",
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_URL",
+    "ArgsGate",
     "AsyncClient",
     "AsyncGuard",
     "Client",
@@ -85,6 +91,38 @@ def _check_body(request: CheckRequest) -> dict[str, Any]:
     return request.model_dump(exclude_none=True, exclude_defaults=True)
 
 
+# How long the daemon's word on `send_args` is taken as current. Every check answer
+# renews it; a client idle for longer asks GET /v1/capabilities before its next check, so
+# a reload that starts (or stops) reading arguments reaches it at its next call.
+ARGS_FRESH_S = 2.0
+
+
+class ArgsGate:
+    """Whether a call's `args` go to the daemon: only while its policy reads them."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._send = False
+        self._until = -math.inf
+
+    def known(self) -> bool | None:
+        """What the daemon last said, or None when that is too old to go by."""
+        return self._send if self._clock() < self._until else None
+
+    def heard(self, send: bool) -> None:
+        self._send, self._until = send, self._clock() + ARGS_FRESH_S
+
+    def strip(self, request: CheckRequest) -> CheckRequest:
+        """`request` without its args unless the daemon wants them (known() is set)."""
+        if request.args is None or self._send:
+            return request
+        return request.model_copy(update={"args": None})
+
+
+def _capabilities(body: Any) -> bool:
+    return Capabilities.model_validate(body).send_args
+
+
 class Client:
     """Blocking client with keep-alive; one per thread or process is plenty."""
 
@@ -101,11 +139,16 @@ class Client:
         self._http = httpx.Client(
             base_url=url, headers=headers, timeout=timeout, transport=transport
         )
+        self.args = ArgsGate()
 
     def check(self, request: CheckRequest) -> CheckResponse:
-        return CheckResponse.model_validate(
-            self._call("POST", "/v1/check", json=_check_body(request))
-        )
+        """Decide one call. Its `args` are sent only if the daemon's policy reads them."""
+        if request.args is not None and self.args.known() is None:
+            self.args.heard(_capabilities(self._call("GET", "/v1/capabilities")))
+        body = self._call("POST", "/v1/check", json=_check_body(self.args.strip(request)))
+        answer = CheckResponse.model_validate(body)
+        self.args.heard(answer.send_args)
+        return answer
 
     def usage(self, user: str, **parts: str | None) -> UsageResponse:
         params = {"user": user, **{k: v for k, v in parts.items() if v is not None}}
@@ -149,10 +192,16 @@ class AsyncClient:
         self._http = httpx.AsyncClient(
             base_url=url, headers=headers, timeout=timeout, transport=transport
         )
+        self.args = ArgsGate()
 
     async def check(self, request: CheckRequest) -> CheckResponse:
-        body = await self._call("POST", "/v1/check", json=_check_body(request))
-        return CheckResponse.model_validate(body)
+        """Decide one call. Its `args` are sent only if the daemon's policy reads them."""
+        if request.args is not None and self.args.known() is None:
+            self.args.heard(_capabilities(await self._call("GET", "/v1/capabilities")))
+        body = await self._call("POST", "/v1/check", json=_check_body(self.args.strip(request)))
+        answer = CheckResponse.model_validate(body)
+        self.args.heard(answer.send_args)
+        return answer
 
     async def usage(self, user: str, **parts: str | None) -> UsageResponse:
         params = {"user": user, **{k: v for k, v in parts.items() if v is not None}}

@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     audit_log: str = "-"
     # Include each call's `args` in audit lines. Off by default: args may hold secrets.
     audit_args: bool = False
+    # Answer a rate refusal again from memory until its retry_after, without the store
+    # (engine/refusals.py): a looping agent then costs Redis nothing. Such an answer lists
+    # only the remembered refusals among the call's rules.
+    remember_refusals: bool = True
     # Largest request body accepted, in bytes, counted as it arrives (chunked bodies too);
     # larger is a 413. 256 KiB holds a 100-call batch at ~2.5 kB per call, and one check
     # with the largest `args` allowed (64 KiB as JSON).

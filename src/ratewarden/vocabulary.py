@@ -34,7 +34,8 @@ from typing import Literal, get_args
 
 
 class RuleKind(StrEnum):
-    """What a rule limits; a rule states exactly one of these, under the same name.
+    """What a rule limits. A counting rule states exactly one of rate, concurrency or
+    budget, under the same name; an access rule (no counter) states `deny:` or `ask:`.
 
     Not the counter kinds of the script (`limiter.ops.Kind`: sw, tb, fw, bg, cc), which
     say which arithmetic runs a counter: a rate rule's counter is sw, tb or fw.
@@ -43,14 +44,21 @@ class RuleKind(StrEnum):
     RATE = "rate"
     CONCURRENCY = "concurrency"
     BUDGET = "budget"
+    ACCESS = "access"
 
 
+# The kinds with a counter in the store, each stated by the field of its own name.
+COUNTED_KINDS = (RuleKind.RATE, RuleKind.CONCURRENCY, RuleKind.BUDGET)
+# An access rule's two fields: what it answers a call it matches, with its text.
+ACCESS_ANSWERS = ("deny", "ask")
 # What an allowed call holds until it is settled (or its lease or reservation expires).
 HOLDING_KINDS = frozenset({RuleKind.CONCURRENCY, RuleKind.BUDGET})
 # A verdict's kind when no rule could be asked: the store was down and a fail mode refused.
 UNAVAILABLE = "unavailable"
 # The default budget refusal while calls in flight hold part of the budget.
 BUDGET_HELD = "budget_held"
+# The default refusal of a rate rule counted per identical call (`per: [..., args]`).
+REPEATED = "repeated"
 
 
 class Algorithm(StrEnum):
@@ -83,6 +91,10 @@ class Dimension(StrEnum):
     TOOL = "tool"
     SESSION = "session"
     TEAM = "team"
+    ARGS = "args"  # a fingerprint of the whole canonical `args`; `args.PATH`: one argument
+
+
+ARGS_DIMENSION = "args."  # `per: [args.url]`: a counter per value of one argument
 
 
 _FAIL_MODES = frozenset(FailMode)
@@ -138,13 +150,21 @@ TEMPLATES: dict[str, str] = {
     ),
     # A fail-closed refusal, from the daemon (store down) or the client (daemon down).
     UNAVAILABLE: "Tool guard unavailable; {label} calls are paused",
+    # Waiting is not the advice here (no retry suffix): the model should change course.
+    REPEATED: (
+        "Repeated call: {label} was called with the same arguments {limit} times in the "
+        "last {window}; change the arguments or the approach"
+    ),
 }
+NO_RETRY_SUFFIX = frozenset({REPEATED})
 # Fields a `message:` template may use, by the kind of rule it belongs to.
 _COMMON = frozenset({"limit", "label", "retry_after", "remaining", "user", "tool", "rule"})
 TEMPLATE_FIELDS: dict[str, frozenset[str]] = {
     RuleKind.RATE: _COMMON | {"window"},
     RuleKind.CONCURRENCY: _COMMON,
     RuleKind.BUDGET: _COMMON | {"spent", "reserved", "budget", "currency", "period"},
+    # An access rule's text: no counter, so no limit, remaining or wait to tell.
+    RuleKind.ACCESS: frozenset({"label", "user", "tool", "rule"}),
 }
 RETRY_SUFFIX = " (retry in {wait})"  # after a default message, when waiting helps
 RETRY_LATER = "later"  # `{retry_after}` when no wait will help (a limit of 0)

@@ -405,6 +405,8 @@ class CheckResponse(BaseModel):
     warnings: list[str] = []
     limits: list[LimitState] = []
     replayed: bool = False  # a repeated check with this call_id: the original answer
+    # The policy in force reads calls' `args` (SPEC 2.1): send them with every check.
+    send_args: bool = False
 
 
 class BatchResponse(BaseModel):
@@ -462,6 +464,13 @@ class DenialsResponse(BaseModel):
     (and args, when the operator enabled them)."""
 
     denials: list[dict[str, Any]]
+
+
+class Capabilities(BaseModel):
+    """What a client needs to know before its first check (GET /v1/capabilities)."""
+
+    policy_version: str
+    send_args: bool  # the policy reads calls' `args`: send them with every check
 
 
 class PolicyResponse(BaseModel):

@@ -94,6 +94,7 @@ async def test_a_refused_call_consumes_nothing(
     assert len(state_before) == 7
 
     for i in range(3):
+        engine.refusals.clear()  # each attempt goes to the store (not a remembered refusal)
         refused = await engine.check(Call(user="alice", tool="terminal", call_id=f"a-refused-{i}"))
         assert refused.decision == "deny"
         assert [v.rule for v in refused.violations] == ["tight"]

@@ -96,7 +96,7 @@ async def test_a_call_id_reused_by_another_user_or_tool_is_refused(
             await engine.check(Call(user, tool, "shared"))
         assert str(refused.value) == (
             "call_id 'shared' was already used for another call (a different user, tool, "
-            "session, team, cost, metadata or approval)"
+            "session, team, cost, metadata, approval or args)"
         )
     assert await raw_state(store) == state
     # The very same call is a repeat, not a conflict.

@@ -280,7 +280,9 @@ def drive_traffic(http: httpx.Client) -> int:
 def drive_degraded_traffic(http: httpx.Client, rounds: int = 1) -> int:
     """With the store down: fail-open allows and fail-closed denials; returns the checks."""
     for _ in range(rounds):
-        allowed = check(http, "terminal")
+        # Another user: USER's terminal refusal is remembered, and a remembered refusal
+        # still refuses with the store down (engine/refusals.py).
+        allowed = check(http, "terminal", user=f"{USER}-in-the-outage")
         assert (allowed["decision"], allowed["degraded"]) == ("allow", True)
         denied = check(http, "deploy")
         assert (denied["decision"], denied["degraded"]) == ("deny", True)

@@ -221,7 +221,7 @@ async def test_a_call_id_reused_by_another_user_or_tool_is_a_409(
             assert_error_shape(refused.json())
             message = (
                 "call_id 'mine' was already used for another call (a different user, tool, "
-                "session, team, cost, metadata or approval)"
+                "session, team, cost, metadata, approval or args)"
             )
             assert refused.json() == {
                 "error": "call_id_conflict",

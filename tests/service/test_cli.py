@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ratewarden.arguments import digest
 from ratewarden.cli import main
 from ratewarden.policy import PolicyError, load_example_policy, load_policy
 from tests.helpers.daemon import (
@@ -132,10 +133,111 @@ def test_policy_check_through_the_installed_command() -> None:
 
 
 def explain(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
+    """The rule-by-rule summary (each rule's conditions and counter key, indented below
+    it, are test_explain_shows_each_condition_and_the_counter_key's)."""
+    return [line for line in explain_all(capsys, *args) if not line.startswith(DETAIL)]
+
+
+DETAIL = " " * 11
+
+
+def explain_all(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
     assert main(["policy", "explain", *args]) == 0
     out, err = capsys.readouterr()
     assert err == ""
     return out.splitlines()
+
+
+ARGS_POLICY = """version: 1
+groups: {staff: [alice]}
+rules:
+  - name: terminal-for-staff
+    match: {tool: terminal}
+    unless: {group: staff}
+    deny: "terminal is available to staff accounts only"
+  - name: no-root-delete
+    match:
+      tool: terminal
+      args: {command: {regex: '\\brm\\s+-rf\\s+/(\\s|$)'}, "options.force": true}
+    deny: "Refusing destructive root delete"
+  - name: same-call-repeats
+    per: [session, tool, args]
+    rate: 3/10 minutes
+  - name: per-site
+    per: [user, args.url]
+    rate: 20/minute
+"""
+
+
+def test_explain_shows_each_condition_and_the_counter_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(ARGS_POLICY)
+    given = '{"options": {"force": true}, "command": "sudo rm -rf /"}'
+    lines = explain_all(
+        capsys, str(policy), "--user", "bob", "--tool", "terminal", "--session", "s1",
+        "--args", given,
+    )  # fmt: skip
+    same = digest({"command": "sudo rm -rf /", "options": {"force": True}})
+    assert "args: given (counter keys hold a digest of them, never their text)" in lines
+    start = lines.index("") + 1
+    assert lines[start:] == [
+        "  APPLIES  terminal-for-staff: access: deny 'terminal is available to staff accounts "
+        "only' (rule default); enforce",
+        f"{DETAIL}held   tool in ['terminal']",
+        f"{DETAIL}failed unless group in ['staff']",
+        "  APPLIES  no-root-delete: access: deny 'Refusing destructive root delete' (rule "
+        "default); enforce",
+        f"{DETAIL}held   tool in ['terminal']",
+        f"{DETAIL}held   args.command matches regex '\\brm\\s+-rf\\s+/(\\s|$)'",
+        f"{DETAIL}held   args.options.force is true",
+        "  APPLIES  same-call-repeats: rate 3/10 minutes (rule default) per session, tool, "
+        "args; sliding_window, enforce, on_exceed deny",
+        f"{DETAIL}counter key: rw:{{same-call-repeats|session=s1|tool=terminal|args={same}}}:sw"
+        "  (args parts are digests of the arguments)",
+        "  APPLIES  per-site: rate 20/minute (rule default) per user, args.url; "
+        "sliding_window, enforce, on_exceed deny",
+        f"{DETAIL}counter key: rw:{{per-site|user=bob|args[url]=}}:sw"
+        "  (args parts are digests of the arguments)",
+    ]
+    # The same call by a staff member, with arguments that match no condition.
+    lines = explain_all(
+        capsys, str(policy), "--user", "alice", "--tool", "terminal", "--args",
+        '{"command": "ls /", "url": "https://example.org"}',
+    )  # fmt: skip
+    assert lines[lines.index("") + 1 :][:6] == [
+        "  skip     terminal-for-staff: its unless: matches the call",
+        f"{DETAIL}held   tool in ['terminal']",
+        f"{DETAIL}held   unless group in ['staff']",
+        "  skip     no-root-delete: args.command does not match regex '\\brm\\s+-rf\\s+/(\\s|$)'",
+        f"{DETAIL}held   tool in ['terminal']",
+        f"{DETAIL}failed args.command matches regex '\\brm\\s+-rf\\s+/(\\s|$)'",
+    ]
+    url = digest("https://example.org")
+    assert f"{DETAIL}counter key: rw:{{per-site|user=alice|args[url]={url}}}:sw" in lines[-1]
+    assert "example.org" not in "\n".join(lines)  # no argument's text, anywhere
+
+
+@pytest.mark.parametrize(
+    ("given", "problem"),
+    [
+        ("[1, 2]", "Input should be a valid dictionary"),
+        ("{", "Invalid JSON"),
+        ('{"a": NaN}', "numbers must be finite"),
+    ],
+)
+def test_explain_refuses_args_that_are_not_a_json_object(
+    capsys: pytest.CaptureFixture[str], given: str, problem: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(
+            ["policy", "explain", str(SPEC_EXAMPLE), "--user", "u", "--tool", "t", "--args", given]
+        )
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --args: not a JSON object of arguments" in err
+    assert problem in err
 
 
 def test_explain_names_applying_and_skipped_rules_with_override_sources(

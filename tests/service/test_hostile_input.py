@@ -692,7 +692,9 @@ class KeySafetyRun:
 
     @asynccontextmanager
     async def client(self, store: Store) -> AsyncIterator[httpx.AsyncClient]:
-        async with serving(make_app(KEY_POLICY, store=store)) as http:
+        # Every check goes to the store: the scenario reads which counters refuse, and a
+        # remembered refusal (engine/refusals.py) names only the rate counters it holds.
+        async with serving(make_app(KEY_POLICY, store=store, remember_refusals=False)) as http:
             yield http
 
     async def scenario(

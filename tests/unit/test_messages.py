@@ -72,6 +72,10 @@ def test_default_templates_are_the_documented_ones() -> None:
             "flight of {budget} {currency} this {period}"
         ),
         "unavailable": "Tool guard unavailable; {label} calls are paused",
+        "repeated": (
+            "Repeated call: {label} was called with the same arguments {limit} times in the "
+            "last {window}; change the arguments or the approach"
+        ),
     }
     fields = {"limit": 2, "label": "browser", "window": "minute"}
     money = {"spent": "4.98", "budget": "5.00", "currency": "USD", "period": "day"}

@@ -87,10 +87,13 @@ BAD_FILES: dict[str, list[tuple[int, str, str]]] = {
         (
             3,
             "rules[0]",
-            "a rule needs exactly one of rate, concurrency, budget (got rate, concurrency)",
+            "a rule needs exactly one of rate, concurrency, budget, deny, ask "
+            "(got rate, concurrency)",
         ),
     ],
-    "no_limit.yaml": [(3, "rules[0]", "a rule needs exactly one of rate, concurrency, budget")],
+    "no_limit.yaml": [
+        (3, "rules[0]", "a rule needs exactly one of rate, concurrency, budget, deny, ask")
+    ],
     "bad_timezone.yaml": [(3, "defaults.timezone", "unknown timezone 'Mars/Olympus'")],
     "bad_mode.yaml": [(3, "defaults.mode", "Input should be 'enforce' or 'shadow', got 'audit'")],
     "bad_algorithm.yaml": [
@@ -135,7 +138,7 @@ BAD_FILES: dict[str, list[tuple[int, str, str]]] = {
         (
             4,
             "rules[0].per[1]",
-            "Input should be 'user', 'tool', 'session' or 'team', got 'host'",
+            "expected one of 'user', 'tool', 'session', 'team', 'args' or 'args.PATH', got 'host'",
         )
     ],
     "metadata_not_boolean.yaml": [

@@ -246,7 +246,6 @@ def test_the_schema_and_the_model_use_the_vocabularys_enums() -> None:
         ("DefaultsSpec", "mode"): {vocabulary.Mode},
         ("DefaultsSpec", "fail"): {vocabulary.FailMode},
         ("DefaultsSpec", "algorithm"): {vocabulary.Algorithm},
-        ("RuleSpec", "per"): {vocabulary.Dimension},
         ("RuleSpec", "algorithm"): {vocabulary.Algorithm},
         ("RuleSpec", "mode"): {vocabulary.Mode},
         ("RuleSpec", "on_exceed"): {vocabulary.OnExceed},
@@ -261,10 +260,19 @@ def test_the_schema_and_the_model_use_the_vocabularys_enums() -> None:
 
 def test_a_rule_kind_is_the_name_of_its_limit_field() -> None:
     for spec in (schema.RuleSpec, schema.OverrideSpec):
-        assert {str(kind) for kind in vocabulary.RuleKind} <= set(spec.model_fields)
+        assert {str(kind) for kind in vocabulary.COUNTED_KINDS} <= set(spec.model_fields)
+    # An access rule states its answer instead, as the field of the answer's name.
+    assert set(vocabulary.ACCESS_ANSWERS) <= set(schema.RuleSpec.model_fields)
+    assert set(vocabulary.ACCESS_ANSWERS) == set(vocabulary.OnExceed)
+    assert set(vocabulary.COUNTED_KINDS) | {vocabulary.RuleKind.ACCESS} == set(vocabulary.RuleKind)
     assert set(vocabulary.TEMPLATE_FIELDS) == set(vocabulary.RuleKind)
-    assert set(vocabulary.RuleKind) <= set(vocabulary.TEMPLATES)
-    kinds = {model.RateLimit.kind, model.ConcurrencyLimit.kind, model.BudgetLimit.kind}
+    assert set(vocabulary.COUNTED_KINDS) <= set(vocabulary.TEMPLATES)
+    kinds = {
+        model.RateLimit.kind,
+        model.ConcurrencyLimit.kind,
+        model.BudgetLimit.kind,
+        model.AccessLimit.kind,
+    }
     assert kinds == set(vocabulary.RuleKind)
     assert set(vocabulary.RuleKind) > vocabulary.HOLDING_KINDS
     # Each parses to its own kind, named the same way everywhere.
@@ -272,6 +280,7 @@ def test_a_rule_kind_is_the_name_of_its_limit_field() -> None:
         "rate": {"name": "r", "rate": "1/minute"},
         "concurrency": {"name": "c", "concurrency": 1},
         "budget": {"name": "b", "budget": "1/day"},
+        "access": {"name": "a", "deny": "no"},
     }
     for kind, rule in rules.items():
         assert schema.RuleSpec.model_validate(rule).kind == kind
@@ -319,7 +328,7 @@ def test_the_metadata_fields_are_the_vocabularys_everywhere() -> None:
     assert [n for n in ToolMetadata.model_fields if n != "title"] == list(
         vocabulary.METADATA_FIELDS
     )
-    call_parts = {"tool", "user", "group", "session", "team"}
+    call_parts = {"tool", "user", "group", "session", "team", "args"}
     assert [n for n in schema.MatchSpec.model_fields if n not in call_parts] == list(
         vocabulary.METADATA_FIELDS
     )

@@ -51,6 +51,7 @@ class Decision:
     degraded: bool = False
     approved: bool = False
     replayed: bool = False  # a repeated check, answered from the call's record
+    send_args: bool = False  # the policy in force reads `args`: clients send them
 
     @property
     def allowed(self) -> bool:

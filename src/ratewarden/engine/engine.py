@@ -12,8 +12,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from ratewarden.arguments import digest as args_digest
 from ratewarden.calls import UNCLASSIFIED, Call
 from ratewarden.clock import Clock
+from ratewarden.engine.access import Gate
 from ratewarden.engine.decision import (
     Decision,
     Settlement,
@@ -24,6 +26,7 @@ from ratewarden.engine.decision import (
     soft_limit_warning,
     verdict,
 )
+from ratewarden.engine.refusals import MAX_ENTRIES, RefusalCache
 from ratewarden.errors import RatewardenError
 from ratewarden.limiter.ops import (
     HOLDING,
@@ -38,6 +41,7 @@ from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy.durations import MICROS, to_micros
 from ratewarden.policy.messages import default_template
 from ratewarden.policy.model import (
+    AccessLimit,
     Algorithm,
     Applied,
     BudgetLimit,
@@ -70,7 +74,8 @@ def fingerprint(call: Call) -> str:
     """What shapes the call's decision, so a call_id replays only the very same call.
 
     User and tool in the clear (the common case stops there); the rest, when any of it
-    is set, as a digest: tags sorted, so every daemon computes the same string.
+    is set, as a digest: tags sorted and `args` canonical, so every daemon computes the
+    same string (and no argument's text is kept).
     """
     head = f"{encode(call.user)}|{encode(call.tool)}"
     facts = call.facts
@@ -80,6 +85,7 @@ def fingerprint(call: Call) -> str:
         and call.cost is None
         and (facts is UNCLASSIFIED or facts == UNCLASSIFIED)  # identity: the usual case
         and not call.approved
+        and call.args is None
     ):
         return head
     rest = [
@@ -93,6 +99,7 @@ def fingerprint(call: Call) -> str:
         facts.requires_confirmation,
         sorted(facts.tags),
         call.approved,
+        None if call.args is None else args_digest(call.args),
     ]
     digest = hashlib.blake2b(json.dumps(rest).encode(), digest_size=16).hexdigest()
     return f"{head}|{digest}"
@@ -115,6 +122,7 @@ class _Plan:
     burst: int
     holder: str  # the rule's name on ops that hold something (budget, concurrency)
     shape: Shape  # its budget, if it is one, too
+    denies: bool  # past its limit it denies (an `ask` rule's refusal an approval lifts)
 
     @classmethod
     def of(cls, applied: Applied) -> _Plan:
@@ -137,13 +145,19 @@ class _Plan:
         keys = CounterKeys.of(rule.name, kind, rule.per)
         return cls(
             applied, keys, kind, role, approved, limit.limit, window_ms, burst, holder,
-            Shape.of(applied),
+            Shape.of(applied), rule.on_exceed is OnExceed.DENY,
         )  # fmt: skip
 
 
 class Engine:
     def __init__(
-        self, policy: Policy, store: Store, fail: str | None = None, clock: Clock | None = None
+        self,
+        policy: Policy,
+        store: Store,
+        fail: str | None = None,
+        clock: Clock | None = None,
+        *,
+        remember_refusals: bool = True,
     ) -> None:
         self.policy = policy
         self.store = store
@@ -151,6 +165,8 @@ class Engine:
         self.clock = clock or store.clock  # only to pick budget periods; Redis has the time
         self._plans_policy: Policy | None = None
         self._plan_of: dict[int, _Plan] = {}  # by id() of the policy's Applied
+        # Rate refusals, until their wait ends (room for none: every call asks the store).
+        self.refusals = RefusalCache(self.clock, MAX_ENTRIES if remember_refusals else 0)
 
     async def check(self, call: Call) -> Decision:
         """Decide `call` against every rule that applies, consuming all or nothing."""
@@ -158,8 +174,21 @@ class Engine:
         applied = [a for a in policy.applicable(call) if not isinstance(a.limit, Unlimited)]
         if not applied:
             return Decision("allow", call.call_id, approved=call.approved)
+        gate = Gate.of(policy, applied, call)
+        if gate is None:
+            return await self._counted(policy, call, applied)
+        if gate.refused or not gate.counted:  # no counter to ask, or nothing to consume
+            return gate.decision(call)
+        if gate.asking:  # what would the counters say? (read, nothing taken)
+            return await self._asked(policy, call, gate)
+        return gate.joined(await self._counted(policy, call, gate.counted))
+
+    async def _counted(self, policy: Policy, call: Call, applied: Sequence[Applied]) -> Decision:
+        """The counters' decision, in one step of the store (or from a known refusal)."""
         plans = self._plans(policy, applied)
         ops = [self._op(policy, plan, call) for plan in plans]
+        if self.refusals and (known := self._known_refusal(policy, call, plans, ops)):
+            return known
         # The record must outlive every lease and reservation it lists, or a late settle
         # could not release them (a rule's own lease_timeout may exceed call_ttl).
         held = [op.window_ms for op in ops if op.kind in HOLDING]
@@ -177,7 +206,7 @@ class Engine:
         if found.conflict:
             raise CallIdConflict(
                 f"call_id {call.call_id!r} was already used for another call (a different "
-                "user, tool, session, team, cost, metadata or approval)"
+                "user, tool, session, team, cost, metadata, approval or args)"
             )
         if found.settled:
             raise CallIdConflict(
@@ -186,7 +215,39 @@ class Engine:
             )
         if found.replayed and not found.results:  # the policy changed since: allowed, once
             return Decision("allow", call.call_id, approved=call.approved, replayed=True)
-        return self._decide(policy, call, plans, ops, found.results, found.replayed)
+        decided = self._decide(policy, call, plans, ops, found.results, found.replayed)
+        if decided.violations:
+            self.refusals.remember(ops, found.results, [plan.denies for plan in plans])
+        return decided
+
+    def _known_refusal(
+        self, policy: Policy, call: Call, plans: Sequence[_Plan], ops: list[CounterOp]
+    ) -> Decision | None:
+        """A refusal this daemon still remembers (refusals.py): answered without the store."""
+        found = self.refusals.refusals(ops, [plan.denies for plan in plans])
+        if not found:
+            return None
+        self.refusals.hits += 1
+        return self._decide(
+            policy,
+            call,
+            [plans[i] for i, _ in found],
+            [ops[i] for i, _ in found],
+            [result for _, result in found],
+            replayed=False,
+        )
+
+    async def _asked(self, policy: Policy, call: Call, gate: Gate) -> Decision:
+        """An access rule asks: the counters are read, not consumed, so that a call they
+        would refuse anyway is denied now rather than approved and then refused."""
+        plans = self._plans(policy, gate.counted)
+        ops = [self._op(policy, plan, call) for plan in plans]
+        try:
+            found = await self.store.evaluate(ops, dry_run=True)
+        except StoreError:
+            return gate.decision(call)  # the question stands; the counters decide later
+        counted = self._decide(policy, call, plans, ops, found.results, replayed=False)
+        return gate.joined(counted)
 
     async def settle(self, call_id: str, cost: float | None = None) -> Settlement:
         """Charge the call's actual cost (default: its estimate) and release its slots, once."""
@@ -215,6 +276,7 @@ class Engine:
         """Delete the counters of `user` (every rule) and/or `rule` (every scope)."""
         if user is None and rule is None:
             raise ValueError("name a user, a rule, or both")
+        self.refusals.clear()
         return sum([await self.store.reset(pattern) for pattern in reset_patterns(user, rule)])
 
     async def usage(
@@ -228,7 +290,8 @@ class Engine:
         policy = self.policy
         applied = policy.for_usage(user, tool, session, team)
         probe = Call(user=user, tool=tool or "", call_id="", session=session, team=team)
-        bounded = [a for a in applied if not isinstance(a.limit, Unlimited)]
+        # Counted rules are read from the store; access rules are listed as they stand.
+        bounded = [a for a in applied if not isinstance(a.limit, Unlimited | AccessLimit)]
         plans = [_Plan.of(a) for a in bounded]  # for_usage's Applied are new each time
         found = await self.store.evaluate(
             [self._op(policy, plan, probe) for plan in plans], dry_run=True
@@ -240,6 +303,7 @@ class Engine:
         """Each applied rule's plan, made on its first call under this policy."""
         if self._plans_policy is not policy:  # a reload: the old plans go with the old policy
             self._plans_policy, self._plan_of = policy, {}
+            self.refusals.clear()  # and what the old limits refused
         plan_of = self._plan_of
         # By identity: a policy shares one Applied per distinct rule and limit, for its life.
         return [plan_of.get(id(a)) or self._new_plan(a) for a in applied]
@@ -375,6 +439,8 @@ def _usage(applied: Applied, call: Call, result: OpResult | None) -> Usage:
         reset_after=0.0,
         scope={dim: call.dimension(dim) for dim in rule.per},
     )
+    if isinstance(limit, AccessLimit):
+        return replace(found, limit=0, remaining=0)  # every call it covers is refused
     if isinstance(limit, Unlimited) or result is None:
         return found
     found = replace(

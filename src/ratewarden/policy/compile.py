@@ -11,9 +11,12 @@ import hashlib
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from ratewarden.arguments import ArgPath
+from ratewarden.policy.conditions import ArgCondition, compile_condition
 from ratewarden.policy.errors import PolicyIssue
-from ratewarden.policy.messages import compile_template, default_template
+from ratewarden.policy.messages import Template, compile_template, default_template
 from ratewarden.policy.model import (
+    AccessLimit,
     Bounded,
     BudgetLimit,
     ConcurrencyLimit,
@@ -29,7 +32,14 @@ from ratewarden.policy.model import (
     is_glob,
 )
 from ratewarden.policy.schema import MatchSpec, OverrideSpec, PolicySpec, RuleSpec, limits_in
-from ratewarden.vocabulary import METADATA_FLAGS, Algorithm, RuleKind
+from ratewarden.vocabulary import (
+    METADATA_FLAGS,
+    REPEATED,
+    Algorithm,
+    Dimension,
+    OnExceed,
+    RuleKind,
+)
 
 
 def compile_policy(
@@ -68,21 +78,32 @@ def _compile_rule(
     spec: PolicySpec, index: int, rule: RuleSpec, overrides: Overrides | None
 ) -> Rule:
     limit = _rule_limit(spec, rule)
+    access = isinstance(limit, AccessLimit)
     return Rule(
         name=rule.name,
         index=index,
         match=_compile_match(rule.match),
-        per=tuple(dimension.value for dimension in rule.per),
+        unless=None if rule.unless is None else _compile_match(rule.unless),
+        per=() if access else tuple(rule.per),  # an access rule has no counter
         limit=limit,
         mode=rule.mode or spec.defaults.mode,
-        on_exceed=rule.on_exceed,
+        on_exceed=limit.answer if isinstance(limit, AccessLimit) else rule.on_exceed,
         fail=rule.fail,
         label=rule.label,
-        template=compile_template(rule.message, rule.kind)
-        if rule.message
-        else default_template(rule.kind),
+        template=_template(rule),
         overrides=overrides or Overrides(),
     )
+
+
+def _template(rule: RuleSpec) -> Template:
+    """The rule's sentence: an access rule's text, its `message:`, else the default (for
+    a rate rule counted per identical call, the one that says to change course)."""
+    text = rule.deny or rule.ask or rule.message
+    if text is not None:
+        return compile_template(text, rule.kind)
+    if rule.kind is RuleKind.RATE and Dimension.ARGS in rule.per:
+        return default_template(REPEATED)
+    return default_template(rule.kind)
 
 
 def _rule_limit(
@@ -91,6 +112,8 @@ def _rule_limit(
     """The limit `rule` states; for an override, what it changes of its `base` rule."""
     base = base or rule  # type: ignore[assignment]
     assert isinstance(base, RuleSpec)
+    if base.kind is RuleKind.ACCESS:
+        return AccessLimit(OnExceed.DENY if base.deny is not None else OnExceed.ASK)
     if base.budget is not None:
         budget = rule.budget or base.budget
         return BudgetLimit(budget, base.currency or "USD", base.soft_limit)
@@ -117,6 +140,10 @@ def _compile_match(spec: MatchSpec) -> Match:
             (name, value) for name in METADATA_FLAGS if (value := getattr(spec, name)) is not None
         ),
         tags=None if spec.tags is None else frozenset(spec.tags),
+        args=tuple(
+            ArgCondition(ArgPath.parse(path), compile_condition(condition))
+            for path, condition in (spec.args or {}).items()
+        ),
     )
 
 
@@ -152,6 +179,15 @@ def _override_limit(
     if override.unlimited:
         return Unlimited()
     kind = rule.kind
+    if kind is RuleKind.ACCESS:  # nothing to change but whether it applies
+        issues.append(
+            PolicyIssue(
+                ("overrides", index, "unlimited"),
+                f"rule {rule.name!r} is an access rule: an override can only lift it "
+                "(unlimited: true)",
+            )
+        )
+        return Unlimited()
     for other in limits_in(vars(override)):
         if other != kind:
             issues.append(

@@ -21,7 +21,8 @@ TEMPLATE_FIELDS = vocabulary.TEMPLATE_FIELDS
 
 @dataclass(frozen=True, slots=True)
 class Template:
-    """A validated message template; `custom` ones get no automatic retry suffix."""
+    """A validated message template; `custom` ones (a rule's own `message:`, an access
+    rule's text, and defaults that advise against waiting) get no automatic retry suffix."""
 
     text: str
     custom: bool
@@ -49,7 +50,8 @@ def compile_template(text: str, kind: str = vocabulary.RuleKind.RATE) -> Templat
 
 
 def default_template(kind: str) -> Template:
-    return Template(DEFAULT_TEMPLATES[kind], custom=False)
+    # A sentence whose advice is not to wait (a repeated call) is rendered as written.
+    return Template(DEFAULT_TEMPLATES[kind], custom=kind in vocabulary.NO_RETRY_SUFFIX)
 
 
 def retry_text(retry_after: float | None) -> str:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
 from ratewarden.calls import Call
+from ratewarden.policy.conditions import ArgCondition
 from ratewarden.policy.durations import Budget, Rate
 from ratewarden.policy.messages import Template
 from ratewarden.policy.periods import Bounds, PeriodClock
@@ -24,6 +25,7 @@ from ratewarden.vocabulary import Algorithm, FailMode, Mode, OnExceed, RuleKind
 # The policy's enums are the vocabulary's (one spelling for the file, the model, the API);
 # they are named here too, beside the types that hold them.
 __all__ = [
+    "AccessLimit",
     "Algorithm",
     "Applied",
     "Bounded",
@@ -114,11 +116,25 @@ class ConcurrencyLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class AccessLimit:
+    """An access rule (`deny: "..."` or `ask: "..."`): every call it covers is refused
+    with its text, or asked about; no counter, nothing in the store."""
+
+    kind: ClassVar[RuleKind] = RuleKind.ACCESS
+    answer: OnExceed  # deny, or ask (which `approved: true` passes)
+
+    @property
+    def limit(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
 class Unlimited:
     """`unlimited: true` in an override: the rule does not apply to these users."""
 
 
-Bounded = RateLimit | BudgetLimit | ConcurrencyLimit
+Counted = RateLimit | BudgetLimit | ConcurrencyLimit
+Bounded = Counted | AccessLimit
 Limit = Bounded | Unlimited
 
 
@@ -133,6 +149,7 @@ class Match:
     teams: NameSet | None = None
     metadata: tuple[tuple[str, bool], ...] = ()
     tags: frozenset[str] | None = None
+    args: tuple[ArgCondition, ...] = ()  # all must hold (SPEC 2.1)
 
     def static_mismatch(self, user: str, tool: str, groups: frozenset[str]) -> str | None:
         """Why the rule cannot apply to this user and tool, or None if it may."""
@@ -163,10 +180,50 @@ class Match:
 
     @property
     def has_call_conditions(self) -> bool:
-        """Whether `call_mismatch` can refuse a call (session, team, metadata or tags)."""
+        """Whether `call_mismatch` can refuse a call (session, team, metadata, tags, args)."""
         return not (
-            self.sessions is None and self.teams is None and not self.metadata and self.tags is None
+            self.sessions is None
+            and self.teams is None
+            and not self.metadata
+            and self.tags is None
+            and not self.args
         )
+
+    def matches(self, call: Call, groups: frozenset[str]) -> bool:
+        """Whether every condition holds for `call` (`unless:` asks this)."""
+        return (
+            self.static_mismatch(call.user, call.tool, groups) is None
+            and self.call_mismatch(call) is None
+        )
+
+    def conditions(self, call: Call, groups: frozenset[str]) -> list[tuple[str, bool]]:
+        """Each condition this match states, described, and whether it holds for `call`
+        (all of them, for `policy explain`; deciding stops at the first that fails)."""
+        found: list[tuple[str, bool]] = []
+        for name, names, value in (
+            ("tool", self.tools, call.tool),
+            ("user", self.users, call.user),
+            ("session", self.sessions, call.session),
+            ("team", self.teams, call.team),
+        ):
+            if names is not None:
+                found.append((f"{name} in {list(names.source)}", value in names))
+        if self.groups is not None:
+            found.append((f"group in {sorted(self.groups)}", bool(self.groups & groups)))
+        for name, wanted in self.metadata:
+            found.append((f"{name} is {wanted}", call.facts.effective(name) is wanted))
+        if self.tags is not None:
+            found.append(
+                (f"tags include one of {sorted(self.tags)}", bool(self.tags & call.facts.tags))
+            )
+        for condition in self.args:
+            found.append(
+                (
+                    f"args.{condition.path.text} {condition.condition.describe()}",
+                    condition.holds(call.args),
+                )
+            )
+        return found
 
     def call_mismatch(self, call: Call) -> str | None:
         """Why the rule does not apply given the call's session, team and metadata."""
@@ -181,6 +238,9 @@ class Match:
                 return f"{name} is {call.facts.effective(name)} ({origin}), rule wants {wanted}"
         if self.tags is not None and not self.tags & call.facts.tags:
             return f"call has none of the tags {sorted(self.tags)}"
+        for condition in self.args:
+            if not condition.holds(call.args):
+                return condition.mismatch(call.args)
         return None
 
 
@@ -218,11 +278,18 @@ class Rule:
     label: str | None
     template: Template
     overrides: Overrides = field(default_factory=Overrides)
+    unless: Match | None = None  # calls it matches are not covered
 
     @property
     def kind(self) -> RuleKind:
-        """`rate`, `budget` or `concurrency`: what the rule limits (its limit's kind)."""
+        """`rate`, `budget`, `concurrency` or `access`: its limit's kind."""
         return self.limit.kind
+
+    @property
+    def reads_args(self) -> bool:
+        """Whether deciding a call under this rule needs the call's `args`."""
+        unless = self.unless.args if self.unless is not None else ()
+        return bool(self.match.args or unless) or any(dim.startswith("args") for dim in self.per)
 
     @property
     def algorithm(self) -> str:
@@ -236,6 +303,16 @@ class Applied:
     rule: Rule
     limit: Limit
     source: str  # "rule" or the override that set the limit, e.g. "overrides[0]"
+    # Its `unless:` matches this user and tool, and only the call can tell whether the
+    # rest of it does too (when the rest is nothing, the rule is no candidate at all).
+    check_unless: bool = False
+
+    def covers(self, call: Call) -> bool:
+        """Whether the call's own parts (session, team, metadata, args) bring it under."""
+        rule = self.rule
+        if rule.match.call_mismatch(call) is not None:
+            return False
+        return not (self.check_unless and rule.unless and rule.unless.call_mismatch(call) is None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +328,7 @@ class Explanation:
     reason: str
     limit: Limit | None
     source: str | None
+    conditions: tuple[tuple[str, bool], ...] = ()  # every condition, and whether it held
 
 
 @dataclass(eq=False)
@@ -274,10 +352,12 @@ class Policy:
     _call_conditions: bool = field(init=False, repr=False)  # does any rule look past user/tool?
     _named_tools: frozenset[str] = field(init=False, repr=False)
     _candidates: Callable[[str, str], tuple[Applied, ...]] = field(init=False, repr=False)
-    _shared_candidates: dict[tuple[tuple[int, int, str], ...], tuple[Applied, ...]] = field(
+    _shared_candidates: dict[tuple[tuple[int, int, str, bool], ...], tuple[Applied, ...]] = field(
         init=False, repr=False
     )
     _label: Callable[[str], str] = field(init=False, repr=False)
+    # Does any rule read the call's `args`? Clients send them exactly when it does.
+    reads_args: bool = field(init=False)
 
     def __post_init__(self) -> None:
         # Per-instance caches: a reloaded policy starts with empty ones.
@@ -288,7 +368,10 @@ class Policy:
         self._metric_tool = lru_cache(maxsize=4096)(self._find_metric_tool)
         self._periods = {}
         self._by_name = {rule.name: rule for rule in self.rules}
-        self._call_conditions = any(rule.match.has_call_conditions for rule in self.rules)
+        self._call_conditions = any(
+            rule.match.has_call_conditions or rule.unless is not None for rule in self.rules
+        )
+        self.reads_args = any(rule.reads_args for rule in self.rules)
         # Tools the policy names exactly: the only tool names that may become metric labels.
         self._named_tools = frozenset(
             name
@@ -309,20 +392,30 @@ class Policy:
         candidates = self._candidates(call.user, call.tool)
         if not self._call_conditions:  # nothing but user and tool decides: all of them
             return candidates
-        return tuple(a for a in candidates if a.rule.match.call_mismatch(call) is None)
+        return tuple(a for a in candidates if a.covers(call))
 
     def explain(self, call: Call) -> list[Explanation]:
-        """For every rule: does it apply to `call`, why, and with which limit."""
+        """For every rule: does it apply to `call`, why, with which limit, and how each
+        of its conditions (`match`, then `unless`) came out."""
         groups = self.groups_of(call.user)
         result = []
         for rule in self.rules:
+            conditions = rule.match.conditions(call, groups)
+            unless = rule.unless
+            if unless is not None:
+                conditions += [
+                    (f"unless {text}", held) for text, held in unless.conditions(call, groups)
+                ]
             reason = rule.match.static_mismatch(call.user, call.tool, groups)
             reason = reason or rule.match.call_mismatch(call)
+            if not reason and unless is not None and unless.matches(call, groups):
+                reason = "its unless: matches the call"
             if reason:
-                result.append(Explanation(rule, False, reason, None, None))
+                result.append(Explanation(rule, False, reason, None, None, tuple(conditions)))
                 continue
             limit, source = self._effective_limit(rule, call.user, groups)
-            result.append(Explanation(rule, True, "all match conditions hold", limit, source))
+            held = "all match conditions hold" + (", unless: does not" if unless else "")
+            result.append(Explanation(rule, True, held, limit, source, tuple(conditions)))
         return result
 
     def for_usage(
@@ -335,7 +428,7 @@ class Policy:
             Applied(rule, *self._effective_limit(rule, user, groups))
             for rule in self.rules
             if rule.match.could_apply(user, tool, groups, session, team)
-            and all(given[dim] is not None for dim in rule.per)
+            and all(given.get(dim) is not None for dim in rule.per)  # never args: not given
         ]
 
     def groups_of(self, user: str) -> frozenset[str]:
@@ -372,13 +465,18 @@ class Policy:
         groups = self.groups_of(user)
         found = []
         for rule in self.rules:
-            if rule.match.static_mismatch(user, tool, groups) is None:
-                limit, source = self._effective_limit(rule, user, groups)
-                found.append((rule, limit, source))
+            if rule.match.static_mismatch(user, tool, groups) is not None:
+                continue
+            unless = rule.unless
+            check_unless = unless is not None and unless.static_mismatch(user, tool, groups) is None
+            if check_unless and not unless.has_call_conditions:  # type: ignore[union-attr]
+                continue  # its `unless:` holds for every call of this user and tool
+            limit, source = self._effective_limit(rule, user, groups)
+            found.append((rule, limit, source, check_unless))
         # Most (user, tool) pairs get the same rules and limits: the cache holds one
         # tuple per distinct answer rather than one per pair, so a full garbage collection
         # does not walk up to 65 536 copies (it stalled every request for 10-20 ms).
-        key = tuple((id(rule), id(limit), source) for rule, limit, source in found)
+        key = tuple((id(rule), id(limit), source, unless) for rule, limit, source, unless in found)
         shared = self._shared_candidates.get(key)
         if shared is None:
             shared = self._shared_candidates[key] = tuple(Applied(*f) for f in found)

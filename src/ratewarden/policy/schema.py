@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import zoneinfo
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -23,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from ratewarden.arguments import ArgPath
+from ratewarden.policy.conditions import compile_condition
 from ratewarden.policy.durations import (
     MAX_AMOUNT,
     Budget,
@@ -32,7 +35,17 @@ from ratewarden.policy.durations import (
     parse_rate,
 )
 from ratewarden.policy.messages import compile_template
-from ratewarden.vocabulary import Algorithm, Dimension, FailMode, Mode, OnExceed, RuleKind
+from ratewarden.vocabulary import (
+    ACCESS_ANSWERS,
+    ARGS_DIMENSION,
+    COUNTED_KINDS,
+    Algorithm,
+    Dimension,
+    FailMode,
+    Mode,
+    OnExceed,
+    RuleKind,
+)
 
 Name = Annotated[str, Field(min_length=1, max_length=256)]
 
@@ -107,6 +120,35 @@ class ToolSpec(_Strict):
     cost: Annotated[float, Field(ge=0, le=MAX_AMOUNT, allow_inf_nan=False)] = 0.0
 
 
+def _arg_path(text: str) -> str:
+    ArgPath.parse(text)  # a ValueError naming the problem
+    return text
+
+
+def _condition(value: object) -> object:
+    compile_condition(value)  # type: ignore[arg-type]  # checked there, by kind
+    return value
+
+
+# `match.args`: a path into the call's `args` -> a condition on the value found there.
+ArgPathText = Annotated[str, AfterValidator(_arg_path)]
+ConditionSpec = Annotated[str | bool | int | float | dict[str, Any], AfterValidator(_condition)]
+
+
+def _per_dimension(value: object) -> str:
+    """`user`, `tool`, `session`, `team`, `args`, or `args.PATH` (one argument's value)."""
+    if isinstance(value, str) and value.startswith(ARGS_DIMENSION):
+        ArgPath.parse(value.removeprefix(ARGS_DIMENSION))
+        return value
+    choices = ", ".join(repr(d.value) for d in Dimension)
+    if not isinstance(value, str) or value not in Dimension.__members__.values():
+        raise ValueError(f"expected one of {choices} or 'args.PATH', got {value!r}")
+    return str(value)
+
+
+PerDimension = Annotated[str, PlainValidator(_per_dimension, json_schema_input_type=str)]
+
+
 class MatchSpec(_Strict):
     tool: Names | None = None
     user: Names | None = None
@@ -119,15 +161,23 @@ class MatchSpec(_Strict):
     open_world: StrictBool | None = None
     requires_confirmation: StrictBool | None = None
     tags: list[Name] | None = None
+    args: dict[ArgPathText, ConditionSpec] | None = None
+
+
+# An access rule's text: a template, like `message:`.
+AccessText = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
 class RuleSpec(_Strict):
     name: RuleName
     match: MatchSpec = MatchSpec()
-    per: list[Dimension] = Field(default_factory=lambda: [Dimension.USER])
+    unless: MatchSpec | None = None  # a call it matches is not covered by the rule
+    per: list[PerDimension] = Field(default_factory=lambda: [Dimension.USER.value])
     rate: RateText | None = None
     concurrency: Annotated[int, Field(ge=0)] | None = None
     budget: BudgetText | None = None
+    deny: AccessText | None = None
+    ask: AccessText | None = None
     algorithm: Algorithm | None = None
     burst: Annotated[int, Field(ge=1)] | None = None
     currency: Annotated[str, Field(min_length=1, max_length=16)] | None = None
@@ -141,9 +191,16 @@ class RuleSpec(_Strict):
 
     @field_validator("per")
     @classmethod
-    def _unique_dimensions(cls, value: list[Dimension]) -> list[Dimension]:
+    def _unique_dimensions(cls, value: list[str]) -> list[str]:
         if len(set(value)) != len(value):
-            raise ValueError(f"lists a dimension twice: {[str(d) for d in value]}")
+            raise ValueError(f"lists a dimension twice: {value}")
+        return value
+
+    @field_validator("deny", "ask")
+    @classmethod
+    def _valid_text(cls, value: str | None) -> str | None:
+        if value is not None:
+            compile_template(value, RuleKind.ACCESS)
         return value
 
     @field_validator("message")
@@ -161,12 +218,14 @@ class RuleSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_limit(self) -> RuleSpec:
-        given = limits_in(vars(self))
+        given = [*limits_in(vars(self)), *(a for a in ACCESS_ANSWERS if getattr(self, a))]
         if len(given) != 1:
             raise ValueError(
-                "a rule needs exactly one of rate, concurrency, budget"
+                "a rule needs exactly one of rate, concurrency, budget, deny, ask"
                 + (f" (got {', '.join(given)})" if given else "")
             )
+        if self.kind is RuleKind.ACCESS:
+            return self._an_access_rule()
         if self.burst is not None and self.algorithm != Algorithm.TOKEN_BUCKET:
             raise ValueError("burst only applies to algorithm: token_bucket")
         _only_with(self, RuleKind.RATE, "algorithm", "burst")
@@ -183,10 +242,26 @@ class RuleSpec(_Strict):
             )
         return self
 
+    def _an_access_rule(self) -> RuleSpec:
+        """An access rule counts nothing: what only a counter uses has no place in it."""
+        counting = ("algorithm", "burst", "currency", "soft_limit", "lease_timeout", "message")
+        for name in (*counting, "fail"):
+            if getattr(self, name) is not None:
+                why = "its text is the message" if name == "message" else "it has no counter"
+                raise ValueError(f"{name} does not apply to an access rule (deny/ask): {why}")
+        if "per" in self.model_fields_set:
+            raise ValueError("per does not apply to an access rule (deny/ask): no counter")
+        if "on_exceed" in self.model_fields_set:
+            raise ValueError("on_exceed does not apply to an access rule: write deny: or ask:")
+        return self
+
 
 def kind_of(fields: Mapping[str, object]) -> RuleKind:
     """The kind of rule whose limit fields (`rate`, `concurrency`, `budget`, the kinds'
-    own names) are `fields`: the first given of budget and concurrency, else rate."""
+    own names; `deny`, `ask`) are `fields`: access if it says deny or ask, else the first
+    given of budget and concurrency, else rate."""
+    if any(fields.get(answer) is not None for answer in ACCESS_ANSWERS):
+        return RuleKind.ACCESS
     return next(
         (k for k in (RuleKind.BUDGET, RuleKind.CONCURRENCY) if fields.get(k) is not None),
         RuleKind.RATE,
@@ -194,8 +269,8 @@ def kind_of(fields: Mapping[str, object]) -> RuleKind:
 
 
 def limits_in(fields: Mapping[str, object]) -> list[RuleKind]:
-    """The limits `fields` state, in the kinds' order (rate, concurrency, budget)."""
-    return [kind for kind in RuleKind if fields.get(kind) is not None]
+    """The counted limits `fields` state, in the kinds' order (rate, concurrency, budget)."""
+    return [kind for kind in COUNTED_KINDS if fields.get(kind) is not None]
 
 
 def _only_with(rule: RuleSpec, kind: str, *fields: str) -> None:

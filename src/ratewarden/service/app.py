@@ -60,7 +60,9 @@ def create_app(
     audit = AuditTrail(timed, include_args=settings.audit_args, clock=timed.clock)
     # Budget periods are picked on the store's clock when it has one (the embedded store);
     # Redis stores use Redis TIME and the engine's clock only proposes the period.
-    engine = Engine(policy, timed, fail=settings.fail)  # periods on the store's clock
+    engine = Engine(  # periods on the store's clock
+        policy, timed, fail=settings.fail, remember_refusals=settings.remember_refusals
+    )
     # Reloads read the start-up source again: the same file, or the packaged example.
     reloader = PolicyReloader(engine, metrics, settings.policy_path(), settings.reload_interval_s)
 

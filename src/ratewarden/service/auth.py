@@ -51,6 +51,7 @@ ROLES: dict[str, Role] = {
     "/v1/check/batch": Role.CHECK,
     "/v1/calls/{call_id:path}/settle": Role.CHECK,
     "/v1/usage": Role.CHECK,
+    "/v1/capabilities": Role.CHECK,
     # Who was denied (user identities) and the whole policy (groups name users): admin.
     "/v1/denials": Role.ADMIN,
     "/v1/policy": Role.ADMIN,

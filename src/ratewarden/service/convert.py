@@ -20,7 +20,7 @@ from ratewarden.wire import CheckRequest, CheckResponse, LimitState, UsageItem, 
 
 
 def to_call(request: CheckRequest) -> Call:
-    """The engine's view of a request; `args` stay behind and are never stored."""
+    """The engine's view of a request; its `args` are matched and hashed, never stored."""
     meta = request.metadata
     facts = (
         UNCLASSIFIED
@@ -39,6 +39,7 @@ def to_call(request: CheckRequest) -> Call:
         facts=facts,
         approved=request.approved,
         named=request.call_id is not None,
+        args=request.args,
     )
 
 

@@ -30,6 +30,7 @@ from ratewarden.store import StoreError
 from ratewarden.wire import (
     BatchRequest,
     BatchResponse,
+    Capabilities,
     CheckRequest,
     CheckResponse,
     DenialsResponse,
@@ -129,6 +130,8 @@ async def decide(app: Any, body: CheckRequest) -> Decision:
     call = to_call(body)
     started = time.perf_counter()
     decision = await engine.check(call)
+    if policy.reads_args:
+        decision.send_args = True  # so clients learn at once when a reload starts reading them
     observer_of(app).checked(decision, call, body.args, policy, time.perf_counter() - started)
     return decision
 
@@ -310,6 +313,14 @@ async def policy(request: Request) -> PolicyResponse:
     """The policy in force and its version hash."""
     current = engine_of(request.app).policy
     return PolicyResponse(version=current.version, source=current.source, policy=current.document)
+
+
+@router.get("/v1/capabilities", response_model=Capabilities, tags=["inspect"])
+async def capabilities(request: Request) -> Capabilities:
+    """Whether the policy in force reads calls' `args`: a client asks before its first
+    check, then keeps what every check answer says (`send_args`)."""
+    current = engine_of(request.app).policy
+    return Capabilities(policy_version=current.version, send_args=current.reads_args)
 
 
 @router.get("/healthz", tags=["health"])

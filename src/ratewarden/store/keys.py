@@ -13,6 +13,9 @@ Key shape: `rw:{<rule>|<dimension>=<value>|...}:<algorithm>`, for example
   starts a fresh counter instead of misreading the old one's bytes.
 - Dimensions absent from a call (no session given) encode as empty; requests never
   carry empty strings, so "absent" cannot collide with a real value.
+- `args` and `args.PATH` dimensions (`|args=`, `|args[PATH]=`) hold a 32-hex-digit
+  digest of the canonical JSON of the arguments (or of the one argument), never their
+  text: a key says which call repeats, not what it said.
 
 Call records: `rw:call:{<call_id>}`, a hash kept for allowed calls that hold something
 (a reservation, a slot) or whose caller chose the call_id. Their own prefix keeps them
@@ -44,6 +47,7 @@ from urllib.parse import quote
 
 from ratewarden.calls import Call
 from ratewarden.limiter.ops import Kind
+from ratewarden.vocabulary import ARGS_DIMENSION
 
 PREFIX = "rw"
 DENIALS_KEY = f"{PREFIX}:denials"
@@ -74,18 +78,39 @@ class CounterKeys:
     head: str  # rw:{<rule>
     dims: tuple[tuple[str, str], ...]  # (dimension, "|<dimension>=") in the rule's order
     tail: str  # }:<algorithm>
+    hashed: bool = False  # counts per `args` or `args.PATH`: values are digests
 
     @classmethod
     def of(cls, rule: str, kind: Kind, per: Iterable[str]) -> CounterKeys:
-        dims = tuple((dim, f"|{dim}=") for dim in per)
-        return cls(f"{PREFIX}:{{{encode(rule)}", dims, f"}}:{kind.value}")
+        # An `args.PATH` dimension is written `args[PATH]`, its path encoded: no path can
+        # end the part in `user=` and be taken for the user by a reset's pattern.
+        dims = tuple((dim, f"|{_dimension_name(dim)}=") for dim in per)
+        hashed = any(dim.startswith("args") for dim in per)
+        return cls(f"{PREFIX}:{{{encode(rule)}", dims, f"}}:{kind.value}", hashed)
 
     def for_call(self, call: Call) -> str:
         """The key for the call's values of the `per` dimensions (absent: empty)."""
+        if self.hashed:
+            return self._hashed_key(call)
         key = self.head  # appended to in place: a third of the cost of a join here
         for dim, separator in self.dims:
             key += separator + encode(getattr(call, dim) or "")
         return key + self.tail
+
+    def _hashed_key(self, call: Call) -> str:
+        """As for_call, with `args` dimensions as digests (hex: nothing to encode, and
+        kept out of `encode`'s cache, where every distinct call would push out a user)."""
+        key = self.head
+        for dim, separator in self.dims:
+            value = call.dimension(dim) or ""
+            key += separator + (value if dim.startswith("args") else encode(value))
+        return key + self.tail
+
+
+def _dimension_name(dim: str) -> str:
+    if dim.startswith(ARGS_DIMENSION):
+        return f"args[{encode(dim.removeprefix(ARGS_DIMENSION))}]"
+    return dim
 
 
 def all_keys_pattern() -> str:
