@@ -1,7 +1,9 @@
 """The v1 HTTP API's request and response bodies.
 
 Shared by the service and the client, and free of server imports, so a host agent can
-load the client without FastAPI or Redis. `args` are accepted but never stored or logged.
+load the client without FastAPI or Redis. `args` are matched by the policy's `args` rules
+and hashed into counter keys, but never stored or logged (unless the operator turns the
+audit's on).
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ CallId = Annotated[
 ]
 Tag = Annotated[str, Field(min_length=1, max_length=MAX_TAG)]
 MAX_BATCH = 100
-# `args` only ever reach the audit log (when enabled): bounded so that no call can make an
-# audit entry, the recent-denials list or its serialisation blow up. They are checked on
+# `args` reach the policy's conditions and digests, and the audit log only when enabled:
+# bounded so that no call can make a match, a digest, an audit entry, the recent-denials
+# list or its serialisation blow up. They are checked on
 # their compact JSON text in a fixed number of passes, each in C or Rust, however wide or
 # deep they are: refusing a body must not cost the daemon more than serving one
 # (docs/benchmarks.md, "Worst bodies").
@@ -174,7 +177,8 @@ Args = Annotated[
     dict[str, Any],
     PlainValidator(_bounded_args, json_schema_input_type=dict[str, Any]),
     Field(
-        description=f"the tool's arguments, for the audit log only: at most {MAX_ARGS_DEPTH} "
+        description="the tool's arguments, sent when the policy reads them (`send_args`); "
+        f"never stored or logged unless the operator asks: at most {MAX_ARGS_DEPTH} "
         f"levels deep and {MAX_ARGS_BYTES} bytes as JSON, every number finite"
     ),
 ]

@@ -31,7 +31,9 @@ class Gate:
     @classmethod
     def of(cls, policy: Policy, applied: Sequence[Applied], call: Call) -> Gate | None:
         """The gate of `call`, or None when no access rule covers it (the usual case)."""
-        if not any(isinstance(a.limit, AccessLimit) for a in applied):
+        if not policy.has_access_rules or not any(
+            isinstance(a.limit, AccessLimit) for a in applied
+        ):
             return None
         refusals, shadow, approvals = [], [], []
         for access in applied:

@@ -199,6 +199,7 @@ class Engine:
             max([policy.call_ttl_ms, *held]),
             keep=call.named,
         )
+        asked_at = self.refusals.now()
         try:
             found = await self.store.evaluate(ops, record)
         except StoreError as exc:
@@ -217,7 +218,7 @@ class Engine:
             return Decision("allow", call.call_id, approved=call.approved, replayed=True)
         decided = self._decide(policy, call, plans, ops, found.results, found.replayed)
         if decided.violations:
-            self.refusals.remember(ops, found.results, [plan.denies for plan in plans])
+            self.refusals.remember(ops, found.results, [p.denies for p in plans], asked_at)
         return decided
 
     def _known_refusal(

@@ -67,23 +67,30 @@ class RefusalCache:
                 found.append((i, _aged(known, now)))  # limit on a shared counter
         return found
 
-    def remember(self, ops: list[CounterOp], results: list[OpResult], deny: list[bool]) -> None:
-        """Keep the refusals among `results` that only waiting can lift."""
+    def now(self) -> int:
+        """This cache's clock: read before asking the store, for `remember`'s `asked_at`."""
+        return self._now()
+
+    def remember(
+        self, ops: list[CounterOp], results: list[OpResult], deny: list[bool], asked_at: int
+    ) -> None:
+        """Keep the refusals among `results` that only waiting can lift. Each wait counts
+        from `asked_at`, before the store was asked: the store's own clock read later, so
+        an entry never outlasts the refusal it repeats."""
         if not self._max_entries:
             return  # turned off (RATEWARDEN_REMEMBER_REFUSALS=false)
-        now = None
+        room = False
         for op, result, denies in zip(ops, results, deny, strict=True):
             wait = result.retry_after_ms
             if result.admitted or not denies or wait is None or wait <= 0:
                 continue
             if op.role is not Role.ENFORCE or op.kind not in _RATE_KINDS:
                 continue
-            if now is None:
-                now = self._now()
-                if len(self._entries) >= self._max_entries:
-                    self._make_room(now)
+            if not room and len(self._entries) >= self._max_entries:
+                self._make_room(self._now())
+            room = True
             shape = (op.limit, op.window_ms, op.burst)
-            self._entries[op.key] = _Refusal(now + wait, shape, result, now)
+            self._entries[op.key] = _Refusal(asked_at + wait, shape, result, asked_at)
 
     def clear(self) -> None:
         """Forget every refusal (a reload, a reset, an override changed a limit)."""

@@ -358,6 +358,7 @@ class Policy:
     _label: Callable[[str], str] = field(init=False, repr=False)
     # Does any rule read the call's `args`? Clients send them exactly when it does.
     reads_args: bool = field(init=False)
+    has_access_rules: bool = field(init=False)  # else no call needs the access gate
 
     def __post_init__(self) -> None:
         # Per-instance caches: a reloaded policy starts with empty ones.
@@ -372,6 +373,7 @@ class Policy:
             rule.match.has_call_conditions or rule.unless is not None for rule in self.rules
         )
         self.reads_args = any(rule.reads_args for rule in self.rules)
+        self.has_access_rules = any(rule.kind is RuleKind.ACCESS for rule in self.rules)
         # Tools the policy names exactly: the only tool names that may become metric labels.
         self._named_tools = frozenset(
             name
