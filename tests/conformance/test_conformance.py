@@ -553,6 +553,194 @@ rules:
 ]
 SCENARIOS += MONEY_SCENARIOS
 
+# Access rules and `unless:` (issue 17): an access rule has no counter, yet it is part of
+# the one all-or-nothing decision, so these hold every store to the same counters after
+# its refusals, asks and approvals (conditions on `args` and counters keyed on them:
+# test_access_and_args.py, on every store too).
+ACCESS_SCENARIOS = [
+    Scenario(
+        "access-deny-ask-and-approval",
+        """
+version: 1
+tools: {terminal: {label: shell}}
+rules:
+  - name: no-terminal
+    match: {tool: terminal}
+    deny: "{label} is closed to {user} ({rule}, {tool})"
+  - {name: confirm, match: {tool: deploy}, ask: "{tool} needs approval"}
+  - {name: calls, rate: 2/minute}
+""",
+        (
+            # No counter is asked, none is consumed.
+            *(
+                Check(
+                    0,
+                    "alice",
+                    "deny",
+                    {},
+                    None,
+                    "shell is closed to alice (no-terminal, terminal)",
+                    ("no-terminal",),
+                )
+                for _ in range(3)
+            ),
+            # The counters are read for an ask (nothing taken), then counted once approved.
+            Check(
+                0,
+                "alice",
+                "ask",
+                {"calls": 2},
+                None,
+                "deploy needs approval",
+                ("confirm",),
+                tool="deploy",
+            ),
+            Check(
+                0,
+                "alice",
+                "allow",
+                {"calls": 1},
+                tool="deploy",
+                ask_approved=True,
+                approved=True,
+                warnings=("approved past confirm: deploy needs approval",),
+            ),
+            Check(1_000, "alice", "allow", {"calls": 0}, tool="ls"),
+            # A counter that refuses makes the ask a deny, approved or not.
+            Check(
+                2_000,
+                "alice",
+                "deny",
+                {"calls": 0},
+                58.0,
+                rate_msg(2, "deploy", "minute", "58s"),
+                ("confirm", "calls"),
+                tool="deploy",
+            ),
+            Check(
+                2_000,
+                "alice",
+                "deny",
+                {"calls": 0},
+                58.0,
+                rate_msg(2, "deploy", "minute", "58s"),
+                ("calls",),
+                tool="deploy",
+                ask_approved=True,
+            ),
+            Usage(
+                2_000,
+                "bob",
+                (("no-terminal", 0, 0, 0, 0.0), ("confirm", 0, 0, 0, 0.0), ("calls", 2, 0, 2, 0.0)),
+            ),
+            # The first call has left the window; the refused ones never entered it.
+            Check(
+                60_000,
+                "alice",
+                "ask",
+                {"calls": 1},
+                None,
+                "deploy needs approval",
+                ("confirm",),
+                tool="deploy",
+            ),
+        ),
+    ),
+    Scenario(
+        "access-shadow-and-unlimited-overrides",
+        """
+version: 1
+groups: {staff: [alice, "ops-*"]}
+rules:
+  - {name: closed, match: {tool: terminal}, deny: "terminal is closed"}
+  - {name: watch, match: {tool: terminal}, deny: "terminal would be closed", mode: shadow}
+  - {name: calls, rate: 2/minute}
+overrides:
+  - {users: [bob], rule: closed, unlimited: true}
+  - {groups: [staff], rule: closed, unlimited: true}
+""",
+        (
+            Check(
+                0,
+                "carol",
+                "deny",
+                {},
+                None,
+                "terminal is closed",
+                ("closed",),
+                shadow={"watch": "terminal would be closed"},
+            ),
+            Check(0, "bob", "allow", {"calls": 1}, shadow={"watch": "terminal would be closed"}),
+            Check(0, "alice", "allow", {"calls": 1}, shadow={"watch": "terminal would be closed"}),
+            Check(0, "ops-7", "allow", {"calls": 1}, shadow={"watch": "terminal would be closed"}),
+            Check(0, "bob", "allow", {"calls": 0}, shadow={"watch": "terminal would be closed"}),
+            Check(
+                0,
+                "bob",
+                "deny",
+                {"calls": 0},
+                60.0,
+                rate_msg(2, "terminal", "minute", "1m"),
+                shadow={"watch": "terminal would be closed"},
+            ),
+            Check(0, "carol", "allow", {"calls": 1}, tool="ls"),  # her refusal took nothing
+            Usage(
+                0,
+                "bob",
+                (("closed", None, 0, None, 0.0), ("watch", 0, 0, 0, 0.0), ("calls", 2, 2, 0, 60.0)),
+            ),
+        ),
+    ),
+    Scenario(
+        "unless-static-and-per-call",
+        """
+version: 1
+groups: {staff: [alice]}
+rules:
+  - name: staff-only
+    match: {tool: terminal}
+    unless: {group: staff}
+    deny: "terminal is for staff"
+  - {name: ci-free, unless: {session: "ci-*"}, rate: 1/minute}
+  - {name: writes, unless: {read_only: true}, rate: 1/minute}
+""",
+        (
+            Check(0, "bob", "deny", {}, None, "terminal is for staff", ("staff-only",)),
+            Check(0, "alice", "allow", {"ci-free": 0, "writes": 0}),
+            # Both unless hold: no rule covers the call.
+            Check(0, "alice", "allow", {}, session="ci-1", facts=ToolFacts(read_only=True)),
+            Check(
+                0,
+                "alice",
+                "deny",
+                {"ci-free": 0, "writes": 0},
+                60.0,
+                rate_msg(1, "terminal", "minute", "1m"),
+            ),
+            Check(
+                0,
+                "alice",
+                "deny",
+                {"writes": 0},
+                60.0,
+                rate_msg(1, "terminal", "minute", "1m"),
+                session="ci-2",
+            ),
+            Check(
+                0,
+                "alice",
+                "deny",
+                {"ci-free": 0},
+                60.0,
+                rate_msg(1, "terminal", "minute", "1m"),
+                facts=ToolFacts(read_only=True),
+            ),
+            Check(0, "bob", "allow", {"ci-free": 0, "writes": 0}, tool="ls"),
+        ),
+    ),
+]
+SCENARIOS += ACCESS_SCENARIOS
+
 
 def observed_check(decision: Decision) -> dict[str, object]:
     return {
