@@ -374,12 +374,14 @@ def test_serve_with_no_flags_uses_the_memory_store_and_the_packaged_policy(
         assert usage.stdout.splitlines()[0] == "usage for discord:1234, tool terminal"
         rows = usage_rows(usage.stdout)
         assert [row[0] for row in rows] == [
+            "no-root-delete",  # an access rule: listed, nothing counted
             "terminal-per-minute",
             "destructive-per-hour",
             "all-tools-burst",
             "daily-spend",
         ]
-        budget_line = usage.stdout.splitlines()[5]
+        assert rows[0][1] == "access"
+        budget_line = usage.stdout.splitlines()[6]
         assert budget_line.split()[:7] == [
             "daily-spend",
             "budget",
@@ -389,7 +391,7 @@ def test_serve_with_no_flags_uses_the_memory_store_and_the_packaged_policy(
             "5.00",
             "-",
         ]
-        terminal = rows[0]
+        terminal = rows[1]
         assert terminal[1:5] == ["rate", "10/minute", "1", "9"]
         assert re.fullmatch(r"\d+s", terminal[5])
         assert terminal[6] == "enforce"

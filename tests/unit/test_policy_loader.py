@@ -411,14 +411,18 @@ def test_the_packaged_example_loads() -> None:
     policy = load_example_policy()
     assert policy.source == "<packaged example.yaml>"
     assert [r.name for r in policy.rules] == [
+        "no-root-delete",
         "terminal-per-minute",
         "browser-per-minute",
         "destructive-per-hour",
         "all-tools-burst",
+        "same-call-repeats",
         "browser-concurrency",
         "daily-spend",
     ]
     assert [r.kind for r in policy.rules][-2:] == ["concurrency", "budget"]
+    assert policy.rules[0].kind == "access"
+    assert policy.reads_args  # clients send args to a daemon running the example
     assert policy.cost_for("browser_open") == 0.05
     ops = explained(policy, call(user="ops-1", tool="terminal"))
     assert ops["terminal-per-minute"] == (True, 60, "overrides[0]")
@@ -427,6 +431,25 @@ def test_the_packaged_example_loads() -> None:
         10,
         "rule",
     )
+
+
+def test_the_packaged_examples_argument_rules_cover_what_its_comments_say() -> None:
+    """`no-root-delete` refuses a root delete and nothing like it; `same-call-repeats`
+    counts only calls that sent their arguments (else every call of a tool would share
+    one counter of 5 a minute)."""
+    policy = load_example_policy()
+
+    def covering(command: str | None) -> set[str]:
+        args = None if command is None else {"command": command}
+        the_call = Call("bob", "terminal", "c1", session="s1", args=args)
+        return {a.rule.name for a in policy.applicable(the_call)}
+
+    for root_delete in ("rm -rf /", "sudo rm -rf /*", "rm -r -f --no-preserve-root / "):
+        assert "no-root-delete" in covering(root_delete), root_delete
+    for harmless in ("rm -rf /tmp/build", "rm -rf ./dist", "ls /", "echo rm -rf"):
+        assert "no-root-delete" not in covering(harmless), harmless
+    assert "same-call-repeats" in covering("make test")
+    assert "same-call-repeats" not in covering(None)
 
 
 # -- matching ---------------------------------------------------------------------------
