@@ -79,16 +79,15 @@ class RefusalCache:
         an entry never outlasts the refusal it repeats."""
         if not self._max_entries:
             return  # turned off (RATEWARDEN_REMEMBER_REFUSALS=false)
-        room = False
         for op, result, denies in zip(ops, results, deny, strict=True):
             wait = result.retry_after_ms
             if result.admitted or not denies or wait is None or wait <= 0:
                 continue
             if op.role is not Role.ENFORCE or op.kind not in _RATE_KINDS:
                 continue
-            if not room and len(self._entries) >= self._max_entries:
+            # Room for each new key: a call refused by several counters adds several.
+            if op.key not in self._entries and len(self._entries) >= self._max_entries:
                 self._make_room(self._now())
-            room = True
             shape = (op.limit, op.window_ms, op.burst)
             self._entries[op.key] = _Refusal(asked_at + wait, shape, result, asked_at)
 
