@@ -105,6 +105,9 @@ METRICS = {
     "circuit_transitions": Spec(Counter, "ratewarden_store_circuit_transitions_total",
         "Store circuit breaker state changes, by the state entered (open, half_open, closed).",
         ("state",)),
+    "remembered": Spec(Counter, "ratewarden_remembered_refusals_total",
+        "Checks refused from a remembered rate refusal, without asking the store (the "
+        "refusing rules are counted in ratewarden_blocked_calls_total)."),
 }  # fmt: skip
 
 
@@ -129,6 +132,7 @@ class Metrics:
     policy_info: Gauge
     circuit_open: Gauge
     circuit_transitions: Counter
+    remembered: Counter
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -142,6 +146,7 @@ class Metrics:
         for state in CIRCUIT_STATES:  # every series exists from the start
             self.circuit_transitions.labels(state)
         self._version = ""
+        self._remembered_seen = 0
 
     def circuit_changed(self, old: str, new: str) -> None:
         """The store's circuit breaker moved from `old` to `new` (see store/breaker.py)."""
@@ -164,6 +169,13 @@ class Metrics:
     def policy_load_failed(self) -> None:
         """A reload was refused (the file is invalid); the policy in force stays."""
         self.reloads.labels("error").inc()
+
+    def remembered_refusals(self, hits: int) -> None:
+        """The engine has answered `hits` checks from remembered refusals in all (its
+        `refusals.hits`, read after each decision): count the ones not counted yet."""
+        if hits > self._remembered_seen:
+            self.remembered.inc(hits - self._remembered_seen)
+            self._remembered_seen = hits
 
     def observe_check(self, decision: Decision, call: Call, policy: Policy, seconds: float) -> None:
         """Count one decision: its outcome, each refusing rule, and the rules near their limit."""

@@ -18,18 +18,23 @@ from typing import TypeVar
 
 import fakeredis
 import pytest
+from prometheus_client import CollectorRegistry
 
+from ratewarden.audit import AuditTrail
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import Decision, Engine
 from ratewarden.engine.refusals import RefusalCache
+from ratewarden.metrics import Metrics
 from ratewarden.policy import Policy, parse_policy
+from ratewarden.service.observer import Observer
 from ratewarden.store import MemoryStore, Store, StoreError
 from ratewarden.store.base import Layer
 from ratewarden.store.redis_store import RedisStore
 
 T = TypeVar("T")
 ALGORITHMS = ("sliding_window", "token_bucket", "fixed_window")
+REMEMBERED = "ratewarden_remembered_refusals_total"
 
 
 class Counted(Layer):
@@ -338,3 +343,30 @@ async def test_it_never_answers_otherwise_than_the_store(
         clock.advance(step)
         twin_clock.advance(step)
     assert engine.refusals.hits > 0
+
+
+# -- the metric -------------------------------------------------------------------------
+
+
+async def test_the_metric_counts_each_check_answered_from_memory(
+    store: Counted, clock: FakeClock
+) -> None:
+    registry = CollectorRegistry()
+    engine = Engine(one_rule(1), store, clock=clock)
+    observer = Observer(Metrics(registry), AuditTrail(store), engine.refusals)
+    rules = engine.policy
+
+    async def check(i: int, user: str = "alice") -> Decision:
+        call = Call(user, "terminal", f"c{i}")
+        decision = await engine.check(call)
+        observer.checked(decision, call, None, rules, 0.001)
+        return decision
+
+    assert registry.get_sample_value(REMEMBERED) == 0
+    assert [(await check(i)).decision for i in range(2)] == ["allow", "deny"]  # the store's
+    assert registry.get_sample_value(REMEMBERED) == 0
+    for i in range(2, 7):
+        await check(i)
+    await check(7, user="bob")  # allowed by the store
+    assert registry.get_sample_value(REMEMBERED) == 5
+    assert engine.refusals.hits == 5

@@ -8,6 +8,7 @@ from typing import Any
 from ratewarden.audit import AuditTrail
 from ratewarden.calls import Call
 from ratewarden.engine import Decision, Settlement
+from ratewarden.engine.refusals import RefusalCache
 from ratewarden.metrics import Metrics
 from ratewarden.policy import Policy
 
@@ -16,6 +17,9 @@ from ratewarden.policy import Policy
 class Observer:
     metrics: Metrics
     audit: AuditTrail
+    # The engine's remembered refusals: a decision does not say whether it came from them,
+    # their count of answers does (read after each decision, for the metric).
+    refusals: RefusalCache | None = None
 
     def checked(
         self,
@@ -26,6 +30,8 @@ class Observer:
         seconds: float,
     ) -> None:
         self.metrics.observe_check(decision, call, policy, seconds)
+        if self.refusals is not None:
+            self.metrics.remembered_refusals(self.refusals.hits)
         self.audit.record(decision, call, args)
 
     def settled(self, settlement: Settlement, policy: Policy) -> None:
