@@ -90,6 +90,30 @@ async def test_a_deny_rule_refuses_with_its_text_rendered(store: Store, clock: F
     ]
     assert refused.retry_after is None  # waiting never lifts it
     assert refused.limits == ()  # no counter was asked
+    approved = await engine.check(call("alice", "terminal", approved=True))
+    assert (approved.decision, approved.approved) == ("deny", False)  # only an ask is approved
+
+
+async def test_a_deny_outranks_an_ask_whatever_their_order(store: Store, clock: FakeClock) -> None:
+    policy = """
+version: 1
+rules:
+  - {name: first-ask, match: {tool: terminal}, ask: "asks first"}
+  - {name: then-deny, match: {tool: terminal}, deny: "denies second"}
+  - {name: another-deny, deny: "denies everything"}
+  - {name: calls, rate: 1/minute}
+"""
+    engine = engine_on(policy, store, clock)
+    for approved in (False, True):
+        refused = await engine.check(call(approved=approved))
+        assert (refused.decision, refused.message) == ("deny", "denies second")
+        expected = (
+            ["then-deny", "another-deny"]
+            if approved
+            else ["first-ask", "then-deny", "another-deny"]
+        )
+        assert [v.rule for v in refused.violations] == expected
+    assert (await used(engine, "u"))["calls"] == 0
 
 
 async def test_an_enforcing_deny_consumes_nothing_in_any_other_rule(
