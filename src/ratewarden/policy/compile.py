@@ -141,8 +141,8 @@ def _compile_match(spec: MatchSpec) -> Match:
         ),
         tags=None if spec.tags is None else frozenset(spec.tags),
         args=tuple(
-            ArgCondition(ArgPath.parse(path), compile_condition(condition))
-            for path, condition in (spec.args or {}).items()
+            ArgCondition(ArgPath.parse(path), compile_condition(condition))  # type: ignore[arg-type]
+            for path, condition in (spec.args or {}).items()  # (a list was refused at load)
         ),
     )
 
@@ -180,9 +180,10 @@ def _override_limit(
         return Unlimited()
     kind = rule.kind
     if kind is RuleKind.ACCESS:  # nothing to change but whether it applies
+        given = [*limits_in(vars(override)), *(["burst"] if override.burst else [])]
         issues.append(
             PolicyIssue(
-                ("overrides", index, "unlimited"),
+                ("overrides", index, given[0] if given else "unlimited"),
                 f"rule {rule.name!r} is an access rule: an override can only lift it "
                 "(unlimited: true)",
             )

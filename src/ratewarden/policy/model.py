@@ -244,6 +244,18 @@ class Match:
         return None
 
 
+def _surely_excluded(
+    unless: Match | None, user: str, tool: str | None, groups: frozenset[str]
+) -> bool:
+    """Whether `unless:` excludes every call of this user (and tool, if known): nothing
+    it states depends on the call, and all of it holds."""
+    if unless is None or unless.has_call_conditions:
+        return False
+    if unless.tools is not None and tool is None:
+        return False  # it names tools, and which one is not known
+    return unless.static_mismatch(user, tool or "", groups) is None
+
+
 @dataclass(frozen=True, slots=True)
 class Overrides:
     """Per-user limits for one rule, by precedence: exact user > group > glob."""
@@ -430,6 +442,7 @@ class Policy:
             Applied(rule, *self._effective_limit(rule, user, groups))
             for rule in self.rules
             if rule.match.could_apply(user, tool, groups, session, team)
+            and not _surely_excluded(rule.unless, user, tool, groups)
             and all(given.get(dim) is not None for dim in rule.per)  # never args: not given
         ]
 

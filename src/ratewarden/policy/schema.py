@@ -132,7 +132,11 @@ def _condition(value: object) -> object:
 
 # `match.args`: a path into the call's `args` -> a condition on the value found there.
 ArgPathText = Annotated[str, AfterValidator(_arg_path)]
-ConditionSpec = Annotated[str | bool | int | float | dict[str, Any], AfterValidator(_condition)]
+# A list is accepted by the type only to be refused by compile_condition with its hint
+# (write `{in: [...]}`), instead of pydantic's five "not a valid ..." lines.
+ConditionSpec = Annotated[
+    str | bool | int | float | list[Any] | dict[str, Any], AfterValidator(_condition)
+]
 
 
 def _per_dimension(value: object) -> str:
