@@ -123,6 +123,10 @@ def _capabilities(body: Any) -> bool:
     return Capabilities.model_validate(body).send_args
 
 
+# A daemon older than GET /v1/capabilities answers it 404: its policy cannot read args.
+_NO_CAPABILITIES = 404
+
+
 class Client:
     """Blocking client with keep-alive; one per thread or process is plenty."""
 
@@ -144,7 +148,7 @@ class Client:
     def check(self, request: CheckRequest) -> CheckResponse:
         """Decide one call. Its `args` are sent only if the daemon's policy reads them."""
         if request.args is not None and self.args.known() is None:
-            self.args.heard(_capabilities(self._call("GET", "/v1/capabilities")))
+            self.args.heard(self._send_args())
         body = self._call("POST", "/v1/check", json=_check_body(self.args.strip(request)))
         answer = CheckResponse.model_validate(body)
         self.args.heard(answer.send_args)
@@ -153,6 +157,14 @@ class Client:
     def usage(self, user: str, **parts: str | None) -> UsageResponse:
         params = {"user": user, **{k: v for k, v in parts.items() if v is not None}}
         return UsageResponse.model_validate(self._call("GET", "/v1/usage", params=params))
+
+    def _send_args(self) -> bool:
+        try:
+            return _capabilities(self._call("GET", "/v1/capabilities"))
+        except ClientError as exc:
+            if exc.status == _NO_CAPABILITIES:
+                return False
+            raise
 
     def settle(self, call_id: str, request: SettleRequest | None = None) -> SettleResponse:
         body = (request or SettleRequest()).model_dump(exclude_none=True)
@@ -197,7 +209,7 @@ class AsyncClient:
     async def check(self, request: CheckRequest) -> CheckResponse:
         """Decide one call. Its `args` are sent only if the daemon's policy reads them."""
         if request.args is not None and self.args.known() is None:
-            self.args.heard(_capabilities(await self._call("GET", "/v1/capabilities")))
+            self.args.heard(await self._send_args())
         body = await self._call("POST", "/v1/check", json=_check_body(self.args.strip(request)))
         answer = CheckResponse.model_validate(body)
         self.args.heard(answer.send_args)
@@ -206,6 +218,14 @@ class AsyncClient:
     async def usage(self, user: str, **parts: str | None) -> UsageResponse:
         params = {"user": user, **{k: v for k, v in parts.items() if v is not None}}
         return UsageResponse.model_validate(await self._call("GET", "/v1/usage", params=params))
+
+    async def _send_args(self) -> bool:
+        try:
+            return _capabilities(await self._call("GET", "/v1/capabilities"))
+        except ClientError as exc:
+            if exc.status == _NO_CAPABILITIES:
+                return False
+            raise
 
     async def settle(self, call_id: str, request: SettleRequest | None = None) -> SettleResponse:
         body = (request or SettleRequest()).model_dump(exclude_none=True)

@@ -134,3 +134,18 @@ def test_the_async_client_does_the_same() -> None:
     asyncio.run(run())
     assert daemon.sent_args() == [False, False, True]
     assert daemon.asked() == 1
+
+
+def test_a_daemon_without_capabilities_gets_no_args_and_the_check_still_runs() -> None:
+    """A daemon older than GET /v1/capabilities answers it 404: it reads no args."""
+    daemon = Daemon(reads_args=False)
+
+    def old_daemon(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/capabilities":
+            daemon.seen.append((request.url.path, None))
+            return httpx.Response(404, json={"error": "not_found", "message": "Not Found"})
+        return daemon.answer(request)
+
+    client = Client("http://daemon", transport=httpx.MockTransport(old_daemon))
+    check(client)
+    assert daemon.sent_args() == [False]
