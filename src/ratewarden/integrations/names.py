@@ -20,19 +20,38 @@ surrogate from a JSON `\\ud800` cannot be sent at all).
 
 A mapped name or id has the shape of every call id an adapter makes
 (`vocabulary.call_id`): `<lead>~<16 hex digits>`.
+
+The call's arguments go in too (`call_args`), as the JSON object the wire takes, or not
+at all: arguments the API would refuse never cost the call its check. Whether they then
+travel is the client's business (`client.ArgsGate`: only while the policy reads them).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError, from_json, to_json, to_jsonable_python
 
 from ratewarden.vocabulary import MAX_CALL_ID, MAX_NAME, SUFFIX_CHARS, digest, sendable, tagged
-from ratewarden.wire import CallId, CheckRequest, Subject, ToolMetadata
+from ratewarden.wire import (
+    MAX_ITEMS,
+    Args,
+    CallId,
+    CheckRequest,
+    Subject,
+    ToolMetadata,
+    count_items,
+)
 
 __all__ = [
     "DIGEST_CHARS",
+    "MAX_ARGS_ITEMS",
     "MAX_CALL_ID",
     "MAX_SUBJECT",
+    "call_args",
     "check_request",
     "mapped",
     "subject",
@@ -45,6 +64,11 @@ UNSETTLEABLE = frozenset({".", ".."})  # httpx removes them from the settle URL'
 
 _SUBJECT: TypeAdapter[str] = TypeAdapter(Subject)
 _CALL_ID: TypeAdapter[str] = TypeAdapter(CallId)
+_ARGS: TypeAdapter[dict[str, Any]] = TypeAdapter(Args)
+# The daemon refuses a body of more than MAX_ITEMS items unread (wire.too_many_items), so
+# the args get what the rest of a check leaves: at most 49 items (the body's brackets and
+# commas, metadata's, 32 tags' and the comma before `args`), rounded up.
+MAX_ARGS_ITEMS = MAX_ITEMS - 64
 
 
 def subject(name: str) -> str:
@@ -72,9 +96,11 @@ def check_request(
     call_id: str | None = None,
     metadata: ToolMetadata | None = None,
     approved: bool = False,
+    args: object = None,
 ) -> CheckRequest:
-    """The check for one tool call, every name and id made acceptable (empty: absent)."""
-    return CheckRequest(
+    """The check for one tool call, every name and id made acceptable (empty: absent);
+    `args` as the host gives them (see `call_args`)."""
+    request = CheckRequest(
         user=subject(user),
         tool=subject(tool),
         session=subject(session) if session else None,
@@ -83,6 +109,64 @@ def check_request(
         metadata=metadata,
         approved=approved,
     )
+    sent = call_args(args)
+    # Validated once, by the wire's own type: the copy does not validate them again.
+    return request if sent is None else request.model_copy(update={"args": sent})
+
+
+def call_args(value: object) -> dict[str, Any] | None:
+    """A tool call's arguments as the daemon takes them, or None to send none.
+
+    Hosts give a dict (hermes, Strands, pydantic-ai, Claude Code's `tool_input`) or JSON
+    text (the OpenAI Agents SDK's `tool_arguments`, agent-code's stdin). Anything that is
+    not a JSON object, or that the wire refuses (`wire.Args`: over MAX_ARGS_BYTES as
+    compact JSON, deeper than MAX_ARGS_DEPTH, a number not finite), is left out: the call
+    is still checked, it just matches no `args` condition. Nothing here logs them, nor the
+    validation error, which would quote them: arguments may hold secrets.
+    """
+    if isinstance(value, str | bytes | bytearray):
+        return _from_json(value)
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        # JSON's own types, which the client can send: a host's Python objects (a date
+        # pydantic-ai validated, a tuple) become what the wire would read them as.
+        plain = to_jsonable_python(dict(value), fallback=str)
+    except (ValueError, PydanticSerializationError, RecursionError):
+        return None
+    return _sendable(plain)
+
+
+def _from_json(text: str | bytes | bytearray) -> dict[str, Any] | None:
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or too deep to parse
+        return None
+    return _sendable(parsed) if isinstance(parsed, dict) else None
+
+
+def _sendable(args: dict[str, Any]) -> dict[str, Any] | None:
+    """`args` if the daemon would take them in a check, else None."""
+    try:
+        valid = _ARGS.validate_python(args)
+    except ValueError:  # a ValidationError: too large, too deep, a number not finite
+        return None
+    text = to_json(valid)
+    # Short args hold neither too many items (each takes a byte of its own) nor an integer
+    # too long for a JSON reader (4300 digits): only long ones are looked at again.
+    return valid if len(text) <= MAX_ARGS_ITEMS or _readable(text) else None
+
+
+def _readable(text: bytes) -> bool:
+    """Whether the daemon reads these args: within the items left to them, and every
+    number one that its JSON reader takes."""
+    if count_items(text) > MAX_ARGS_ITEMS:
+        return False
+    try:
+        from_json(text)
+    except ValueError:  # "number out of range"
+        return False
+    return True
 
 
 def _takes(adapter: TypeAdapter[str], value: str) -> bool:
