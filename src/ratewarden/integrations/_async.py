@@ -44,15 +44,22 @@ class LoopGuards:
 
 
 async def check_call(
-    guard: AsyncGuard, *, user: str, tool: str, call_id: str, approved: bool = False
+    guard: AsyncGuard,
+    *,
+    user: str,
+    tool: str,
+    call_id: str,
+    approved: bool = False,
+    args: object = None,
 ) -> CheckResponse:
     """The daemon's decision; a refused request is answered by the fail mode, not raised.
 
     Names and ids go through `names.check_request`: a long tool name or an odd id is
-    checked, not refused.
+    checked, not refused; `args` (a dict or JSON text) are sent within the wire's caps,
+    and only while the daemon's policy reads them (the client decides).
     """
     try:
-        request = check_request(user=user, tool=tool, call_id=call_id, approved=approved)
+        request = check_request(user=user, tool=tool, call_id=call_id, approved=approved, args=args)
         return await guard.check(request)
     except (ClientError, ValueError) as exc:  # bad input or auth: the agent must go on
         unsent = CheckRequest.model_construct(user=user, tool=tool, call_id=call_id)

@@ -13,8 +13,9 @@ and hermes hands the model the tool result `{"error": "<that sentence>"}`.
 
 The user is the gateway session's platform-qualified user id (`discord:1234`, from
 `gateway.session_context`), else RATEWARDEN_USER, else the OS login name; the session is
-hermes' session id. RATEWARDEN_URL and RATEWARDEN_TOKEN say where the daemon is, and
-RATEWARDEN_FAIL (`open`, the default, or `closed`) what to do when it cannot be asked.
+hermes' session id; the call's `args` go along whenever the daemon's policy reads them.
+RATEWARDEN_URL and RATEWARDEN_TOKEN say where the daemon is, and RATEWARDEN_FAIL
+(`open`, the default, or `closed`) what to do when it cannot be asked.
 
 An `ask` decision goes to hermes' own human-approval gate (the one its dangerous-command
 prompt and plugin `approve` directives use: the CLI prompt, the gateway's approval
@@ -136,6 +137,7 @@ class RatewardenPlugin:
             # hermes' tool_call_id and a fresh suffix: some model servers reuse `call_0`
             call_id=vocabulary.call_id(HOST, kwargs.get("tool_call_id")),
             metadata=tool_metadata(tool),
+            args=kwargs.get("args"),  # the model's arguments, as hermes parsed them
         )
 
     def _check(self, request: CheckRequest) -> CheckResponse:

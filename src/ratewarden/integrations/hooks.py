@@ -24,7 +24,10 @@ call is checked again as a new one (see `_ask`).
 
 A name or id the daemon would refuse (a tool-call id with a control character, a tool or
 user name of 300 characters) is no reason to fail: it is mapped to one the daemon takes
-(`ratewarden.integrations.names`) and the call is checked like any other.
+(`ratewarden.integrations.names`) and the call is checked like any other. The tool's
+input (Claude Code's and hermes' `tool_input`, agent-code's stdin) goes with the check as
+its `args` when the daemon's policy reads them; input the daemon would not take (not a
+JSON object, over the wire's caps) is left out and the call checked without it.
 
 Input the hook cannot read (not JSON, no tool name) is a broken installation, not a
 decision. Failing open, it is reported as the host's non-blocking hook error (Claude Code
@@ -41,7 +44,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -86,11 +89,12 @@ class BadInput(Exception):
 
 @dataclass(frozen=True)
 class PreCall:
-    """A tool call about to run."""
+    """A tool call about to run; `args` as the host wrote them (names.call_args reads them)."""
 
     tool: str
     session: str | None = None
     call_id: str | None = None
+    args: object = field(default=None, repr=False)  # never shown: they may hold secrets
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,12 @@ def _check_request(options: HookOptions, call: PreCall, environ: Mapping[str, st
     user = options.user or ClientSettings.read(environ).user or _login_name()
     try:
         return check_request(
-            user=user, tool=call.tool, session=call.session, team=options.team, call_id=call.call_id
+            user=user,
+            tool=call.tool,
+            session=call.session,
+            team=options.team,
+            call_id=call.call_id,
+            args=call.args,
         )
     except ValidationError as exc:  # only if the wire model changes under names.py
         problems = "; ".join(
@@ -299,6 +308,7 @@ def _read_claude(payload: bytes, environ: Mapping[str, str]) -> Event:
             tool=_tool(data.get("tool_name"), "tool_name"),
             session=_string(data.get("session_id")),
             call_id=_string(data.get("tool_use_id")),
+            args=data.get("tool_input"),
         )
     if event in ("PostToolUse", "PostToolUseFailure"):
         call_id = _settle_id(data.get("tool_use_id"))
@@ -336,7 +346,10 @@ def _read_agent_code(payload: bytes, environ: Mapping[str, str]) -> Event:
         raise BadInput("AGENT_CODE_HOOK_EVENT is not set (is agent-code running this hook?)")
     if event != "pre_tool_use":
         return None
-    return PreCall(tool=_tool(environ.get("AGENT_CODE_HOOK_TOOL"), "AGENT_CODE_HOOK_TOOL"))
+    tool = _tool(environ.get("AGENT_CODE_HOOK_TOOL"), "AGENT_CODE_HOOK_TOOL")
+    # stdin is the tool's input, whole (AGENT_CODE_HOOK_CONTEXT stops at 16 KiB); input
+    # that is not a JSON object is sent as no args, never a reason to fail the call.
+    return PreCall(tool=tool, args=payload)
 
 
 def _refuse_agent_code(answer: CheckResponse) -> HookOutput:
@@ -365,6 +378,7 @@ def _read_hermes(payload: bytes, environ: Mapping[str, str]) -> Event:
             tool=_tool(data.get("tool_name"), "tool_name"),
             session=_string(data.get("session_id")),
             call_id=_hermes_call_id(extra),
+            args=data.get("tool_input"),
         )
     if event == "post_tool_call":
         call_id = _settle_id(_hermes_call_id(extra))

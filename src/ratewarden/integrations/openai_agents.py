@@ -15,7 +15,8 @@
     await Runner.run(agent, prompt, context={"user_id": "discord:77"})
 
 The user is `user_id` of the run's context object (a dict key or an attribute), or what
-`user(context)` returns. A refused call never runs; the model gets our message as the
+`user(context)` returns; the call's `tool_arguments` go with the check whenever the
+daemon's policy reads them. A refused call never runs; the model gets our message as the
 tool's output: `Rate limit: max 10 terminal calls per minute (retry in 42s)`. The SDK's
 guardrails cannot ask a person, so a rule's `ask` is a refusal here too.
 
@@ -81,7 +82,11 @@ class _Check:
         guard = self._guards.get()
         user = resolve_user(getattr(tool_context, "context", None), self._user)
         call_id = vocabulary.call_id(HOST, getattr(tool_context, "tool_call_id", None))
-        answer = await check_call(guard, user=user, tool=tool_context.tool_name, call_id=call_id)
+        # The SDK hands over the model's arguments as JSON text, as the model wrote them.
+        arguments = getattr(tool_context, "tool_arguments", None)
+        answer = await check_call(
+            guard, user=user, tool=tool_context.tool_name, call_id=call_id, args=arguments
+        )
         info = answer.model_dump(include={"decision", "call_id", "degraded", "retry_after"})
         if not answer.allowed:
             return ToolGuardrailFunctionOutput.reject_content(answer.message, output_info=info)

@@ -12,7 +12,8 @@
     await agent.run(prompt, deps=Deps(user_id="discord:77"))
 
 The user is `deps.user_id` (a key of a dict, or an attribute), or what `user(deps)`
-returns. A refused call reaches the model as the tool's result
+returns; `tool_args` go with the check whenever the daemon's policy reads them. A
+refused call reaches the model as the tool's result
 `Tool 'terminal' blocked: Rate limit: max 10 terminal calls per minute (retry in 42s)`.
 A rule with `on_exceed: ask` gives `ToolDecision.ASK`: the toolset's `permission_handler`
 decides, and without one the call is blocked with the same message. The middleware hears
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import contextvars
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ratewarden import vocabulary
@@ -58,6 +59,7 @@ class _Admitted:
     call_id: str
     asked: bool  # went through on the permission handler's approval
     started: float
+    args: object = field(default=None, repr=False)  # for the approval's check; never shown
 
 
 class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
@@ -99,12 +101,13 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         guard = self._guards.get()
         user = resolve_user(deps, self._user)
         call_id = vocabulary.call_id(HOST, getattr(ctx, "tool_call_id", None))
-        answer = await check_call(guard, user=user, tool=tool_name, call_id=call_id)
+        answer = await check_call(guard, user=user, tool=tool_name, call_id=call_id, args=tool_args)
         if answer.decision == "deny":
             return ToolPermissionResult(decision=ToolDecision.DENY, reason=answer.message)
         asked = answer.decision == "ask"
         if not answer.degraded:  # a fail-open answer holds nothing to settle
-            admitted = _Admitted(guard, user, tool_name, call_id, asked, time.perf_counter())
+            started = time.perf_counter()
+            admitted = _Admitted(guard, user, tool_name, call_id, asked, started, tool_args)
             self._admitted.set(admitted)
         if asked:
             return ToolPermissionResult(decision=ToolDecision.ASK, reason=answer.message)
@@ -150,6 +153,7 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
             tool=admitted.tool,
             call_id=admitted.call_id,
             approved=True,
+            args=admitted.args,
         )
         if not answer.allowed:  # a deny rule filled up meanwhile; the tool already ran
             log.warning("approved %s call not recorded: %s", admitted.tool, answer.message)

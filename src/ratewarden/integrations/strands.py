@@ -9,7 +9,8 @@
 A refused call never runs: the hook sets `event.cancel_tool` to ratewarden's sentence,
 which Strands hands to the model as the tool's error result. The user is
 `invocation_state["user_id"]` (or the `user` callable's answer); `session_id` and
-`team_id` there become the call's session and team. The tool's metadata comes from its
+`team_id` there become the call's session and team; the tool use's `input` becomes its
+`args` (sent whenever the daemon's policy reads them). The tool's metadata comes from its
 spec's `annotations`, where Strands keeps an MCP tool's ToolAnnotations (`readOnlyHint`
 and the rest), overridden by the `metadata` given to the hook.
 
@@ -128,6 +129,7 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
                 # retries a tool, and some model servers reuse `call_0` on every turn
                 call_id=vocabulary.call_id(HOST, tool_use.get("toolUseId")),
                 metadata=self.metadata_for(event.selected_tool, tool_use["name"]),
+                args=tool_use.get("input"),
             )
         except (ValidationError, KeyError) as exc:
             log.error("ratewarden cannot describe the %s call: %s", tool_use.get("name"), exc)
