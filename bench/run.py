@@ -8,7 +8,9 @@ generator process (bench/loadgen.py):
 - echo: bare FastAPI, parse the body and send it back (no Redis);
 - floor: FastAPI, parse the body, one EVALSHA of a trivial script (bench/floor.py);
 - ratewarden with one rule, with five matching rules (rate, token bucket, fixed window,
-  budget, concurrency), on the batch endpoint (10 calls a request), and with two workers.
+  budget, concurrency), on the batch endpoint (10 calls a request), and with two workers;
+- the refused hammer: ratewarden with one rule, one user sending a call it already
+  refused, with Redis's commands per attempt (bench/hammer.py).
 
 Each is saturated (decisions/s), in several rounds interleaved so that a noisy moment
 hurts every server alike; the report keeps each server's median round, and each target
@@ -19,8 +21,9 @@ normal check's, and other clients' latency while the costliest is sent.
 Every load run also reports the CPU each part (the server with its workers, Redis, the
 load generator) spent per decision, read by the load generator over its measured window,
 and from the one-rule run the most two workers can give on this machine's cores. Then the
-engine side by side with `limits` and `throttled-py` (bench/peers.py) and Redis memory
-per counter (bench/memory.py). Results: a Markdown report on stdout (the table
+engine side by side with `limits` and `throttled-py` (bench/peers.py), Redis memory
+per counter (bench/memory.py), and in process what access rules and argument conditions
+cost a call (bench/inprocess.py). Results: a Markdown report on stdout (the table
 in docs/benchmarks.md) and every figure as JSON (`--out`), each target marked met or not.
 Absolute numbers depend on the machine; the targets are ratios within one run.
 """
@@ -46,6 +49,11 @@ from typing import Any
 
 import httpx
 
+from bench.hammer import HAMMER_RULE, HAMMERED, counts, per_attempt, refuse
+from bench.hammer import report as hammer_report
+from bench.hammer import summary as hammer_summary
+from bench.inprocess import report as inprocess_report
+from bench.inprocess import run_inprocess
 from bench.memory import run_memory
 from bench.peers import run_peers
 from bench.procstat import busy_cores, cpu_times
@@ -83,6 +91,9 @@ TARGETS = {
     "p99 at 50% of saturation (ms)": ("<=", 5.0),
     "two workers / one worker": (">=", 1.6),
     "engine / limits (checks/s)": (">=", 2.0),
+    "refused hammer: Redis commands/attempt": ("<=", 0.01),
+    "unmatched access and args rules: us more per call": ("<=", 2.0),
+    "catastrophic regex / trivial regex (64 KiB)": ("<=", 1.5),
 }
 
 
@@ -93,6 +104,7 @@ class Server:
     path: str = "/v1/check"
     bodies: str = "check"
     per_request: int = 1  # decisions in one request
+    refused: bool = False  # its one caller is refused before the load (bench/hammer.py)
 
 
 @dataclass
@@ -135,6 +147,7 @@ def servers(setup: Setup, port_of: dict[str, int]) -> list[Server]:
         ratewarden("five rules", "five.yaml"),
         ratewarden("batch", "one.yaml", path="/v1/check/batch", bodies="batch", per_request=BATCH),
         ratewarden("two workers", "one.yaml", workers=2),
+        ratewarden("refused hammer", "hammer.yaml", bodies="hammer", refused=True),
     ]
 
 
@@ -222,6 +235,8 @@ def load(setup: Setup, server: Server, port: int, pid: int, *, rate: float = 0.0
 def write_inputs(workdir: Path) -> None:
     (workdir / "one.yaml").write_text(ONE_RULE)
     (workdir / "five.yaml").write_text(FIVE_RULES)
+    (workdir / "hammer.yaml").write_text(HAMMER_RULE)
+    (workdir / "hammer.jsonl").write_text(json.dumps(HAMMERED) + "\n")
     tools = ["terminal", "browser_navigate", "web_search", "file_write"]
     calls = [{"user": f"user-{i}", "tool": tools[i % len(tools)]} for i in range(USERS)]
     with (workdir / "check.jsonl").open("w") as out:
@@ -232,7 +247,9 @@ def write_inputs(workdir: Path) -> None:
             out.write(json.dumps({"calls": calls[start : start + BATCH]}) + "\n")
 
 
-SERVER_NAMES = ["echo", "floor", "one rule", "five rules", "batch", "two workers"]
+SERVER_NAMES = [
+    "echo", "floor", "one rule", "five rules", "batch", "two workers", "refused hammer",
+]  # fmt: skip
 
 
 def measure_http(setup: Setup) -> dict[str, Any]:
@@ -243,9 +260,7 @@ def measure_http(setup: Setup) -> dict[str, Any]:
         for server in table:
             redis_command(setup.redis_port, "FLUSHALL")
             with running(server, port_of[server.name], setup.workdir) as pid:
-                before = cpu_times()
-                result = load(setup, server, port_of[server.name], pid)
-                result["cpu_busy_cores"] = busy_cores(before, cpu_times())
+                result = saturate(setup, server, port_of[server.name], pid)
             runs[server.name].append(result)
             print(
                 f"  round {round_ + 1}/{setup.rounds} {server.name:<12} "
@@ -263,6 +278,21 @@ def measure_http(setup: Setup) -> dict[str, Any]:
                 setup, one, port_of[one.name], pid, rate=rate
             )
     return {"saturation": kept, "rounds": runs, "latency": latency}
+
+
+def saturate(setup: Setup, server: Server, port: int, pid: int) -> dict[str, Any]:
+    """One saturation run, with the machine's busy cores; for the refused hammer, its
+    caller refused first and Redis's work per attempt counted around the run."""
+    if server.refused:
+        refuse(port)
+        before = counts(port, redis_command(setup.redis_port, "INFO", "commandstats"))
+    cpu_before = cpu_times()
+    result = load(setup, server, port, pid)
+    result["cpu_busy_cores"] = busy_cores(cpu_before, cpu_times())
+    if server.refused:
+        after = counts(port, redis_command(setup.redis_port, "INFO", "commandstats"))
+        result["redis_per_attempt"] = per_attempt(before, after)
+    return result
 
 
 # The other clients' checks/s in the worst-body run: a steady load the daemon serves with
@@ -287,7 +317,9 @@ def median_run(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def ratios(http: dict[str, Any], peers: dict[str, Any]) -> dict[str, float]:
+def ratios(
+    http: dict[str, Any], peers: dict[str, Any], inprocess: dict[str, Any]
+) -> dict[str, float]:
     """Each throughput ratio within a round (its servers ran a minute apart), median over
     the rounds: the machine's speed drifts by up to 2x between rounds, which a ratio of
     each server's median round would let in."""
@@ -304,6 +336,11 @@ def ratios(http: dict[str, Any], peers: dict[str, Any]) -> dict[str, float]:
         "p99 at 50% of saturation (ms)": float(http["latency"]["50%"]["p99_ms"]),
         "two workers / one worker": median_ratio("two workers", "one rule"),
         "engine / limits (checks/s)": float(peers["ratio_vs_limits"]),
+        "refused hammer: Redis commands/attempt": hammer_summary(http)["commands_per_attempt"],
+        "unmatched access and args rules: us more per call": float(
+            inprocess["unmatched_rules"]["us_more"]
+        ),
+        "catastrophic regex / trivial regex (64 KiB)": float(inprocess["regex"]["ratio"]),
     }
 
 
@@ -365,8 +402,9 @@ def report(results: dict[str, Any]) -> str:
     lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
     for name, value in results["ratios"].items():
         how, bound = TARGETS[name]
+        shown = f"{value:.4f}" if bound < 0.1 else f"{value:.2f}"
         lines.append(
-            f"| {name} | {value:.2f} | {how} {bound} | {'yes' if met(name, value) else 'NO'} |"
+            f"| {name} | {shown} | {how} {bound} | {'yes' if met(name, value) else 'NO'} |"
         )
     if (ceiling := results["two_worker_ceiling"]) is not None:
         lines += [
@@ -375,6 +413,7 @@ def report(results: dict[str, Any]) -> str:
             f"{os.cpu_count()} cores are shared by the workers, Redis and the load generator, at "
             "the CPU per decision each spent in the one-rule run (`two_worker_ceiling`).",
         ]
+    lines += ["", *hammer_report(results["refused_hammer"])]
     lines += ["", "### Worst bodies", *worst_report(results["worst_bodies"])]
     lines += ["", "| engine side by side | checks/s | Redis commands/check | round trips/check "
               "| consumes a counter on deny |", "|---|---|---|---|---|"]  # fmt: skip
@@ -394,6 +433,8 @@ def report(results: dict[str, Any]) -> str:
             f"{row['full_counter_memory_usage']} | {row['max_pttl_ms'] / 1000:.0f} s "
             f"| {row['keys_after_expiry']} |"
         )
+    lines += ["", "### Access rules and argument conditions, in process", ""]
+    lines += inprocess_report(results["inprocess"])
     return "\n".join(lines)
 
 
@@ -443,6 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("memory…", file=sys.stderr)
             redis_command(redis_port, "FLUSHALL")
             memory = asyncio.run(measure_memory(redis_port, args.quick))
+    print("access rules and argument conditions, in process…", file=sys.stderr)
+    inprocess = asyncio.run(run_inprocess(args.quick))
     results = {
         "machine": machine(),
         "command": " ".join(["bench/run", *(argv if argv is not None else sys.argv[1:])]),
@@ -450,8 +493,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "worst_bodies": worst,
         "peers": peers,
         "memory": memory,
+        "refused_hammer": hammer_summary(http),
+        "inprocess": inprocess,
     }
-    results["ratios"] = ratios(http, peers)
+    results["ratios"] = ratios(http, peers, inprocess)
     results["targets_met"] = {name: met(name, v) for name, v in results["ratios"].items()}
     results["two_worker_ceiling"] = two_worker_ceiling(http)
     if args.out:

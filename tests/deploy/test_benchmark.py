@@ -2,8 +2,9 @@
 
 Only that every part runs and measures what it says is checked here: servers answered
 with no errors, the peers' structural facts (round trips, consumption on deny), memory
-bounds and expiry. The speed targets are ratios the full benchmark reports
-(docs/benchmarks.md); they are never timed assertions in the suite.
+bounds and expiry, the refused hammer refused and ran no script, and the in-process
+parts timed the calls and patterns they name. The speed targets are ratios the full
+benchmark reports (docs/benchmarks.md); they are never timed assertions in the suite.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVERS = {"echo", "floor", "one rule", "five rules", "batch", "two workers"}
+HAMMER_TARGET = "refused hammer: Redis commands/attempt"
+SERVERS = {"echo", "floor", "one rule", "five rules", "batch", "two workers", "refused hammer"}
+NO_REDIS = {"echo", "refused hammer"}  # no decision asks Redis (CPU read in 10 ms ticks)
 
 
 @pytest.mark.redis
@@ -47,13 +51,13 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
         assert run["p99_ms"] >= run["p50_ms"] > 0
 
     # Each part's CPU per decision, read in the measured window (in ticks of 10 ms): the
-    # server and the load generator always work; Redis for every server but the echo.
+    # server and the load generator always work; Redis for every server that asks it.
     for name, run in [*saturation.items(), *results["http"]["latency"].items()]:
         spent = run["cpu_us_per_decision"]
         assert set(spent) == {"server", "redis", "load generator"}, (name, spent)
         assert spent["server"] > 0, (name, spent)
         assert spent["load generator"] > 0, (name, spent)
-        assert spent["redis"] > 0 or name == "echo", (name, spent)
+        assert spent["redis"] > 0 or name in NO_REDIS, (name, spent)
     assert 0 < results["two_worker_ceiling"] <= 2
 
     peers = results["peers"]
@@ -73,6 +77,41 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
         assert row["keys_after_expiry"] == 0
         assert row["expired"] is True
 
+    check_refused_hammer(results)
+    check_inprocess(results["inprocess"])
+
     assert set(results["ratios"]) == set(results["targets_met"])
-    assert len(results["ratios"]) == 6
+    assert len(results["ratios"]) == 9
     assert "| target | measured | goal | met |" in done.stdout
+    assert "| refused hammer | attempts/s |" in done.stdout
+    assert "| regex on a 64 KiB argument |" in done.stdout
+
+
+def check_refused_hammer(results: dict[str, Any]) -> None:
+    """Every attempt was refused, none ran a script, and Redis was counted around it."""
+    run = results["http"]["saturation"]["refused hammer"]
+    assert run["redis_per_attempt"]["attempts"] >= run["answered"] > 0
+    hammer = results["refused_hammer"]
+    assert hammer["refused_share"] == 1.0
+    assert hammer["scripts_per_attempt"] < 0.01  # remembered: Redis is not asked
+    assert 0 <= hammer["commands_per_attempt"] == results["ratios"][HAMMER_TARGET]
+    assert hammer["attempts_per_s"] > 0
+    assert hammer["one_rule_decisions_per_s"] > 0
+    assert len(hammer["ratio_by_round"]) == len(results["http"]["rounds"]["one rule"])
+
+
+def check_inprocess(found: dict[str, Any]) -> None:
+    """The unmatched rules matched nothing but the one rule; each pattern was timed on
+    the 64 KiB argument, both kinds of it."""
+    unmatched = found["unmatched_rules"]
+    assert unmatched["matched"] == ["per-user"]
+    assert len(unmatched["rules"]) > 1
+    assert set(unmatched["us_per_call"]) == {"one rule", "one rule, args", "with rules"}
+    assert all(us > 0 for us in unmatched["us_per_call"].values())
+    regex = found["regex"]
+    assert regex["argument_bytes"] == 64 * 1024
+    assert {row["kind"] for row in regex["patterns"].values()} == {"catastrophic", "trivial"}
+    for row in regex["patterns"].values():
+        assert row["condition_us"] > 0
+        assert row["decision_us"] > 0
+    assert regex["backtracking_ms"] > 0
