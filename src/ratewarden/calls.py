@@ -57,12 +57,20 @@ class Call:
     # The tool's arguments, when the policy reads them: matched and hashed into counter
     # keys, never stored or logged (the audit gets them separately, if the operator asks).
     args: Mapping[str, Any] | None = None
+    _args_digest: str | None = field(default=None, repr=False, compare=False)
+
+    def args_digest(self) -> str | None:
+        """The digest of the whole `args` (None without them), worked out once per call:
+        a counter per identical call and the call's identity both use it."""
+        if self._args_digest is None and self.args is not None:
+            self._args_digest = digest(self.args)
+        return self._args_digest
 
     def dimension(self, name: str) -> str | None:
         """The value of a `per` dimension: user, tool, session or team as it is; `args`
         and `args.PATH` as a fixed-length digest of the arguments (None when absent)."""
         if name == Dimension.ARGS:
-            return None if self.args is None else digest(self.args)
+            return self.args_digest()
         if name.startswith(ARGS_DIMENSION):
             value = _arg_path(name).resolve(self.args)
             return None if value is MISSING else digest(value)

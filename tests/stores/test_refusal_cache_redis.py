@@ -137,11 +137,6 @@ def test_a_daemon_hammered_over_http_runs_no_script(
     assert others <= {"cmdstat_lpush", "cmdstat_ltrim", *CONNECTING}, others
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="service/app.py must build Observer(metrics, audit, engine.refusals) for the "
-    "metric to count (asked for in the report; remove this mark once it does)",
-)
 def test_a_daemon_counts_the_checks_it_answered_from_memory(daemon: Daemon) -> None:
     assert remembered_metric(daemon) == 0
     assert hammer(daemon, LIMIT + 1) == ["allow"] * LIMIT + ["deny"]  # the store's answers

@@ -356,6 +356,8 @@ class Daemon:
     settles: list[str]
 
     def answer(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/capabilities":  # asked before a check with args
+            return httpx.Response(200, json={"policy_version": "v", "send_args": False})
         if request.url.path.endswith("/settle"):
             self.settles.append(request.url.path.split("/")[3])
             return httpx.Response(200, json={"call_id": "x", "outcome": "settled"})

@@ -31,9 +31,12 @@ class Gate:
     @classmethod
     def of(cls, policy: Policy, applied: Sequence[Applied], call: Call) -> Gate | None:
         """The gate of `call`, or None when no access rule covers it (the usual case)."""
-        if not policy.has_access_rules or not any(
-            isinstance(a.limit, AccessLimit) for a in applied
-        ):
+        if not policy.has_access_rules:
+            return None
+        for candidate in applied:  # a loop, not any(genexpr): on every call of such a policy
+            if isinstance(candidate.limit, AccessLimit):
+                break
+        else:
             return None
         refusals, shadow, approvals = [], [], []
         for access in applied:

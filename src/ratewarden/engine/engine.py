@@ -12,7 +12,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ratewarden.arguments import digest as args_digest
 from ratewarden.calls import UNCLASSIFIED, Call
 from ratewarden.clock import Clock
 from ratewarden.engine.access import Gate
@@ -78,6 +77,8 @@ def fingerprint(call: Call) -> str:
     same string (and no argument's text is kept).
     """
     head = f"{encode(call.user)}|{encode(call.tool)}"
+    if not call.named:
+        return head  # an id the daemon made up is never sent again: nothing to tell apart
     facts = call.facts
     if (
         call.session is None
@@ -99,7 +100,7 @@ def fingerprint(call: Call) -> str:
         facts.requires_confirmation,
         sorted(facts.tags),
         call.approved,
-        None if call.args is None else args_digest(call.args),
+        call.args_digest(),
     ]
     digest = hashlib.blake2b(json.dumps(rest).encode(), digest_size=16).hexdigest()
     return f"{head}|{digest}"
@@ -171,7 +172,7 @@ class Engine:
     async def check(self, call: Call) -> Decision:
         """Decide `call` against every rule that applies, consuming all or nothing."""
         policy = self.policy  # one policy for the whole decision, even across a reload
-        applied = [a for a in policy.applicable(call) if not isinstance(a.limit, Unlimited)]
+        applied = policy.applicable(call)
         if not applied:
             return Decision("allow", call.call_id, approved=call.approved)
         gate = Gate.of(policy, applied, call)

@@ -312,9 +312,8 @@ def _compile_re2(pattern: str, what: str) -> Any:
 
 def _re2_matches(compiled: Any, anchor: Any, value: Any) -> bool:
     # A lone surrogate (JSON can carry one) passes as one character, as fnmatch counts it.
-    text = as_text(value).encode("utf-8", "surrogatepass")
-    [(start, _end)] = compiled.Match(anchor, text, 0, len(text))
-    return bool(start >= 0)
+    text = (value if type(value) is str else as_text(value)).encode("utf-8", "surrogatepass")
+    return bool(compiled.Match(anchor, text, 0, len(text))[0][0] >= 0)  # group 0's start
 
 
 def _re2_message(error: bytes | str) -> str:

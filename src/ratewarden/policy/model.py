@@ -189,6 +189,43 @@ class Match:
             and not self.args
         )
 
+    def call_test(self) -> Callable[[Call], bool] | None:
+        """`holds_for_call`, compiled: None when nothing but user and tool decides, and
+        for conditions on `args` alone (the common per-call case) a loop over each
+        condition's path and test, bound once, with nothing else to look at."""
+        if not self.has_call_conditions:
+            return None
+        if self.sessions or self.teams or self.metadata or self.tags is not None:
+            return self.holds_for_call
+        pairs = tuple((c.path.resolve, c.condition.holds) for c in self.args)
+
+        def args_hold(call: Call) -> bool:
+            args = call.args
+            for resolve, holds in pairs:  # noqa: SIM110 - a loop: no generator per call
+                if not holds(resolve(args)):
+                    return False
+            return True
+
+        return args_hold
+
+    def holds_for_call(self, call: Call) -> bool:
+        """`call_mismatch(call) is None`, without wording why: what every call asks."""
+        if self.sessions is not None and call.session not in self.sessions:
+            return False
+        if self.teams is not None and call.team not in self.teams:
+            return False
+        facts = call.facts
+        for name, wanted in self.metadata:
+            if facts.effective(name) is not wanted:
+                return False
+        if self.tags is not None and not self.tags & facts.tags:
+            return False
+        args = call.args
+        for condition in self.args:  # noqa: SIM110 - a loop: no generator on every call
+            if not condition.holds(args):
+                return False
+        return True
+
     def matches(self, call: Call, groups: frozenset[str]) -> bool:
         """Whether every condition holds for `call` (`unless:` asks this)."""
         return (
@@ -318,13 +355,22 @@ class Applied:
     # Its `unless:` matches this user and tool, and only the call can tell whether the
     # rest of it does too (when the rest is nothing, the rule is no candidate at all).
     check_unless: bool = False
+    # Whether the call's own parts (session, team, metadata, args) bring it under the
+    # rule, once user and tool did; None for most rules: nothing left to ask the call.
+    covers: Callable[[Call], bool] | None = field(init=False, compare=False)
 
-    def covers(self, call: Call) -> bool:
-        """Whether the call's own parts (session, team, metadata, args) bring it under."""
-        rule = self.rule
-        if rule.match.call_mismatch(call) is not None:
-            return False
-        return not (self.check_unless and rule.unless and rule.unless.call_mismatch(call) is None)
+    def __post_init__(self) -> None:  # frozen: worked out once, here
+        object.__setattr__(self, "covers", _covers(self.rule, self.check_unless))
+
+
+def _covers(rule: Rule, check_unless: bool) -> Callable[[Call], bool] | None:
+    matched = rule.match.call_test()
+    unless = rule.unless.call_test() if check_unless and rule.unless is not None else None
+    if unless is None:
+        return matched
+    if matched is None:
+        return lambda call: not unless(call)
+    return lambda call: matched(call) and not unless(call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,11 +448,17 @@ class Policy:
         return clock.at(now_ms)
 
     def applicable(self, call: Call) -> tuple[Applied, ...]:
-        """The rules that apply to `call`, in policy order, with their effective limits."""
+        """The rules that apply to `call`, in policy order, with their effective limits
+        (a rule an override makes unlimited for this user does not apply to them)."""
         candidates = self._candidates(call.user, call.tool)
         if not self._call_conditions:  # nothing but user and tool decides: all of them
             return candidates
-        return tuple(a for a in candidates if a.covers(call))
+        found = []  # a loop, not tuple(genexpr): this runs on every call
+        for applied in candidates:
+            covers = applied.covers
+            if covers is None or covers(call):
+                found.append(applied)
+        return tuple(found)
 
     def explain(self, call: Call) -> list[Explanation]:
         """For every rule: does it apply to `call`, why, with which limit, and how each
@@ -487,7 +539,8 @@ class Policy:
             if check_unless and not unless.has_call_conditions:  # type: ignore[union-attr]
                 continue  # its `unless:` holds for every call of this user and tool
             limit, source = self._effective_limit(rule, user, groups)
-            found.append((rule, limit, source, check_unless))
+            if not isinstance(limit, Unlimited):  # lifted for this user: not theirs to apply
+                found.append((rule, limit, source, check_unless))
         # Most (user, tool) pairs get the same rules and limits: the cache holds one
         # tuple per distinct answer rather than one per pair, so a full garbage collection
         # does not walk up to 65 536 copies (it stalled every request for 10-20 ms).

@@ -108,7 +108,7 @@ def create_app(
     )
     app.state.engine = engine
     app.state.settings = settings
-    app.state.observer = Observer(metrics, audit)
+    app.state.observer = Observer(metrics, audit, engine.refusals)
     app.state.reloader = reloader
     app.include_router(router)
     install_error_handlers(app)

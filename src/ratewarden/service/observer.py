@@ -30,7 +30,7 @@ class Observer:
         seconds: float,
     ) -> None:
         self.metrics.observe_check(decision, call, policy, seconds)
-        if self.refusals is not None:
+        if self.refusals is not None and not decision.allowed:  # only refusals come from it
             self.metrics.remembered_refusals(self.refusals.hits)
         self.audit.record(decision, call, args)
 
