@@ -146,7 +146,9 @@ async def test_one_evalsha_per_decision(
 ) -> None:
     store = await started_store(redis_url)
     try:
-        engine = Engine(parse_policy(POLICY), store)
+        # Each check goes to the store: a remembered refusal runs no script at all
+        # (tests/stores/test_refusal_cache_redis.py).
+        engine = Engine(parse_policy(POLICY), store, remember_refusals=False)
         decisions = []
         with recording(monitor) as commands:
             for i in range(4):  # with tool t6 the last two are refused (t6-a: 2/minute)
