@@ -231,8 +231,7 @@ def report(found: dict[str, Any]) -> list[str]:
     for pattern, row in regex["patterns"].items():
         shown = pattern.replace("|", "\\|")  # a table cell: the pipe escaped
         lines.append(
-            f"| `{shown}` | {row['kind']} | {row['condition_us']:.1f} "
-            f"| {row['decision_us']:.1f} |"
+            f"| `{shown}` | {row['kind']} | {row['condition_us']:.1f} | {row['decision_us']:.1f} |"
         )
     lines += [
         "",
