@@ -23,7 +23,7 @@ from ratewarden.vocabulary import APPROVED_PAST, RuleKind
 class Gate:
     """The access rules that cover one call, decided; the counted rules left for the store."""
 
-    counted: list[Applied]
+    counted: tuple[Applied, ...]
     refusals: tuple[Verdict, ...]  # enforcing rules that deny or ask, in policy order
     shadow: tuple[Verdict, ...]
     approvals: tuple[Verdict, ...]  # `ask` rules the user's approval lets past
@@ -49,7 +49,7 @@ class Gate:
                 approvals.append(found)
             else:
                 refusals.append(found)
-        counted = [a for a in applied if not isinstance(a.limit, AccessLimit)]
+        counted = tuple(a for a in applied if not isinstance(a.limit, AccessLimit))
         return cls(counted, tuple(refusals), tuple(shadow), tuple(approvals))
 
     @property

@@ -31,6 +31,7 @@ from ratewarden.limiter.ops import (
     HOLDING,
     CallRecord,
     CounterOp,
+    Evaluation,
     Hold,
     Kind,
     OpResult,
@@ -175,36 +176,52 @@ class Engine:
         applied = policy.applicable(call)
         if not applied:
             return Decision("allow", call.call_id, approved=call.approved)
-        gate = Gate.of(policy, applied, call)
-        if gate is None:
-            return await self._counted(policy, call, applied)
-        if gate.refused or not gate.counted:  # no counter to ask, or nothing to consume
-            return gate.decision(call)
-        if gate.asking:  # what would the counters say? (read, nothing taken)
-            return await self._asked(policy, call, gate)
-        return gate.joined(await self._counted(policy, call, gate.counted))
-
-    async def _counted(self, policy: Policy, call: Call, applied: Sequence[Applied]) -> Decision:
-        """The counters' decision, in one step of the store (or from a known refusal)."""
+        gate = Gate.of(policy, applied, call) if policy.has_access_rules else None
+        if gate is not None:
+            if gate.refused or not gate.counted:  # no counter to ask, or nothing to consume
+                return gate.decision(call)
+            if gate.asking:  # what would the counters say? (read, nothing taken)
+                return await self._asked(policy, call, gate)
+            applied = gate.counted
+        # The counters, in one step of the store (one coroutine: each await costs).
         plans = self._plans(policy, applied)
         ops = [self._op(policy, plan, call) for plan in plans]
-        if self.refusals and (known := self._known_refusal(policy, call, plans, ops)):
-            return known
-        # The record must outlive every lease and reservation it lists, or a late settle
-        # could not release them (a rule's own lease_timeout may exceed call_ttl).
+        refusals = self.refusals
+        if refusals.entries and (known := self._known_refusal(policy, call, plans, ops)):
+            return known if gate is None else gate.joined(known)
+        asked_at = refusals.clock()
+        try:
+            found = await self.store.evaluate(ops, self._record(policy, call, ops))
+        except StoreError as exc:
+            return self._unavailable(policy, applied, call, exc)
+        decided = self._counted(policy, call, plans, ops, found)
+        if decided.violations:  # a refusal (a replay is an allow)
+            refusals.remember(ops, found.results, [p.denies for p in plans], asked_at)
+        return decided if gate is None else gate.joined(decided)
+
+    @staticmethod
+    def _record(policy: Policy, call: Call, ops: Sequence[CounterOp]) -> CallRecord:
+        """Where the call is recorded if allowed. The record must outlive every lease and
+        reservation it lists, or a late settle could not release them (a rule's own
+        lease_timeout may exceed call_ttl)."""
         held = [op.window_ms for op in ops if op.kind in HOLDING]
-        record = CallRecord(
+        return CallRecord(
             record_key(call.call_id),
             call.call_id,
             fingerprint(call),
             max([policy.call_ttl_ms, *held]),
             keep=call.named,
         )
-        asked_at = self.refusals.now()
-        try:
-            found = await self.store.evaluate(ops, record)
-        except StoreError as exc:
-            return self._unavailable(policy, applied, call, exc)
+
+    def _counted(
+        self,
+        policy: Policy,
+        call: Call,
+        plans: Sequence[_Plan],
+        ops: Sequence[CounterOp],
+        found: Evaluation,
+    ) -> Decision:
+        """The counters' decision from the store's answer (a conflict is raised)."""
         if found.conflict:
             raise CallIdConflict(
                 f"call_id {call.call_id!r} was already used for another call (a different "
@@ -217,10 +234,7 @@ class Engine:
             )
         if found.replayed and not found.results:  # the policy changed since: allowed, once
             return Decision("allow", call.call_id, approved=call.approved, replayed=True)
-        decided = self._decide(policy, call, plans, ops, found.results, found.replayed)
-        if decided.violations:
-            self.refusals.remember(ops, found.results, [p.denies for p in plans], asked_at)
-        return decided
+        return self._decide(policy, call, plans, ops, found.results, found.replayed)
 
     def _known_refusal(
         self, policy: Policy, call: Call, plans: Sequence[_Plan], ops: list[CounterOp]

@@ -41,18 +41,22 @@ class _Refusal:
 
 class RefusalCache:
     def __init__(self, clock: Clock, max_entries: int = MAX_ENTRIES) -> None:
-        self._now = _steady(clock)
+        # This cache's clock: read before the store is asked, for `remember`'s `asked_at`.
+        self.clock = _steady(clock)
+        self._now = self.clock
         self._max_entries = max_entries
-        self._entries: dict[str, _Refusal] = {}
+        # Counter key -> refusal. Public so the engine can tell "none" with no call; it
+        # is only ever changed in place here.
+        self.entries: dict[str, _Refusal] = {}
         self.hits = 0  # attempts answered here (a metric reads it)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
     def refusals(self, ops: list[CounterOp], deny: list[bool]) -> list[tuple[int, OpResult]]:
         """The ops still refused, each with its result and the wait that is left; none
         when the call must go to the store. `deny[i]`: op i's rule denies (not asks)."""
-        entries = self._entries
+        entries = self.entries
         if not entries:
             return []
         now = self._now()
@@ -66,10 +70,6 @@ class RefusalCache:
             elif known.shape == (op.limit, op.window_ms, op.burst):  # not another user's
                 found.append((i, _aged(known, now)))  # limit on a shared counter
         return found
-
-    def now(self) -> int:
-        """This cache's clock: read before asking the store, for `remember`'s `asked_at`."""
-        return self._now()
 
     def remember(
         self, ops: list[CounterOp], results: list[OpResult], deny: list[bool], asked_at: int
@@ -86,18 +86,20 @@ class RefusalCache:
             if op.role is not Role.ENFORCE or op.kind not in _RATE_KINDS:
                 continue
             # Room for each new key: a call refused by several counters adds several.
-            if op.key not in self._entries and len(self._entries) >= self._max_entries:
+            if op.key not in self.entries and len(self.entries) >= self._max_entries:
                 self._make_room(self._now())
             shape = (op.limit, op.window_ms, op.burst)
-            self._entries[op.key] = _Refusal(asked_at + wait, shape, result, asked_at)
+            self.entries[op.key] = _Refusal(asked_at + wait, shape, result, asked_at)
 
     def clear(self) -> None:
         """Forget every refusal (a reload, a reset, an override changed a limit)."""
-        self._entries.clear()
+        self.entries.clear()
 
     def _make_room(self, now: int) -> None:
-        live = {k: v for k, v in self._entries.items() if v.until_ms > now}
-        self._entries = live if len(live) < self._max_entries else {}
+        live = {k: v for k, v in self.entries.items() if v.until_ms > now}
+        self.entries.clear()  # in place: the engine holds no copy, but keep one dict
+        if len(live) < self._max_entries:
+            self.entries.update(live)
 
 
 def _aged(found: _Refusal, now: int) -> OpResult:
