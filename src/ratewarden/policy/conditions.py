@@ -95,7 +95,7 @@ class _Exact:
     shown: str  # the policy's value as written: 'ls' for a string, true for a boolean
 
     def holds(self, value: Any) -> bool:
-        return value is not MISSING and as_text(value) == self.text
+        return value is not MISSING and _text(value) == self.text
 
     def describe(self) -> str:
         return f"is {self.shown}"
@@ -140,7 +140,7 @@ class _Contains:
     needle: str
 
     def holds(self, value: Any) -> bool:
-        return value is not MISSING and self.needle in as_text(value)
+        return value is not MISSING and self.needle in _text(value)
 
     def describe(self) -> str:
         return f"contains {_quoted(self.needle)}"
@@ -154,7 +154,7 @@ class _Prefix:
     prefix: str
 
     def holds(self, value: Any) -> bool:
-        return value is not MISSING and as_text(value).startswith(self.prefix)
+        return value is not MISSING and _text(value).startswith(self.prefix)
 
     def describe(self) -> str:
         return f"starts with {_quoted(self.prefix)}"
@@ -169,7 +169,7 @@ class _OneOf:
     shown: str  # ['a', 'b', 3]: the items in the policy's order
 
     def holds(self, value: Any) -> bool:
-        return value is not MISSING and as_text(value) in self.texts
+        return value is not MISSING and _text(value) in self.texts
 
     def describe(self) -> str:
         return f"is one of {self.shown}"
@@ -310,9 +310,14 @@ def _compile_re2(pattern: str, what: str) -> Any:
     return compiled
 
 
+def _text(value: Any) -> str:
+    """`as_text`, with a string (the usual argument) passed through without a call."""
+    return value if type(value) is str else as_text(value)
+
+
 def _re2_matches(compiled: Any, anchor: Any, value: Any) -> bool:
     # A lone surrogate (JSON can carry one) passes as one character, as fnmatch counts it.
-    text = (value if type(value) is str else as_text(value)).encode("utf-8", "surrogatepass")
+    text = _text(value).encode("utf-8", "surrogatepass")
     return bool(compiled.Match(anchor, text, 0, len(text))[0][0] >= 0)  # group 0's start
 
 

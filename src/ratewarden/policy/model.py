@@ -197,7 +197,7 @@ class Match:
             return None
         if self.sessions or self.teams or self.metadata or self.tags is not None:
             return self.holds_for_call
-        pairs = tuple((c.path.resolve, c.condition.holds) for c in self.args)
+        pairs = tuple((c.path.resolver(), c.condition.holds) for c in self.args)
 
         def args_hold(call: Call) -> bool:
             args = call.args
