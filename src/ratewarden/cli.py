@@ -356,8 +356,8 @@ def _usage_row(item: Any) -> list[str]:
     """One table row; money with two decimals and its currency, reservations shown apart."""
     if item.limit is None:
         return [item.rule, item.kind, "unlimited", "-", "-", "-", item.mode]
-    if item.kind == "access":  # no counter: every call it covers is refused
-        return [item.rule, item.kind, "refused", "-", "-", "-", item.mode]
+    if item.kind == "access":  # no counter: it refuses (or asks about) what it matches
+        return [item.rule, item.kind, "refuses what it matches", "-", "-", "-", item.mode]
     resets = f"{item.reset_after:.0f}s" if item.used or item.reserved else "-"
     if item.kind == "budget":
         limit = f"{item.limit:.2f} {item.currency}/{item.period}"
