@@ -95,7 +95,9 @@ class _Exact:
     shown: str  # the policy's value as written: 'ls' for a string, true for a boolean
 
     def holds(self, value: Any) -> bool:
-        return value is not MISSING and _text(value) == self.text
+        return (
+            value is not MISSING and (value if type(value) is str else as_text(value)) == self.text
+        )
 
     def describe(self) -> str:
         return f"is {self.shown}"
@@ -126,7 +128,11 @@ class _Regex:
 
     def holds(self, value: Any) -> bool:
         # A search, not a full match: `\brm\s+-rf` is found inside `sudo rm -rf / now`.
-        return value is not MISSING and _re2_matches(self.compiled, _ANYWHERE, value)
+        # Inline: a regex condition runs on every call its tool makes (0.1 us of calls).
+        if value is MISSING:
+            return False
+        text = (value if type(value) is str else as_text(value)).encode("utf-8", "surrogatepass")
+        return bool(self.compiled.Match(_ANYWHERE, text, 0, len(text))[0][0] >= 0)
 
     def describe(self) -> str:
         return f"matches regex {_quoted(self.pattern)}"
@@ -140,7 +146,9 @@ class _Contains:
     needle: str
 
     def holds(self, value: Any) -> bool:
-        return value is not MISSING and self.needle in _text(value)
+        return value is not MISSING and self.needle in (
+            value if type(value) is str else as_text(value)
+        )
 
     def describe(self) -> str:
         return f"contains {_quoted(self.needle)}"

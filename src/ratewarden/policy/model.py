@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -198,6 +198,9 @@ class Match:
         if self.sessions or self.teams or self.metadata or self.tags is not None:
             return self.holds_for_call
         pairs = tuple((c.path.resolver(), c.condition.holds) for c in self.args)
+        if len(pairs) == 1:  # the usual rule: one condition, no loop
+            [(resolve, holds)] = pairs
+            return lambda call: holds(resolve(call.args))
 
         def args_hold(call: Call) -> bool:
             args = call.args
@@ -447,7 +450,7 @@ class Policy:
             clock = self._periods[name] = PeriodClock(name, self.timezone)
         return clock.at(now_ms)
 
-    def applicable(self, call: Call) -> tuple[Applied, ...]:
+    def applicable(self, call: Call) -> Sequence[Applied]:
         """The rules that apply to `call`, in policy order, with their effective limits
         (a rule an override makes unlimited for this user does not apply to them)."""
         candidates = self._candidates(call.user, call.tool)
@@ -458,7 +461,7 @@ class Policy:
             covers = applied.covers
             if covers is None or covers(call):
                 found.append(applied)
-        return tuple(found)
+        return found
 
     def explain(self, call: Call) -> list[Explanation]:
         """For every rule: does it apply to `call`, why, with which limit, and how each
