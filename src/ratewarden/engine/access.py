@@ -30,9 +30,8 @@ class Gate:
 
     @classmethod
     def of(cls, policy: Policy, applied: Sequence[Applied], call: Call) -> Gate | None:
-        """The gate of `call`, or None when no access rule covers it (the usual case)."""
-        if not policy.has_access_rules:
-            return None
+        """The gate of `call`, or None when no access rule covers it. (The engine asks
+        only under a policy that has access rules.)"""
         for candidate in applied:  # a loop, not any(genexpr): on every call of such a policy
             if isinstance(candidate.limit, AccessLimit):
                 break

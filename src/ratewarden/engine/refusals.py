@@ -43,7 +43,6 @@ class RefusalCache:
     def __init__(self, clock: Clock, max_entries: int = MAX_ENTRIES) -> None:
         # This cache's clock: read before the store is asked, for `remember`'s `asked_at`.
         self.clock = _steady(clock)
-        self._now = self.clock
         self._max_entries = max_entries
         # Counter key -> refusal. Public so the engine can tell "none" with no call; it
         # is only ever changed in place here.
@@ -59,7 +58,7 @@ class RefusalCache:
         entries = self.entries
         if not entries:
             return []
-        now = self._now()
+        now = self.clock()
         found = []
         for i, op in enumerate(ops):
             known = entries.get(op.key)
@@ -87,7 +86,7 @@ class RefusalCache:
                 continue
             # Room for each new key: a call refused by several counters adds several.
             if op.key not in self.entries and len(self.entries) >= self._max_entries:
-                self._make_room(self._now())
+                self._make_room(self.clock())
             shape = (op.limit, op.window_ms, op.burst)
             self.entries[op.key] = _Refusal(asked_at + wait, shape, result, asked_at)
 

@@ -139,13 +139,16 @@ ConditionSpec = Annotated[
 ]
 
 
+_DIMENSIONS = frozenset(Dimension)
+
+
 def _per_dimension(value: object) -> str:
     """`user`, `tool`, `session`, `team`, `args`, or `args.PATH` (one argument's value)."""
     if isinstance(value, str) and value.startswith(ARGS_DIMENSION):
         ArgPath.parse(value.removeprefix(ARGS_DIMENSION))
         return value
     choices = ", ".join(repr(d.value) for d in Dimension)
-    if not isinstance(value, str) or value not in Dimension.__members__.values():
+    if not isinstance(value, str) or value not in _DIMENSIONS:
         raise ValueError(f"expected one of {choices} or 'args.PATH', got {value!r}")
     return str(value)
 
