@@ -158,13 +158,17 @@ class Driver(ABC):
         self.start = self.begin + self.warmup
         self.stop = self.start + self.duration
         loop = asyncio.get_running_loop()
+        measured = asyncio.Event()
         loop.call_later(self.warmup, self.meter.begin)
-        loop.call_later(self.warmup + self.duration, self.meter.end)
+        loop.call_later(self.warmup + self.duration, lambda: (self.meter.end(), measured.set()))
         await self.send_until_stop(connections)
         deadline = time.perf_counter() + DRAIN_S
         while self.in_flight > 0 and time.perf_counter() < deadline:
             await asyncio.sleep(0.005)
         self.tally.errors += max(0, self.in_flight)
+        # The loop's clock is not perf_counter: the sending can end (and, at a low rate,
+        # every answer be in) a moment before the meter's window closes.
+        await measured.wait()
         return self.tally
 
     def send(self, conn: Connection, due: float) -> None:

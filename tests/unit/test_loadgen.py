@@ -189,3 +189,21 @@ def test_a_watched_process_is_charged_its_cpu_with_its_childrens(
     # would be nothing; read from the process's start instead of the window's, about 2 s.
     assert 0.4 <= used["spinner"] <= 1.6, used
     assert 0 < used["load generator"] < 0.75, used
+
+
+def test_the_cpu_window_is_read_even_when_sending_ends_before_the_loops_timer() -> None:
+    """At a low rate every answer can be in the moment sending stops, a little before the
+    event loop's timer closes the meter's window (its clock is not perf_counter): the run
+    must still wait for the window, or the CPU figures come back empty."""
+    from bench.loadgen import Driver, Meter
+
+    class StopsAtOnce(Driver):
+        def next(self, conn: Any, now: float) -> None:
+            pass
+
+        async def send_until_stop(self, connections: list[Any]) -> None:
+            pass  # as if perf_counter had passed `stop` already
+
+    meter = Meter({"self": os.getpid()})
+    asyncio.run(StopsAtOnce([b""], warmup=0.05, duration=0.1, meter=meter).run([]))
+    assert set(meter.used) == {"self", "load generator"}
