@@ -26,7 +26,6 @@ fake clock.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -34,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
 from ratewarden.store.base import Layer, Store, StoreError
+from ratewarden.store.deadlines import Deadlines
 
 log = logging.getLogger("ratewarden.store")
 
@@ -178,6 +178,7 @@ class GuardedStore(Layer):
             raise ValueError("timeout_ms must be positive")
         super().__init__(store)
         self.timeout_s = timeout_ms / 1000
+        self._deadlines = Deadlines(self.timeout_s)
         self.breaker = breaker or CircuitBreaker(failures=0)
 
     async def around(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -185,7 +186,7 @@ class GuardedStore(Layer):
         probe = self.breaker.admit()
         try:
             if operation != "reset":  # see the class docstring
-                async with asyncio.timeout(self.timeout_s):
+                async with self._deadlines():
                     result = await call()
             else:
                 result = await call()

@@ -20,6 +20,7 @@ turn, so nothing waits for company.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections import deque
 from collections.abc import Coroutine, Sequence
@@ -29,6 +30,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+
+from ratewarden.store.deadlines import Deadlines
 
 # Replies handed out before the reader lets the callers it answered run. Their next calls
 # then go out while it still hands out the rest, and Redis works on them meanwhile; a
@@ -165,6 +168,7 @@ class _Stream:
         self.connection = connection
         # Replies are timed by the reader, one deadline for each next reply (see _read).
         self._timeout, connection.socket_timeout = connection.socket_timeout, None
+        self._deadlines = None if self._timeout is None else Deadlines(self._timeout)
         self.awaiting: deque[_Call] = deque()
         self._reader: asyncio.Task[None] | None = None
         self.broken = False
@@ -179,7 +183,7 @@ class _Stream:
         # (with the socket timeout off, redis-py writes at once, not in a task of its own).
         self.awaiting.extend(batch)
         try:
-            async with asyncio.timeout(self._timeout):
+            async with self._deadline():
                 await self.connection.send_packed_command(packed, check_health=False)
         except BaseException as exc:
             self.fail(exc)
@@ -192,21 +196,18 @@ class _Stream:
     async def _read(self) -> None:
         """Replies, in order, while calls await them. The socket timeout bounds the wait
         for each next reply: a connection that gives none for that long is dead to us."""
-        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(None) as deadline:
-                handed = 0
-                while self.awaiting and not self.broken:
-                    if self._timeout is not None:
-                        deadline.reschedule(loop.time() + self._timeout)
-                    try:
+            handed = 0
+            while self.awaiting and not self.broken:
+                try:
+                    async with self._deadline():
                         answer = await self.connection.read_response()
-                    except ResponseError as exc:  # this call's own error; still in step
-                        answer = exc
-                    self._owner.answer(self.awaiting.popleft(), answer)
-                    handed += 1
-                    if handed % HAND_OUT == 0:
-                        await asyncio.sleep(0)  # see HAND_OUT
+                except ResponseError as exc:  # this call's own error; still in step
+                    answer = exc
+                self._owner.answer(self.awaiting.popleft(), answer)
+                handed += 1
+                if handed % HAND_OUT == 0:
+                    await asyncio.sleep(0)  # see HAND_OUT
         except BaseException as exc:
             self.fail(exc)
             if not isinstance(exc, Exception):
@@ -215,6 +216,10 @@ class _Stream:
             self._reader = None
             if self._retired and not self.awaiting:
                 self._give_back()
+
+    def _deadline(self) -> Any:
+        """A block bounded by the socket timeout (unbounded without one)."""
+        return contextlib.nullcontext() if self._deadlines is None else self._deadlines()
 
     def retire(self) -> None:
         """No more writes here; back to the pool once the replies it owes are in."""
