@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from ratewarden.clock import FakeClock
 from ratewarden.store import MemoryStore, Store
 from ratewarden.store.redis_store import RedisStore
+from tests.helpers.fakeredis_time import follow
 from tests.helpers.redis_server import RedisServer, running_redis
 
 STORE_KINDS = ["memory", "fakeredis", "redis"]
@@ -49,6 +50,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(marker)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Host environments build side by side, from the start, when host tests will run."""
+    if session.config.option.collectonly:
+        return
+    modules = {Path(str(item.path)) for item in session.items if item.get_closest_marker("host")}
+    if modules:
+        from tests.helpers.hostenv import environments_named_in, prebuild
+
+        prebuild(environments_named_in(modules))
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One real redis-server for the whole run, on a free port; tests flush it, not reuse it."""
@@ -72,7 +84,9 @@ StoreFactory = Callable[[FakeClock], Store]
 
 
 @pytest.fixture(params=STORE_KINDS)
-async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
+async def make_store(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[StoreFactory]:
     """Build stores of one kind on a given clock; every test using it runs on all three."""
     kind: str = request.param
     made: list[Store] = []
@@ -84,6 +98,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
         if kind == "memory":
             store = MemoryStore(clock)
         elif kind == "fakeredis":
+            follow(monkeypatch, clock)  # its keys expire by the scripts' clock
             store = RedisStore(fakeredis.FakeAsyncRedis(server=server), "fakeredis", clock)
         else:
             store = RedisStore(aioredis.Redis.from_url(url), url, clock)

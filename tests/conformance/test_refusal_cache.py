@@ -31,6 +31,7 @@ from ratewarden.service.observer import Observer
 from ratewarden.store import MemoryStore, Store, StoreError
 from ratewarden.store.base import Layer
 from ratewarden.store.redis_store import RedisStore
+from tests.helpers.fakeredis_time import follow
 
 T = TypeVar("T")
 ALGORITHMS = ("sliding_window", "token_bucket", "fixed_window")
@@ -54,11 +55,14 @@ class Counted(Layer):
 
 
 @pytest.fixture(params=["memory", "fakeredis"])
-async def store(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncIterator[Counted]:
+async def store(
+    request: pytest.FixtureRequest, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Counted]:
     inner: Store
     if request.param == "memory":
         inner = MemoryStore(clock)
     else:
+        follow(monkeypatch, clock)  # its keys expire by the scripts' clock
         inner = RedisStore(fakeredis.FakeAsyncRedis(), "fakeredis", clock)
     counted = Counted(inner)
     await counted.start()
