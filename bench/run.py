@@ -23,7 +23,8 @@ load generator) spent per decision, read by the load generator over its measured
 and from the one-rule run the most two workers can give on this machine's cores. Then the
 engine side by side with `limits` and `throttled-py` (bench/peers.py), Redis memory
 per counter (bench/memory.py), and in process what access rules and argument conditions
-cost a call (bench/inprocess.py). Results: a Markdown report on stdout (the table
+cost a call (bench/inprocess.py), and how long a command hook takes per tool call next to
+a bare interpreter (bench/hookstart.py). Results: a Markdown report on stdout (the table
 in docs/benchmarks.md) and every figure as JSON (`--out`), each target marked met or not.
 Absolute numbers depend on the machine; the targets are ratios within one run.
 """
@@ -52,6 +53,7 @@ import httpx
 from bench.hammer import HAMMER_RULE, HAMMERED, counts, per_attempt, refuse
 from bench.hammer import report as hammer_report
 from bench.hammer import summary as hammer_summary
+from bench.hookstart import measure as measure_hook_start
 from bench.inprocess import report as inprocess_report
 from bench.inprocess import run_inprocess
 from bench.memory import run_memory
@@ -94,6 +96,7 @@ TARGETS = {
     "refused hammer: Redis commands/attempt": ("<=", 0.01),
     "unmatched access and args rules: us more per call": ("<=", 2.0),
     "catastrophic regex / trivial regex (64 KiB)": ("<=", 1.5),
+    "hook start / python -c pass": ("<=", 4.0),
 }
 
 
@@ -318,7 +321,7 @@ def median_run(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ratios(
-    http: dict[str, Any], peers: dict[str, Any], inprocess: dict[str, Any]
+    http: dict[str, Any], peers: dict[str, Any], inprocess: dict[str, Any], hooks: dict[str, Any]
 ) -> dict[str, float]:
     """Each throughput ratio within a round (its servers ran a minute apart), median over
     the rounds: the machine's speed drifts by up to 2x between rounds, which a ratio of
@@ -341,6 +344,7 @@ def ratios(
             inprocess["unmatched_rules"]["us_more"]
         ),
         "catastrophic regex / trivial regex (64 KiB)": float(inprocess["regex"]["ratio"]),
+        "hook start / python -c pass": float(hooks["ratio"]),
     }
 
 
@@ -486,6 +490,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory = asyncio.run(measure_memory(redis_port, args.quick))
     print("access rules and argument conditions, in process…", file=sys.stderr)
     inprocess = asyncio.run(run_inprocess(args.quick))
+    print("command hook start…", file=sys.stderr)
+    hooks = measure_hook_start(runs=11 if args.quick else 41)
     results = {
         "machine": machine(),
         "command": " ".join(["bench/run", *(argv if argv is not None else sys.argv[1:])]),
@@ -495,8 +501,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "memory": memory,
         "refused_hammer": hammer_summary(http),
         "inprocess": inprocess,
+        "hook_start": hooks,
     }
-    results["ratios"] = ratios(http, peers, inprocess)
+    results["ratios"] = ratios(http, peers, inprocess, hooks)
     results["targets_met"] = {name: met(name, v) for name, v in results["ratios"].items()}
     results["two_worker_ceiling"] = two_worker_ceiling(http)
     if args.out:

@@ -2,7 +2,7 @@
 
 Exit codes of `check`: 0 allow, 1 deny (reason on stderr), 3 ask, 4 daemon unreachable,
 2 bad usage (a flag, or a request the daemon refused). `hook HOST` answers in the host's
-own terms instead (see `ratewarden.integrations.hooks`).
+own terms instead (see `ratewarden.hooks`).
 """
 
 from __future__ import annotations
@@ -14,25 +14,31 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from ratewarden import __version__
-from ratewarden.settings import Settings
+from ratewarden.hooks import command as hook_command
 from ratewarden.vocabulary import METADATA_FLAGS
 
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from ratewarden.settings import Settings
+
 EXIT_ALLOW, EXIT_DENY, EXIT_USAGE, EXIT_ASK, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
-HOOK_HOSTS = {
-    "claude-code": "Claude Code PreToolUse / PostToolUse command hook (JSON on stdin and stdout)",
-    "agent-code": "agent-code pre_tool_use shell hook (veto: non-zero exit, reason on stderr)",
-    "hermes": "hermes-agent shell hook (pre_tool_call / post_tool_call, JSON on stdin and stdout)",
-}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["hook"]:
+        # A process per tool call: only what a hook needs is imported (hooks/command.py).
+        from ratewarden.hooks import command
+
+        return command.cli(given[1:])
+    from pydantic import ValidationError
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(given)
     if not hasattr(args, "run"):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
@@ -40,7 +46,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except ValidationError as exc:
         return _usage_error(_settings_problem(exc))
+    except BrokenPipeError:  # `ratewarden usage ... | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error
+        return 0
     return code
+
+
+def _settings(**given: Any) -> Settings:
+    """The settings, from `given` flags over the environment (pydantic-settings loads only
+    for the commands that read them: never for a hook)."""
+    from ratewarden.settings import Settings
+
+    return Settings(**given)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,9 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(commands)
     _add_settle(commands)
     _add_usage(commands)
-    _add_hook(commands)
+    hook_command.add_parser(commands)
+    _add_mcp_help(commands)
     _add_policy(commands)
     return parser
+
+
+def _add_mcp_help(commands: Any) -> None:
+    """`mcp`, for --help only: `ratewarden mcp` runs from __main__ (ratewarden.mcp.stdio)."""
+    commands.add_parser(
+        "mcp",
+        help="run an MCP server over stdio, its tool calls checked: "
+        "mcp [--user U] [--url URL] [--fail open|closed] -- COMMAND ARGS (the mcp extra)",
+    )
 
 
 # -- serve ---------------------------------------------------------------------------
@@ -125,7 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
                    "reload_interval_s", "request_timeout_s", "max_connections")  # fmt: skip
     for name, tokens in _given(args, "api_tokens", "admin_tokens").items():
         given[name] = ",".join(tokens)  # split like the environment's comma-separated lists
-    settings = Settings(**given)
+    settings = _settings(**given)
     problem = bind_problem(settings)
     if problem is not None:
         return _usage_error(problem)
@@ -261,7 +288,7 @@ def _check(args: argparse.Namespace) -> int:
             "metadata": _metadata(args),
         }
     )
-    settings = Settings(**_given(args, "url", "token"))
+    settings = _settings(**_given(args, "url", "token"))
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.check(request)
@@ -300,7 +327,7 @@ def _settle(args: argparse.Namespace) -> int:
     from ratewarden.wire import SettleRequest
 
     request = SettleRequest.model_validate(_given(args, "cost", "status"))
-    settings = Settings(**_given(args, "url", "token"))
+    settings = _settings(**_given(args, "url", "token"))
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.settle(args.call_id, request)
@@ -334,7 +361,7 @@ def _add_usage(commands: Any) -> None:
 def _usage(args: argparse.Namespace) -> int:
     from ratewarden.client import Client, ClientError, DaemonUnavailable
 
-    settings = Settings(**_given(args, "url", "token"))
+    settings = _settings(**_given(args, "url", "token"))
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.usage(args.user, tool=args.tool, session=args.session, team=args.team)
@@ -378,57 +405,6 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in [header, *rows]]  # fmt: skip
     return "\n".join(lines)
-
-
-# -- hook ------------------------------------------------------------------------------
-
-
-def _add_hook(commands: Any) -> None:
-    hook = commands.add_parser(
-        "hook", help="run as a host agent's tool hook (the host's payload on stdin)"
-    )
-    hosts = hook.add_subparsers(title="hosts", metavar="HOST", required=True)
-    for name, summary in HOOK_HOSTS.items():
-        host = hosts.add_parser(name, help=summary, description=summary)
-        host.add_argument(
-            "--user", help="who calls (default $RATEWARDEN_USER, else the OS login name)"
-        )
-        host.add_argument("--team", help="the caller's team, for rules matching or scoped by team")
-        host.add_argument(
-            "--url", help="daemon URL (default $RATEWARDEN_URL or http://127.0.0.1:8470)"
-        )
-        host.add_argument("--token", help="API token (default $RATEWARDEN_TOKEN)")
-        host.add_argument(
-            "--fail",
-            choices=["open", "closed"],
-            default="open",
-            help="when the daemon cannot answer: allow (open, the default) or block (closed)",
-        )
-        host.add_argument(
-            "--timeout", type=_seconds, default=1.0, help="seconds to wait for the daemon (1)"
-        )
-        host.set_defaults(run=_hook, host=name)
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 60:
-        raise argparse.ArgumentTypeError(f"expected seconds in (0, 60], got {text}")
-    return value
-
-
-def _hook(args: argparse.Namespace) -> int:
-    from ratewarden.integrations import hooks
-
-    options = hooks.HookOptions(
-        user=args.user,
-        team=args.team,
-        url=args.url,
-        token=args.token,
-        fail=args.fail,
-        timeout=args.timeout,
-    )
-    return hooks.main(args.host, options)
 
 
 # -- policy ----------------------------------------------------------------------------

@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     # larger is a 413. 256 KiB holds a 100-call batch at ~2.5 kB per call, and one check
     # with the largest `args` allowed (64 KiB as JSON).
     max_body_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # The same for a host's own HTTP hook (`POST /v1/hooks/{host}`), which posts the tool's
+    # whole input: a file Claude Code writes may be megabytes. Past it the host's hook
+    # fails (Claude Code then runs the call unchecked; the command hook has no such cap).
+    max_hook_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     # Seconds a connection has to deliver a whole request (headers and body), counted from
     # its opening or from its previous answer; past it, the connection is closed. Without
     # it a silent or slow socket held a file descriptor for ever (service/connections.py).

@@ -13,22 +13,18 @@
 
 Standard library only: the client, the hooks and the adapters load this inside a host
 agent's process, without FastAPI, Redis, pydantic-settings or the policy loader
-(tests/unit/test_vocabulary.py checks it in a fresh interpreter).
+(tests/unit/test_vocabulary.py checks it in a fresh interpreter). A command hook loads it
+once per tool call, so it keeps to the cheap part of the library (no logging, dataclasses,
+uuid, hashlib, getpass or unicodedata at import: tests/unit/test_hook_imports.py).
 """
 
 from __future__ import annotations
 
-import getpass
-import hashlib
 import itertools
-import logging
 import os
-import unicodedata
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 # -- the policy's words ------------------------------------------------------------------
 
@@ -238,7 +234,7 @@ def call_id(host: str, host_call_id: object = None, *, unique: str | None = None
     given = host_call_id if isinstance(host_call_id, str) else ""
     lead = _sendable(given, MAX_CALL_ID) or host
     if unique is None:
-        return tagged(lead, uuid.uuid4().hex[:SUFFIX_CHARS], MAX_CALL_ID)
+        return tagged(lead, os.urandom(SUFFIX_CHARS // 2).hex(), MAX_CALL_ID)
     return tagged(lead, digest(f"{given}\x00{unique}"), MAX_CALL_ID)
 
 
@@ -251,17 +247,22 @@ def tagged(lead: str, suffix: str, limit: int) -> str:
 def digest(value: str) -> str:
     """The first 16 hex digits of `value`'s SHA-256 (lone surrogates included, one to one)."""
     raw = value.encode("utf-8", "surrogatepass")
+    import hashlib  # seldom needed by a hook, which imports only what it uses
+
     return hashlib.sha256(raw).hexdigest()[:SUFFIX_CHARS]
 
 
 def sendable(value: str) -> bool:
     """Whether `value` holds no control character or lone surrogate."""
-    return _sendable(value, len(value)) == value
+    # Printable text holds neither (nor other categories the API takes: a fast yes).
+    return value.isprintable() or _sendable(value, len(value)) == value
 
 
 def _sendable(value: str, limit: int) -> str:
     """The first `limit` characters of `value` that the API takes (reading no further: a
     host may send megabytes)."""
+    import unicodedata  # not at import: a hook process seldom needs it
+
     kept = (char for char in value if unicodedata.category(char) not in _UNSENDABLE)
     return "".join(itertools.islice(kept, max(limit, 0)))
 
@@ -271,11 +272,9 @@ def _sendable(value: str, limit: int) -> str:
 DEFAULT_URL = "http://127.0.0.1:8470"
 DEFAULT_TIMEOUT_S = 2.0  # a client's (the CLI's) wait for an answer
 ADAPTER_TIMEOUT_S = 1.0  # a guard in front of every tool call must not stall the agent
-_log = logging.getLogger("ratewarden.client")
 
 
-@dataclass(frozen=True, slots=True)
-class ClientSettings:
+class ClientSettings(NamedTuple):
     """The `RATEWARDEN_*` variables the client, the hooks and the adapters read.
 
     Read when a guard or hook is made, never at import. An argument or flag given in code
@@ -303,11 +302,15 @@ class ClientSettings:
         if self.fail_text in ("", FailMode.OPEN):
             return FailMode.OPEN
         if self.fail_text != FailMode.CLOSED:
-            _log.error(
+            import logging  # only for this warning: a hook process imports no logging
+
+            logging.getLogger("ratewarden.client").error(
                 "RATEWARDEN_FAIL=%r is neither 'open' nor 'closed'; failing closed", self.fail_text
             )
         return FailMode.CLOSED
 
     def user_or_login(self) -> str:
         """RATEWARDEN_USER, else the OS login name (OSError or KeyError without one)."""
+        import getpass  # not at import: a hook process seldom needs it
+
         return self.user or getpass.getuser()

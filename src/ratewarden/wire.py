@@ -453,6 +453,41 @@ class SettleResponse(BaseModel):
     charged: dict[str, float] = {}  # budget rule -> amount charged by this settle
 
 
+# A hook event's names and ids are mapped daemon-side (integrations/names.py), so any text
+# is taken, up to a bound that keeps a hostile one cheap.
+MAX_HOOK_TEXT = 4096
+HookText = Annotated[str, Field(min_length=1, max_length=MAX_HOOK_TEXT)]
+
+
+class HookEvent(_Body):
+    """A host's hook event as `ratewarden hook HOST` read it (`/v1/hooks/{host}/decision`).
+
+    A call about to run names its `tool`; a finished one (`finished`) its `call_id`. Names
+    and ids are taken as the host wrote them and made acceptable here; `args` (an object,
+    or JSON text) go with the check when the policy reads them, and are left out when
+    the wire would refuse them.
+    """
+
+    user: HookText
+    team: HookText | None = None
+    tool: HookText | None = None
+    session: HookText | None = None
+    call_id: HookText | None = None
+    args: Any = Field(None, description="the tool's input; never stored or logged")
+    finished: bool = False
+    status: Annotated[str, Field(min_length=1, max_length=32)] | None = None
+    duration_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = None
+
+
+class HookDecision(BaseModel):
+    """The answer to a hook: the decision, ratewarden's message, and notes for the log."""
+
+    decision: DecisionName
+    message: str = ""
+    notes: list[str] = []
+
+
 class ResetRequest(_Body):
     user: Subject | None = None
     rule: Annotated[str, Field(min_length=1, max_length=64)] | None = None

@@ -80,8 +80,12 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     check_refused_hammer(results)
     check_inprocess(results["inprocess"])
 
+    hooks = results["hook_start"]
+    assert 0 < hooks["python_pass_ms"] < hooks["hook_ms"]  # a hook does more than start
+    assert hooks["ratio"] == results["ratios"]["hook start / python -c pass"]
+
     assert set(results["ratios"]) == set(results["targets_met"])
-    assert len(results["ratios"]) == 9
+    assert len(results["ratios"]) == 10
     assert "| target | measured | goal | met |" in done.stdout
     assert "| refused hammer | attempts/s |" in done.stdout
     assert "| regex on a 64 KiB argument |" in done.stdout

@@ -290,7 +290,10 @@ def test_the_build_stage_makes_a_complete_wheel_from_what_it_copies(tmp_path: Pa
     }
     assert sources <= names, sources - names  # every module, the Lua script, the example
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
-    assert "ratewarden = ratewarden.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert (
+        "ratewarden = ratewarden.__main__:main"
+        in zipfile.ZipFile(wheel).read(entry_points).decode()
+    )
 
 
 # -- docker-compose.yml ---------------------------------------------------------------------

@@ -40,12 +40,7 @@ pytestmark = pytest.mark.timeout(900)  # the first run builds the host venvs
 
 DRIVERS = Path(__file__).parent / "drivers"
 RATEWARDEN = Path(sys.executable).with_name("ratewarden")  # this venv's console script
-HERMES = ["hermes-agent==0.19.0"]  # the venvs of the hosts' own tests
-FRAMEWORKS = {
-    "strands": ["strands-agents==1.62.0"],
-    "pydantic_ai": ["pydantic-ai-middleware==0.2.4", "pydantic-ai-slim==1.107.10"],
-    "openai_agents": ["openai-agents==0.24.0"],
-}
+FRAMEWORKS = ("openai_agents", "pydantic_ai", "strands")  # pins: tests/hosts/requirements/
 
 RM_REFUSED = "Refusing rm commands"
 READS_ARGS = f"""\
@@ -160,7 +155,7 @@ def test_the_policy_that_does_not_read_args_still_audits_args_that_are_sent(
 
 @pytest.fixture(scope="module")
 def hermes_python() -> Path:
-    return host_python("hermes", HERMES)
+    return host_python("hermes")
 
 
 def run_hermes(
@@ -284,7 +279,7 @@ def test_hermes_shell_hook_sends_no_args_when_the_policy_does_not_read_them(
 
 def run_framework(host: str, work: Path, daemon: Daemon, *plan: str) -> tuple[str, dict[str, Any]]:
     """args_agents.py for `host` in its venv, for a user of its own; (user, report)."""
-    python = host_python(host, FRAMEWORKS[host])
+    python = host_python(host)
     user = new_user(host)
     work.mkdir(parents=True, exist_ok=True)
     config = {"host": host, "user": user, "commands": list(plan), "work": str(work)}
@@ -331,7 +326,7 @@ def test_adapter_sends_no_args_when_the_policy_does_not_read_them(
 @pytest.fixture(scope="module")
 def claude_cli() -> tuple[Path, Path]:
     """The CLI bundled in claude-agent-sdk, and ratewarden's console script beside it."""
-    python = host_python("claude_code", ["claude-agent-sdk"])
+    python = host_python("claude_code")
     found = subprocess.run(
         [
             str(python),

@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ratewarden.client import Client, ClientError
+from ratewarden.hooks.command import HookOptions, run
+from ratewarden.hooks.hosts import HOSTS
 from ratewarden.integrations import names
-from ratewarden.integrations.hooks import HOSTS, HookOptions, run
 from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
 from tests.helpers.redis_server import free_port
 
@@ -279,21 +279,17 @@ def test_a_user_past_the_apis_limit_is_checked_under_a_mapped_name(daemon: Daemo
     assert used(daemon, names.subject(too_long), "Bash", "terminal-per-minute") == 1
 
 
-def test_a_daemon_refusing_the_check_follows_the_fail_mode(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # In-process: a 4xx other than a reused call id (say, a token the daemon rejects).
-    def refuse(self: Client, request: Any) -> Any:
-        raise ClientError(401, "invalid token")
-
-    monkeypatch.setattr(Client, "check", refuse)
+def test_a_daemon_refusing_the_check_follows_the_fail_mode(tmp_path: Path) -> None:
+    # A 4xx other than a reused call id: here, a token the daemon does not know.
     payload = json.dumps(claude_pre("Bash", "toolu_1")).encode()
-    opened = run(HOSTS["claude-code"], HookOptions(url=nowhere()), payload, {})
+    with running_daemon(POLICY, tmp_path, "--api-token", "the-right-token") as guarded:
+        wrong = HookOptions(url=guarded.url, token="a-wrong-token")
+        opened = run(HOSTS["claude-code"], wrong, payload, {})
+        closed = run(HOSTS["claude-code"], wrong._replace(fail="closed"), payload, {})
     assert (opened.code, opened.stdout) == (0, "")
-    assert opened.stderr == (
-        "ratewarden: the daemon refused the check (401: invalid token); failing open",
-    )
-    closed = run(HOSTS["claude-code"], HookOptions(url=nowhere(), fail="closed"), payload, {})
+    assert len(opened.stderr) == 1
+    assert opened.stderr[0].startswith("ratewarden: the daemon refused the hook (401: ")
+    assert opened.stderr[0].endswith("; failing open")
     output = json.loads(closed.stdout)["hookSpecificOutput"]
     assert (output["permissionDecision"], output["permissionDecisionReason"]) == ("deny", PAUSED)
 
@@ -333,6 +329,7 @@ def test_agent_code_ask_is_a_veto_too(daemon: Daemon) -> None:
     done = agent_code(command, "pre_tool_use", "Deploy", {"target": "prod"})
     assert done.returncode == 3
     assert done.stderr.startswith("Rate limit: max 0 Deploy calls per minute")
+    assert "A human must approve this call" in done.stderr  # agent-code asks no one
 
 
 def test_agent_code_large_tool_input_is_read_whole(daemon: Daemon) -> None:

@@ -1,5 +1,7 @@
 """The real Claude Code CLI (the one bundled in the claude-agent-sdk wheel) runs
-`ratewarden hook claude-code` as its PreToolUse / PostToolUse command hook.
+`ratewarden hook claude-code` as its PreToolUse / PostToolUse command hook, and posts the
+same payloads to the daemon's `/v1/hooks/claude-code` as an `http` hook (no process per
+call).
 
 Offline: the CLI talks to a scripted Messages API on loopback (tests/helpers/fake_anthropic.py),
 with HOME in a temporary directory and non-essential traffic off. The fake model asks for
@@ -58,7 +60,7 @@ class ClaudeCode:
 
 @pytest.fixture(scope="module")
 def claude_code() -> ClaudeCode:
-    python = host_python("claude_code", ["claude-agent-sdk"])
+    python = host_python("claude_code")
     # Where the SDK itself looks for its bundled CLI.
     found = subprocess.run(
         [
@@ -89,11 +91,30 @@ def hooks_settings(command: str) -> str:
     return json.dumps({"hooks": {"PreToolUse": entry, "PostToolUse": entry}})
 
 
+def http_hooks_settings(url: str, token: bool = False) -> str:
+    """The `hooks` block of an `http` hook, as docs/integrations.md shows it: the token
+    from the environment (Claude Code interpolates only the variables listed)."""
+    hook: dict[str, Any] = {"type": "http", "url": url, "timeout": 5}
+    if token:
+        hook["headers"] = {"Authorization": "Bearer $RATEWARDEN_TOKEN"}
+        hook["allowedEnvVars"] = ["RATEWARDEN_TOKEN"]
+    entry = [{"matcher": "Bash", "hooks": [hook]}]
+    return json.dumps({"hooks": {"PreToolUse": entry, "PostToolUse": entry}})
+
+
 def run_claude(
-    claude: ClaudeCode, tmp_path: Path, model_url: str, hook_flags: str, stdin: str = ""
+    claude: ClaudeCode,
+    tmp_path: Path,
+    model_url: str,
+    hook_flags: str = "",
+    stdin: str = "",
+    *,
+    settings: str | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """`claude -p` with our hooks; returns its JSON result. `stdin` goes before the hook
-    command (to feed it something else than Claude Code's payload)."""
+    """`claude -p` with our hooks; returns its JSON result. The command hook with
+    `hook_flags`, or the given `settings`; `stdin` goes before the hook command (to feed
+    it something else than Claude Code's payload)."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     env = {
@@ -103,8 +124,11 @@ def run_claude(
         "ANTHROPIC_API_KEY": "sk-ant-fake",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
+        **(extra_env or {}),
     }
     command = f"{stdin}{shlex.quote(str(claude.ratewarden))} hook claude-code {hook_flags}"
+    if settings is None:
+        settings = hooks_settings(command)
     done = subprocess.run(
         [
             str(claude.cli),
@@ -113,7 +137,7 @@ def run_claude(
             "--output-format",
             "json",
             "--settings",
-            hooks_settings(command),
+            settings,
             "--allowedTools",
             "Bash",
         ],
@@ -202,3 +226,67 @@ def test_real_claude_code_unreadable_input_failing_closed_blocks(
         "Tool guard unavailable: cannot read the claude-code hook input"
         in (model.tool_results[call])
     )
+
+
+# -- the same through Claude Code's `http` hook: the daemon answers, no process per call --
+
+
+def test_real_claude_code_http_hook_stops_the_11th_bash_call(
+    claude_code: ClaudeCode, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran.txt"
+    with running_daemon(POLICY, tmp_path / "daemon", "--api-token", "hook-token") as daemon:
+        settings = http_hooks_settings(f"{daemon.url}/v1/hooks/claude-code?user=dave", token=True)
+        with fake_messages_api(f"echo ran >> {shlex.quote(str(ran))}", calls=11) as (url, model):
+            result = run_claude(
+                claude_code, tmp_path, url, settings=settings,
+                extra_env={"RATEWARDEN_TOKEN": "hook-token"},
+            )  # fmt: skip
+        headers = {"authorization": "Bearer hook-token"}
+        usage = httpx.get(
+            f"{daemon.url}/v1/usage", params={"user": "dave", "tool": "Bash"}, headers=headers
+        ).json()
+    assert result["is_error"] is False, result
+    assert len(model.tool_use_ids) == 11
+    assert lines(ran) == 10
+    denied = model.tool_use_ids[10]
+    assert MESSAGE in model.tool_results[denied]
+    assert all(MESSAGE not in model.tool_results[c] for c in model.tool_use_ids[:10])
+    assert [d["tool_use_id"] for d in result["permission_denials"]] == [denied]
+    # PostToolUse reached the daemon over HTTP too: every call settled (one at a time).
+    used = {item["rule"]: item["used"] for item in usage["limits"]}
+    assert used == {"terminal-per-minute": 10, "one-bash-at-a-time": 0}
+
+
+def test_real_claude_code_http_hook_without_the_token_or_the_daemon_runs_the_call(
+    claude_code: ClaudeCode, tmp_path: Path
+) -> None:
+    """What Claude Code does when its `http` hook gets no answer it can use (the daemon
+    down, or a 401): a non-blocking hook error, so the call runs. That is the host's own
+    failure setting, as documented; failing closed needs the command hook."""
+    ran = tmp_path / "ran.txt"
+    command = f"echo ran >> {shlex.quote(str(ran))}"
+    nowhere = f"http://127.0.0.1:{free_port()}/v1/hooks/claude-code?user=erin"
+    with fake_messages_api(command, calls=1) as (url, model):
+        run_claude(claude_code, tmp_path, url, settings=http_hooks_settings(nowhere))
+    assert lines(ran) == 1
+    with running_daemon(POLICY, tmp_path / "daemon", "--api-token", "hook-token") as daemon:
+        unauthorized = http_hooks_settings(f"{daemon.url}/v1/hooks/claude-code?user=erin")
+        with fake_messages_api(command, calls=1) as (url, model):
+            run_claude(claude_code, tmp_path, url, settings=unauthorized)
+    assert lines(ran) == 2
+    [call] = model.tool_use_ids
+    assert MESSAGE not in model.tool_results[call]
+
+
+def test_real_claude_code_http_hook_asks_and_a_headless_run_refuses(
+    claude_code: ClaudeCode, daemon: Daemon, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran.txt"
+    settings = http_hooks_settings(f"{daemon.url}/v1/hooks/claude-code?user=intern-2")
+    with fake_messages_api(f"echo ran >> {shlex.quote(str(ran))}", calls=1) as (url, model):
+        result = run_claude(claude_code, tmp_path, url, settings=settings)
+    assert lines(ran) == 0
+    [call] = model.tool_use_ids
+    assert "Rate limit: max 0 terminal calls per minute" in model.tool_results[call]
+    assert [d["tool_use_id"] for d in result["permission_denials"]] == [call]

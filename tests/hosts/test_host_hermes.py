@@ -31,7 +31,6 @@ from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_pytho
 from tests.helpers.redis_server import free_port
 
 HOSTS = Path(__file__).parent / "drivers"
-HERMES = ["hermes-agent==0.19.0"]
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
 UNAVAILABLE = "Tool guard unavailable; terminal calls are paused"
 CONFIG = """\
@@ -65,7 +64,7 @@ rules:
 
 @pytest.fixture(scope="module")
 def hermes_python() -> Path:
-    return host_python("hermes", HERMES)
+    return host_python("hermes")
 
 
 def hermes_home(tmp_path: Path, *enabled: str) -> Path:

@@ -22,7 +22,6 @@ from tests.helpers.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds hermes' venv
 
-HERMES = ["hermes-agent==0.19.0"]  # the same venv as tests/hosts/test_host_hermes.py
 DRIVER = Path(__file__).parent / "drivers" / "hermes_shell_hook.py"
 POLICY = """\
 version: 1
@@ -53,7 +52,7 @@ hooks:
 
 @pytest.fixture(scope="module")
 def hermes_python() -> Path:
-    return host_python("hermes", HERMES)
+    return host_python("hermes")
 
 
 def run_hermes(python: Path, tmp_path: Path, hook_flags: str, calls: int) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_pytho
 from tests.helpers.redis_server import free_port
 
 DRIVER = Path(__file__).parent / "drivers" / "openai_agents_run.py"
-REQUIREMENTS = ["openai-agents==0.24.0"]
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
 UNAVAILABLE = "Tool guard unavailable; terminal calls are paused"
 
@@ -60,7 +59,7 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """Every scenario, in one driver process; the daemon stays up for the tests' reads."""
-    python = host_python("openai_agents", REQUIREMENTS)
+    python = host_python("openai_agents")
     work = tmp_path_factory.mktemp("openai_agents")
     with running_daemon(POLICY, work / "daemon") as daemon:
         config = {

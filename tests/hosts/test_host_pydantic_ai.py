@@ -23,7 +23,6 @@ from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_pytho
 from tests.helpers.redis_server import free_port
 
 DRIVER = Path(__file__).parent / "drivers" / "pydantic_ai_agent.py"
-REQUIREMENTS = ["pydantic-ai-middleware==0.2.4", "pydantic-ai-slim==1.107.10"]
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
 UNAVAILABLE = "Tool guard unavailable; terminal calls are paused"
 
@@ -70,7 +69,7 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """Every scenario, in one driver process; the daemon stays up for the tests' reads."""
-    python = host_python("pydantic_ai", REQUIREMENTS)
+    python = host_python("pydantic_ai")
     work = tmp_path_factory.mktemp("pydantic_ai")
     with running_daemon(POLICY, work / "daemon") as daemon:
         config = {

@@ -28,7 +28,6 @@ from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_pytho
 from tests.helpers.redis_server import free_port
 
 DRIVER = Path(__file__).parent / "drivers" / "strands_agent.py"
-STRANDS = ["strands-agents==1.62.0"]
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
 UNAVAILABLE = "Tool guard unavailable; terminal calls are paused"
 
@@ -64,7 +63,7 @@ rules:
 
 @pytest.fixture(scope="module")
 def strands_python() -> Path:
-    return host_python("strands", STRANDS)
+    return host_python("strands")
 
 
 def drive(python: Path, url: str, work: Path, **config: Any) -> dict[str, Any]:

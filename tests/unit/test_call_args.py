@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic_core import to_json
 
-from ratewarden.integrations.hooks import PreCall
+from ratewarden.hooks.contract import PreCall
 from ratewarden.integrations.names import MAX_ARGS_ITEMS, call_args, check_request
 from ratewarden.wire import (
     MAX_ARGS_BYTES,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import enum
-import functools
 import json
 import re
 import string
@@ -61,7 +60,10 @@ def test_the_vocabulary_loads_only_the_standard_library() -> None:
     "module",
     [
         "ratewarden.client",
-        "ratewarden.integrations.hooks",
+        "ratewarden.hooks.command",
+        "ratewarden.integrations.langchain",
+        "ratewarden.integrations.adk",
+        "ratewarden.integrations.crewai",
         "ratewarden.integrations.hermes",
         "ratewarden.integrations.strands",
         "ratewarden.integrations.openai_agents",
@@ -157,10 +159,20 @@ OPERATOR_NOTES = {
     "the daemon refused the check (",
     "ratewarden: daemon unreachable at ",
     "ratewarden: could not settle ",
+    # crewai.py: CrewAI's own texts, read to tell a call a hook blocked or a tool that
+    # failed, and its console prompt to the human approving a call.
+    "Tool execution blocked by hook.",
+    "Error executing tool: ",
+    "Type 'approve' to run this tool call, anything else to refuse it:",
 }
 TALKERS = [
     PACKAGE / "client.py",
     *sorted((PACKAGE / "integrations").rglob("*.py")),
+    # The hosts' contracts (command.py and hosts.py hold the CLI's help and the notes
+    # for the operator's log, not sentences for a model).
+    *sorted(
+        p for p in (PACKAGE / "hooks").glob("*.py") if p.name not in ("command.py", "hosts.py")
+    ),
     *sorted((PACKAGE / "engine").glob("*.py")),
     PACKAGE / "policy" / "messages.py",
 ]
@@ -498,25 +510,24 @@ async def test_openai_agents_ids(daemon: Daemon, monkeypatch: pytest.MonkeyPatch
     await guard.aclose()
 
 
-def test_hermes_shell_hook_ids(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hermes_shell_hook_ids() -> None:
     """Pre and post run in two processes: the digits are a digest, the same in both."""
-    from ratewarden.client import Client
-    from ratewarden.integrations import hooks
+    from ratewarden.hooks import hermes
+    from ratewarden.hooks.contract import PostCall, PreCall
 
-    monkeypatch.setattr(hooks, "Client", functools.partial(Client, transport=transport(daemon)))
-    options = hooks.HookOptions(user="u")
-
-    def run(event: str, response: str) -> None:
+    def read(event: str, response: str) -> str:
         extra = {"tool_call_id": "call_0", "api_request_id": response, "status": "ok"}
         payload = {"hook_event_name": event, "tool_name": "terminal", "extra": extra}
-        hooks.run(hooks.HOSTS["hermes"], options, json.dumps(payload).encode(), {})
+        found = hermes.read(json.dumps(payload).encode(), {})
+        assert isinstance(found, PreCall | PostCall)
+        assert found.call_id is not None
+        return found.call_id
 
-    for response in ("t1:api:1", "t2:api:1"):
-        run("pre_tool_call", response)
-        run("post_tool_call", response)
-    assert_one_scheme(daemon.ids(), "call_0")
-    assert len(set(daemon.ids())) == 2  # `call_0` on both turns, two calls
-    assert daemon.settles == daemon.ids()  # each post hook settled its own pre hook's call
+    pre = [read("pre_tool_call", response) for response in ("t1:api:1", "t2:api:1")]
+    post = [read("post_tool_call", response) for response in ("t1:api:1", "t2:api:1")]
+    assert_one_scheme(pre, "call_0")
+    assert len(set(pre)) == 2  # `call_0` on both turns, two calls
+    assert post == pre  # each post hook names its own pre hook's call
 
 
 def test_a_host_id_the_api_refuses_is_cut_and_cleaned(daemon: Daemon) -> None:

@@ -17,7 +17,7 @@ from ratewarden.engine import Engine
 from ratewarden.logs import configure_audit, configure_logging
 from ratewarden.metrics import Metrics, TimedStore
 from ratewarden.policy import Policy, load_example_policy, load_policy
-from ratewarden.service import auth
+from ratewarden.service import auth, hooks
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.hotpath import HOT_ROUTES, HotPath
 from ratewarden.service.limits import BodySizeLimit
@@ -111,15 +111,17 @@ def create_app(
     app.state.observer = Observer(metrics, audit, engine.refusals)
     app.state.reloader = reloader
     app.include_router(router)
+    app.include_router(hooks.router)
     install_error_handlers(app)
     tokens = auth.Tokens.from_settings(settings)
     # Every request: auth outermost (a request without the role its route needs is
     # refused before anything reads its body), then the body cap (counted as it arrives,
     # chunked too; past it, a 413). The last added is the outermost.
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    caps = {"max_bytes": settings.max_body_bytes, "hook_max_bytes": settings.max_hook_body_bytes}
+    app.add_middleware(BodySizeLimit, **caps)
     app.add_middleware(auth.AuthMiddleware, tokens=tokens, insecure=settings.insecure_no_auth)
     # Valid decisions skip FastAPI altogether, behind the same two.
-    capped = BodySizeLimit(HotPath(app.stack), max_bytes=settings.max_body_bytes)
+    capped = BodySizeLimit(HotPath(app.stack), **caps)
     app.front = auth.AuthMiddleware(capped, tokens=tokens, insecure=settings.insecure_no_auth)
     auth.document(app)
     return app

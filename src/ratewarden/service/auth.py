@@ -52,6 +52,8 @@ ROLES: dict[str, Role] = {
     "/v1/calls/{call_id:path}/settle": Role.CHECK,
     "/v1/usage": Role.CHECK,
     "/v1/capabilities": Role.CHECK,
+    "/v1/hooks/{host}": Role.CHECK,
+    "/v1/hooks/{host}/decision": Role.CHECK,
     # Who was denied (user identities) and the whole policy (groups name users): admin.
     "/v1/denials": Role.ADMIN,
     "/v1/policy": Role.ADMIN,

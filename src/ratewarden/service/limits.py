@@ -21,28 +21,41 @@ class BodyTooLarge(Exception):
     """Raised into the application when its request body passes the cap."""
 
 
-class BodySizeLimit:
-    """Answer 413 to any HTTP request whose body is larger than `max_bytes`."""
+# A host's own HTTP hook posts the tool's whole input (a file Claude Code writes, say),
+# which may pass the API's cap; past its own, larger one, the host's hook fails.
+HOOK_PATHS = "/v1/hooks/"
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        if max_bytes < 0:
+
+class BodySizeLimit:
+    """Answer 413 to any HTTP request whose body is larger than `max_bytes` (a host's own
+    HTTP hook, `/v1/hooks/{host}`: `hook_max_bytes`)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, hook_max_bytes: int | None = None) -> None:
+        if max_bytes < 0 or (hook_max_bytes or 0) < 0:
             raise ValueError("max_bytes must be >= 0")
         self.app = app
         self.max_bytes = max_bytes
+        self.hook_max_bytes = max_bytes if hook_max_bytes is None else hook_max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        cap, setting = self._cap(scope.get("path", ""))
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self.refuse(send)  # nothing of the body is read
+        if declared is not None and declared > cap:
+            await self.refuse(send, cap, setting)  # nothing of the body is read
             return
-        await _Guarded(self, receive, send).run(scope)
+        await _Guarded(self, cap, setting, receive, send).run(scope)
 
-    async def refuse(self, send: Send) -> None:
+    def _cap(self, path: str) -> tuple[int, str]:
+        if path.startswith(HOOK_PATHS) and not path.endswith("/decision"):
+            return self.hook_max_bytes, "RATEWARDEN_MAX_HOOK_BODY_BYTES"
+        return self.max_bytes, "RATEWARDEN_MAX_BODY_BYTES"
+
+    async def refuse(self, send: Send, cap: int, setting: str) -> None:
         """The 413, in the error shape of every other refusal."""
-        problem = f"larger than the {self.max_bytes}-byte limit (RATEWARDEN_MAX_BODY_BYTES)"
+        problem = f"larger than the {cap}-byte limit ({setting})"
         body = json.dumps(
             {
                 "error": "too_large",
@@ -69,8 +82,11 @@ class BodySizeLimit:
 class _Guarded:
     """One request: count what the application receives; past the cap, answer 413 instead."""
 
-    def __init__(self, limit: BodySizeLimit, receive: Receive, send: Send) -> None:
+    def __init__(
+        self, limit: BodySizeLimit, cap: int, setting: str, receive: Receive, send: Send
+    ) -> None:
         self.limit = limit
+        self.cap, self.setting = cap, setting
         self._receive = receive
         self._send = send
         self.received = 0
@@ -84,9 +100,9 @@ class _Guarded:
         message = await self._receive()
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
-            if self.received > self.limit.max_bytes:
+            if self.received > self.cap:
                 self.exceeded = True
-                raise BodyTooLarge(f"request body over {self.limit.max_bytes} bytes")
+                raise BodyTooLarge(f"request body over {self.cap} bytes")
         return message
 
     async def send(self, message: Message) -> None:
@@ -104,7 +120,7 @@ class _Guarded:
             if not self.exceeded or self.started:
                 raise
         if self.exceeded and not self.started:
-            await self.limit.refuse(self._send)
+            await self.limit.refuse(self._send, self.cap, self.setting)
 
 
 def _content_length(scope: Scope) -> int | None:

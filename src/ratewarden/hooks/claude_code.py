@@ -1,0 +1,86 @@
+"""Claude Code's hooks (and claude-agent-sdk sessions that load settings).
+
+Payload (stdin of a command hook, the body of an `http` hook): `hook_event_name`,
+`tool_name`, `tool_input`, `tool_use_id`, `session_id`; PostToolUse adds `duration_ms`.
+An allowed call gets nothing at all (exit 0, or an empty 200): an explicit "allow" would
+skip the user's own permission prompt, a security downgrade. A refusal is
+`{"hookSpecificOutput": {"permissionDecision": "deny" | "ask", ...}}`, on stdout or as the
+HTTP answer's body; `ask` is the user's own prompt. After the call, PostToolUse and
+PostToolUseFailure settle it by its `tool_use_id`.
+
+Over HTTP, Claude Code takes a non-2xx answer or no answer as a non-blocking error: the
+call runs. So a payload the daemon cannot read, failing closed, is a JSON deny there,
+where a command hook exits 2 (Claude Code's generic block, stderr to the model).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from ratewarden.hooks.contract import (
+    Decision,
+    Event,
+    HookOutput,
+    Host,
+    HttpAnswer,
+    PostCall,
+    PreCall,
+    duration,
+    event_name,
+    json_object,
+    string,
+    tool_name,
+)
+
+EXIT_HOOK_ERROR = 1  # a hook that failed, without blocking
+EXIT_BLOCK = 2  # block, and show stderr to the model
+
+
+def read(payload: bytes, context: Mapping[str, str]) -> Event:
+    data = json_object(payload)
+    event = event_name(data)
+    if event == "PreToolUse":
+        return PreCall(
+            tool=tool_name(data.get("tool_name"), "tool_name"),
+            session=string(data.get("session_id")),
+            call_id=string(data.get("tool_use_id")),
+            args=data.get("tool_input"),
+        )
+    if event in ("PostToolUse", "PostToolUseFailure"):
+        call_id = string(data.get("tool_use_id"))
+        if call_id is None:
+            return None
+        status = "ok" if event == "PostToolUse" else "error"
+        return PostCall(call_id, status=status, duration_ms=duration(data.get("duration_ms")))
+    return None
+
+
+def refuse(decision: Decision, message: str) -> HookOutput:
+    return HookOutput(stdout=json.dumps(_decision(decision, message)))
+
+
+def refuse_unreadable(message: str) -> HookOutput:
+    # The event is unknown, so no PreToolUse JSON: exit 2 is Claude Code's generic block.
+    return HookOutput(code=EXIT_BLOCK, stderr=(message,))
+
+
+def http(output: HookOutput) -> HttpAnswer:
+    if output.code == EXIT_BLOCK:  # HTTP has no generic block: a deny says it
+        return HttpAnswer(body=json.dumps(_decision("deny", " ".join(output.stderr))))
+    if output.code != 0:  # a hook error, not a veto: Claude Code's own non-blocking error
+        return HttpAnswer(400, " ".join(output.stderr), "text/plain")
+    return HttpAnswer(body=output.stdout)
+
+
+def _decision(decision: Decision, message: str) -> dict[str, object]:
+    return {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": decision,  # deny, or ask: the user's own prompt
+            "permissionDecisionReason": message,
+        }
+    }
+
+
+HOST = Host("claude-code", read, refuse, refuse_unreadable, EXIT_HOOK_ERROR, http=http)

@@ -1,0 +1,408 @@
+"""`ratewarden hook HOST`: the command hook a host runs around each tool call.
+
+It reads the host's payload (stdin, and for agent-code environment variables) with the
+host's module, posts the event to the daemon's `/v1/hooks/HOST/decision` (which maps
+names, checks or settles, and checks a reused call id as a new call:
+ratewarden.service.hooks), and answers the host in its own terms. An allowed call prints
+nothing at all (Claude Code reads an explicit "allow" as "skip the user's own permission
+prompt"). After the tool ran, the hosts that name the call get it settled.
+
+When the daemon cannot answer (down, too slow, or refusing the request), `--fail open`
+(the default) allows the call and says so on stderr; `--fail closed` blocks it with "Tool
+guard unavailable; Bash calls are paused". Input the hook cannot read (not JSON, no tool
+name) is a broken installation, not a decision: failing open, it is the host's
+non-blocking hook error; failing closed, the call is blocked.
+
+A process per tool call pays for every module it imports, so this one imports the
+standard library and ratewarden.hooks only: no pydantic, httpx, FastAPI or redis
+(tests/unit/test_hook_imports.py; its start is a row of the benchmark). For the same
+reason it speaks HTTP/1.1 on a socket of its own: `http.client` imports the `email`
+package, which was a third of a hook's start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ratewarden import vocabulary
+from ratewarden.hooks.contract import BadInput, HookOutput, Host, PostCall, PreCall, one_line
+from ratewarden.hooks.hosts import HOSTS, SUMMARIES
+
+if TYPE_CHECKING:
+    import argparse
+
+# The wire's cap on a check's `args` (wire.MAX_ARGS_BYTES): larger ones would be left out
+# by the daemon, so they are not sent.
+MAX_ARGS_BYTES = 64 * 1024
+
+
+class HookOptions(NamedTuple):
+    """The command's flags; `None` falls back to RATEWARDEN_USER / _URL / _TOKEN."""
+
+    user: str | None = None
+    team: str | None = None
+    url: str | None = None
+    token: str | None = None
+    fail: str = "open"
+    timeout: float = vocabulary.ADAPTER_TIMEOUT_S
+
+
+class Unanswered(Exception):
+    """The daemon gave no decision: unreachable, too slow, or it refused the request."""
+
+
+# -- the command -------------------------------------------------------------------------
+
+
+def add_parser(commands: Any) -> None:
+    """`hook HOST [flags]` under the `ratewarden` command's subcommands."""
+    hook = commands.add_parser(
+        "hook", help="run as a host agent's tool hook (the host's payload on stdin)"
+    )
+    hosts = hook.add_subparsers(title="hosts", metavar="HOST", required=True)
+    for name, summary in SUMMARIES.items():
+        host = hosts.add_parser(name, help=summary, description=summary)
+        add_client_flags(
+            host,
+            user_help="who calls (default: the user the host names, else $RATEWARDEN_USER, "
+            "else the OS login name)",
+            fail_default="open",
+        )
+        host.set_defaults(run=run_command, host=name)
+
+
+def add_client_flags(
+    parser: argparse.ArgumentParser, *, user_help: str, fail_default: str | None
+) -> None:
+    """The flags of a command that asks the daemon on a host's behalf (`ratewarden hook`,
+    `ratewarden mcp`): who calls, where the daemon is, and what to do when it cannot
+    answer. `fail_default` None: $RATEWARDEN_FAIL decides."""
+    parser.add_argument("--user", help=user_help)
+    parser.add_argument("--team", help="the caller's team, for rules matching or scoped by team")
+    parser.add_argument(
+        "--url", help="daemon URL (default $RATEWARDEN_URL or http://127.0.0.1:8470)"
+    )
+    parser.add_argument("--token", help="API token (default $RATEWARDEN_TOKEN)")
+    default = "the default" if fail_default == "open" else "default $RATEWARDEN_FAIL"
+    parser.add_argument(
+        "--fail",
+        choices=["open", "closed"],
+        default=fail_default,
+        help=f"when the daemon cannot answer: allow (open, {default}) or block (closed)",
+    )
+    parser.add_argument(
+        "--timeout", type=_seconds_flag, default=1.0, help="seconds to wait for the daemon (1)"
+    )
+
+
+def seconds(text: str) -> float:
+    """A timeout flag's value: seconds in (0, 60]; ValueError (argparse's way to refuse a
+    value with this message) otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 60:
+        raise ValueError(f"expected seconds in (0, 60], got {text!r}")
+    return value
+
+
+def cli(argv: Sequence[str]) -> int:
+    """`ratewarden hook ...` alone, without building (or importing) the rest of the CLI.
+
+    A well-formed command line (`HOST [--flag value | --flag=value]...`) is read here;
+    anything else (help, a mistake, an abbreviated flag) goes to argparse, which says what
+    is wrong exactly as `ratewarden --help` documents it. argparse (with `re`) is a tenth
+    of a hook's start, paid only then.
+    """
+    quick = _quick_parse(argv)
+    if quick is not None:
+        return main(*quick)
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="ratewarden")
+    add_parser(parser.add_subparsers(title="commands", metavar="COMMAND"))
+    return run_command(parser.parse_args(["hook", *argv]))
+
+
+_FLAGS = frozenset({"user", "team", "url", "token", "fail", "timeout"})
+
+
+def _quick_parse(argv: Sequence[str]) -> tuple[str, HookOptions] | None:
+    """The host and options of a plain, valid command line; None for anything else."""
+    if not argv or argv[0] not in HOSTS:
+        return None
+    given: dict[str, str] = {}
+    words = list(argv[1:])
+    while words:
+        flag, equals, value = words.pop(0).partition("=")
+        name = flag.removeprefix("--")
+        if not flag.startswith("--") or name not in _FLAGS or name in given:
+            return None
+        if not equals:
+            if not words or words[0].startswith("-"):
+                return None
+            value = words.pop(0)
+        given[name] = value
+    timeout = given.pop("timeout", "1")
+    if given.get("fail", "open") not in ("open", "closed") or _seconds_or_none(timeout) is None:
+        return None
+    options = HookOptions(**given, timeout=float(timeout))
+    return argv[0], options
+
+
+def _seconds_flag(text: str) -> float:
+    """`seconds`, for argparse: its own error type, so the message is shown."""
+    import argparse
+
+    try:
+        return seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds_or_none(text: str) -> float | None:
+    try:
+        return seconds(text)
+    except ValueError:  # argparse.ArgumentTypeError is one
+        return None
+
+
+def run_command(args: argparse.Namespace) -> int:
+    options = HookOptions(args.user, args.team, args.url, args.token, args.fail, args.timeout)
+    return main(args.host, options)
+
+
+def main(host_name: str, options: HookOptions) -> int:
+    """Stdin in, the host's answer out."""
+    payload = sys.stdin.buffer.read() if sys.stdin is not None else b""
+    output = run(HOSTS[host_name], options, payload, os.environ)
+    if output.stdout:
+        sys.stdout.write(output.stdout + "\n")
+        sys.stdout.flush()
+    for line in output.stderr:
+        print(line, file=sys.stderr)
+    return output.code
+
+
+def run(host: Host, options: HookOptions, payload: bytes, environ: Mapping[str, str]) -> HookOutput:
+    """Read the host's payload, ask the daemon (or settle with it), and answer the host."""
+    try:
+        event = host.read(payload, environ)
+    except BadInput as exc:
+        return _unreadable(host, options, str(exc))
+    if event is None:
+        return host.allow
+    settings = vocabulary.ClientSettings.read(environ)
+    url = options.url or settings.url
+    body = _event(event, options, settings)
+    try:
+        answer = _post(url, f"/v1/hooks/{host.name}/decision", body, options, settings)
+    except Unanswered as exc:
+        return _unanswered(host, event, options, url, str(exc))
+    notes = tuple(one_line(f"ratewarden: {note}") for note in answer.get("notes", ()))
+    decision = answer.get("decision")
+    if decision not in ("deny", "ask"):
+        return host.allow._replace(stderr=notes)
+    refusal = host.refuse(decision, str(answer.get("message", "")))
+    return refusal._replace(stderr=(*refusal.stderr, *notes))
+
+
+def _event(event: PreCall | PostCall, options: HookOptions, settings: Any) -> dict[str, Any]:
+    """The event as `/v1/hooks/HOST/decision` takes it (wire.HookEvent)."""
+    named = event.user if isinstance(event, PreCall) else None
+    user = options.user or named or settings.user or _login_name()
+    body: dict[str, Any] = {"user": user, "team": options.team}
+    if isinstance(event, PostCall):
+        body.update(
+            finished=True,
+            call_id=event.call_id,
+            status=event.status,
+            duration_ms=event.duration_ms,
+            cost=event.cost,
+        )
+    else:
+        body.update(tool=event.tool, session=event.session, call_id=event.call_id)
+        body["args"] = _args(event.args)
+    return {key: _sendable(key, value) for key, value in body.items() if value is not None}
+
+
+_NAMES = frozenset({"user", "team", "tool", "session", "call_id"})
+
+
+def _sendable(key: str, value: Any) -> Any:
+    """A name or id JSON can carry: one with a lone surrogate (a `\\ud800` in the host's
+    JSON) cannot be read back as text, so it goes mapped, exactly as the daemon maps any
+    name it cannot take (integrations/names.py: `<prefix>~<digest>`). Args are the
+    daemon's to read or leave out (`_args`)."""
+    if key not in _NAMES or not isinstance(value, str) or vocabulary.sendable(value):
+        return value
+    limit = vocabulary.MAX_CALL_ID if key == "call_id" else vocabulary.MAX_NAME
+    return vocabulary.tagged(value, vocabulary.digest(value), limit)
+
+
+def _args(value: object) -> object:
+    """The tool's input as sent: JSON text or an object, within the wire's cap, else none
+    (the daemon leaves out what it would refuse; the call is checked without it)."""
+    if isinstance(value, bytes | bytearray):
+        try:
+            value = value.decode()
+        except UnicodeDecodeError:
+            return None
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, dict):
+        try:
+            text = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):
+            return None
+    else:
+        return None
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:  # a lone surrogate: not text the daemon can read
+        return None
+    return value if size <= MAX_ARGS_BYTES else None
+
+
+def _login_name() -> str:
+    import getpass  # not at import: most hooks are given --user or RATEWARDEN_USER
+
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name: a container user without a passwd entry
+        return f"uid-{os.getuid()}"
+
+
+def _post(
+    url: str, path: str, body: dict[str, Any], options: HookOptions, settings: Any
+) -> dict[str, Any]:
+    """POST `body` as JSON to the daemon; its JSON answer, or Unanswered."""
+    token = options.token or settings.token
+    if token is not None and not token.isprintable():
+        raise Unanswered("the token holds a control character")
+    try:
+        status, raw = _exchange(url, path, json.dumps(body).encode(), token, options.timeout)
+    except (OSError, ValueError) as exc:
+        raise Unanswered(f"daemon unreachable at {url} ({exc or type(exc).__name__})") from None
+    if status != 200:
+        raise Unanswered(f"the daemon refused the hook ({status}: {_error_message(raw)})")
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        raise Unanswered("the daemon's answer is not JSON") from None
+    if not isinstance(answer, dict):
+        raise Unanswered("the daemon's answer is not a JSON object")
+    return answer
+
+
+def _exchange(
+    url: str, path: str, body: bytes, token: str | None, timeout: float
+) -> tuple[int, bytes]:
+    """One HTTP/1.1 request (`Connection: close`) and its answer, within `timeout` in all.
+
+    ValueError for a URL or an answer it cannot use, OSError for the connection.
+    """
+    parts = urllib.parse.urlsplit(url)
+    secure = parts.scheme == "https"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    host, port = parts.hostname, parts.port or (443 if secure else 80)
+    deadline = time.monotonic() + timeout
+    lines = [
+        f"POST {parts.path.rstrip('/')}{path} HTTP/1.1",
+        f"host: {parts.netloc.rpartition('@')[2]}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+    ]
+    if token:
+        lines.append(f"authorization: Bearer {token}")
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    with socket.create_connection((host, port), timeout=timeout) as raw_socket:
+        sock = raw_socket
+        if secure:
+            import ssl  # only for https: half of what a plain request imports
+
+            sock = ssl.create_default_context().wrap_socket(raw_socket, server_hostname=host)
+        sock.sendall(request)
+        return _answer(_read_all(sock, deadline))
+
+
+def _read_all(sock: socket.socket, deadline: float) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        sock.settimeout(left)
+        data = sock.recv(65536)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
+
+
+def _answer(raw: bytes) -> tuple[int, bytes]:
+    """The status and body of a whole HTTP/1.1 answer."""
+    head, separator, body = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.split(b"\r\n")
+    version, _, rest = status_line.partition(b" ")
+    if not separator or not version.startswith(b"HTTP/1.") or not rest[:3].isdigit():
+        raise ValueError("not an HTTP answer")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+        body = _unchunked(body)
+    elif b"content-length" in headers:
+        body = body[: int(headers[b"content-length"])]
+    return int(rest[:3]), body
+
+
+def _unchunked(body: bytes) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return b"".join(parts)
+        parts.append(body[:size])
+        body = body[size + 2 :]
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        return str(json.loads(raw).get("message", ""))[:300]
+    except (ValueError, AttributeError):
+        return raw[:300].decode(errors="replace")
+
+
+def _unanswered(
+    host: Host, event: PreCall | PostCall, options: HookOptions, url: str, reason: str
+) -> HookOutput:
+    if isinstance(event, PostCall):  # the daemon is away: the call's lease frees it
+        return HookOutput(
+            stderr=(one_line(f"ratewarden: could not settle {event.call_id}: {reason}"),)
+        )
+    note = one_line(f"ratewarden: {reason}; failing {options.fail}")
+    if options.fail == "open":
+        return host.allow._replace(stderr=(note,))
+    refusal = host.refuse("deny", vocabulary.unavailable(event.tool))
+    return refusal._replace(stderr=(*refusal.stderr, note))
+
+
+def _unreadable(host: Host, options: HookOptions, reason: str) -> HookOutput:
+    reason = one_line(reason)  # agent-code shows only the first line
+    if options.fail == "open":
+        note = f"ratewarden: {reason}; failing open"
+        return HookOutput(code=host.unreadable_open_code, stderr=(note,))
+    return host.refuse_unreadable(vocabulary.UNREADABLE.format(host=host.name, reason=reason))

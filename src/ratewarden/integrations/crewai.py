@@ -1,0 +1,301 @@
+"""CrewAI: ask ratewarden before every tool call, hand the model its refusal, settle after.
+
+    from ratewarden.integrations.crewai import RatewardenHooks
+
+    hooks = RatewardenHooks().register()  # every agent and crew of this process
+    crew.kickoff(inputs={"user_id": "discord:77"})
+    hooks.unregister()  # or: `with RatewardenHooks(): ...`
+
+CrewAI's tool hooks are global (its `@before_tool_call` decorators and `@CrewBase` hook
+methods land in the same process-wide lists), so `register()` adds a `before_tool_call`
+and an `after_tool_call` hook there, once.
+
+A refused call never runs. CrewAI drops the reason of a blocking hook: the model would
+read only `Tool execution blocked by hook. Tool: terminal`. But CrewAI runs the
+`after_tool_call` hooks on a blocked call too, and a string they return becomes the
+tool's result, so the after hook hands the model ratewarden's sentence instead:
+`Rate limit: max 10 terminal calls per minute (retry in 42s)`, as the tool message's
+content. The before and after hooks of one call get two context objects but the same
+`tool_input` dict (every CrewAI seam passes one object to both), which is how the after
+hook finds its call, on any thread, sync or async.
+
+The user is `user_id` of the crew's kickoff inputs (`crew.kickoff(inputs={...})`), else
+RATEWARDEN_USER, else the login name; `user=` replaces it (a fixed id, or a callable
+from the hook context to the id). `session_id` and `team_id` in the inputs become the
+call's session and team; `tool_input` becomes its `args` (sent whenever the daemon's
+policy reads them).
+
+An `ask` rule goes to `approve(context, reason) -> bool` when one is given
+(`console_approval` asks at the terminal through CrewAI's own
+`ToolCallHookContext.request_human_input`); an approved call is checked again with
+`approved: true`, so it is counted and audited as approved before it runs. Without
+`approve`, or when the human declines, the call is refused and the model reads that a
+human must approve it.
+
+CrewAI's hooks are synchronous, also on its async paths (`akickoff`): the check is one
+blocking request to the daemon (1 s timeout) on the calling thread. The module imports
+without CrewAI (ratewarden never imports it); the hooks import it when CrewAI calls them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from ratewarden import vocabulary
+from ratewarden.client import ClientError, Guard, unreachable_answer
+from ratewarden.integrations._identity import default_user, user_from
+from ratewarden.integrations.names import check_request
+from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest
+
+__all__ = ["RatewardenHooks", "console_approval", "kickoff_inputs"]
+
+log = logging.getLogger("ratewarden.integrations.crewai")
+
+HOST = "crewai"  # leads the call id: CrewAI's hook context carries no tool-call id
+MAX_IN_FLIGHT = 10_000  # calls remembered for their after hook; older ones are dropped
+# What CrewAI 1.x puts in place of a blocked call's result, and of a tool that raised
+# (native tool calling): read from its raw result, which no after hook rewrites.
+CREWAI_BLOCKED = "Tool execution blocked by hook."
+CREWAI_ERROR = "Error executing tool: "
+APPROVE_WORDS = frozenset({"approve", "approved", "yes", "y"})
+
+UserSource = str | Callable[[Any], str | None]
+Approver = Callable[[Any, str], bool]
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A checked call waiting for its after hook."""
+
+    args: object = field(repr=False)  # the call's tool_input: holding it keeps its id ours
+    refusal: str | None = None  # what the model reads in place of CrewAI's own text
+    call_id: str | None = None  # an allowed call holding a slot or a reservation
+    started: float = 0.0
+
+
+class RatewardenHooks:
+    """CrewAI before/after tool-call hooks asking ratewarden.
+
+    `guard`: the `Guard` to ask (default: one reading RATEWARDEN_URL and
+    RATEWARDEN_TOKEN, failing by `fail`, else RATEWARDEN_FAIL, else "open").
+    `user`: the user id, or a callable from the `ToolCallHookContext` to it (None or ""
+    falls back to the kickoff inputs' `user_id`, then RATEWARDEN_USER). `approve`: a
+    callable `(context, reason) -> bool` deciding a rule's `ask` (see `console_approval`);
+    without one an ask is refused. Register it last among before hooks: a hook after it
+    that blocks a call it allowed is seen in the after hook, and the call is settled as
+    `blocked`, costing nothing.
+    """
+
+    def __init__(
+        self,
+        *,
+        guard: Guard | None = None,
+        user: UserSource | None = None,
+        fail: str | None = None,
+        approve: Approver | None = None,
+    ) -> None:
+        if guard is not None and fail is not None:
+            raise ValueError("pass fail= to the Guard you give, not to RatewardenHooks")
+        if guard is None:  # RATEWARDEN_FAIL read now, not at import
+            guard = Guard(fail=fail or vocabulary.ClientSettings.read().fail)
+        self.guard = guard
+        self._user = user
+        self._approve = approve
+        self._lock = threading.Lock()
+        # id(tool_input) -> the checks waiting for that call's after hook (a list: a hook
+        # could see one dict twice).
+        self._pending: OrderedDict[int, list[_Pending]] = OrderedDict()
+
+    # -- registration -----------------------------------------------------------------
+
+    def register(self) -> RatewardenHooks:
+        """Add both hooks to CrewAI's global tool hooks; returns self."""
+        from crewai.hooks import (
+            get_before_tool_call_hooks,
+            register_after_tool_call_hook,
+            register_before_tool_call_hook,
+        )
+
+        registered = get_before_tool_call_hooks()
+        if any(isinstance(getattr(hook, "__self__", None), RatewardenHooks) for hook in registered):
+            # Two would check, and count, every call twice.
+            raise RuntimeError("RatewardenHooks are already registered; unregister them first")
+        register_before_tool_call_hook(self.before_tool_call)
+        register_after_tool_call_hook(self.after_tool_call)
+        return self
+
+    def unregister(self) -> None:
+        """Remove both hooks (a no-op for hooks not registered)."""
+        from crewai.hooks import unregister_after_tool_call_hook, unregister_before_tool_call_hook
+
+        unregister_before_tool_call_hook(self.before_tool_call)
+        unregister_after_tool_call_hook(self.after_tool_call)
+
+    def __enter__(self) -> RatewardenHooks:
+        return self.register()
+
+    def __exit__(self, *exc: object) -> None:
+        self.unregister()
+
+    # -- the hooks --------------------------------------------------------------------
+
+    def before_tool_call(self, context: Any) -> bool | None:
+        """None lets the call run; a refusal blocks it (its sentence comes in the after hook)."""
+        tool = str(getattr(context, "tool_name", "") or "tool")
+        try:
+            answer = self._decide(context, tool)
+        except Exception as exc:  # CrewAI would fail open on our exception: apply ours
+            log.exception("ratewarden hook failed for %s", tool)
+            answer = unreachable_answer(_unjudged(tool), self.guard.fail, exc)
+        args = getattr(context, "tool_input", None)
+        if answer.allowed:
+            if not answer.degraded and _holds(answer):
+                self._remember(_Pending(args, call_id=answer.call_id, started=time.perf_counter()))
+            return None
+        self._remember(_Pending(args, refusal=refusal_message(answer, tool)))
+        return _block(answer.message)
+
+    def after_tool_call(self, context: Any) -> str | None:
+        """Our refusal in place of CrewAI's text; else settle the call if it holds something."""
+        pending = self._take(getattr(context, "tool_input", None))
+        if pending is None:  # not checked by us, or it held nothing
+            return None
+        if pending.refusal is not None:
+            return pending.refusal
+        status = result_status(context)
+        if status == "blocked":  # allowed by us, blocked by a later hook: it never ran
+            settle = SettleRequest(status=status, duration_ms=0.0, cost=0.0)
+        else:
+            elapsed_ms = (time.perf_counter() - pending.started) * 1000
+            settle = SettleRequest(status=status, duration_ms=max(elapsed_ms, 0.0))
+        self.guard.settle(pending.call_id or "", settle)
+        return None
+
+    # -- the parts --------------------------------------------------------------------
+
+    def request_for(self, context: Any, tool: str) -> CheckRequest:
+        """The check for one call (a name the API would refuse is mapped)."""
+        inputs = kickoff_inputs(context)
+        return check_request(
+            user=self.user_for(context, inputs),
+            tool=tool,
+            session=user_from(inputs, "session_id"),
+            team=user_from(inputs, "team_id"),
+            call_id=vocabulary.call_id(HOST),
+            args=getattr(context, "tool_input", None),
+        )
+
+    def user_for(self, context: Any, inputs: Mapping[str, Any]) -> str:
+        """`user=` (a str, or the callable's answer), else inputs' `user_id`, else the default."""
+        if isinstance(self._user, str):
+            found: str | None = self._user
+        elif self._user is not None:
+            found = self._user(context)
+        else:
+            found = user_from(dict(inputs))
+        return found or default_user()
+
+    def _decide(self, context: Any, tool: str) -> CheckResponse:
+        request = self.request_for(context, tool)
+        answer = self._check(request)
+        return self._ask(context, request, answer) if answer.decision == "ask" else answer
+
+    def _check(self, request: CheckRequest) -> CheckResponse:
+        try:
+            return self.guard.check(request)
+        except (ClientError, ValidationError) as exc:  # a bad token, a rejected request
+            log.error("ratewarden refused the check of %s: %s", request.tool, exc)
+            return unreachable_answer(request, self.guard.fail, exc)
+
+    def _ask(self, context: Any, request: CheckRequest, answer: CheckResponse) -> CheckResponse:
+        """`approve` decides an ask; approved, the call is checked again as approved."""
+        reason = answer.message or vocabulary.ASK_REASON.format(tool=request.tool)
+        approved = False
+        if self._approve is not None:
+            try:
+                approved = bool(self._approve(context, reason))
+            except Exception as exc:  # no terminal (EOF), or the approver failed: refuse
+                log.warning("ratewarden approval of %s failed: %s", request.tool, exc)
+        if not approved:
+            return answer.model_copy(update={"message": reason})
+        return self._check(request.model_copy(update={"approved": True}))
+
+    def _remember(self, pending: _Pending) -> None:
+        with self._lock:
+            key = id(pending.args)
+            self._pending.setdefault(key, []).append(pending)
+            self._pending.move_to_end(key)
+            while len(self._pending) > MAX_IN_FLIGHT:  # after hooks that never came
+                self._pending.popitem(last=False)
+
+    def _take(self, args: object) -> _Pending | None:
+        with self._lock:
+            waiting = self._pending.get(id(args))
+            # The same object, not another that took a freed id: ours are still held.
+            found = next((p for p in waiting or [] if p.args is args), None)
+            if waiting is None or found is None:
+                return None
+            waiting.remove(found)
+            if not waiting:
+                del self._pending[id(args)]
+            return found
+
+
+# -- what CrewAI knows about the call ---------------------------------------------------
+
+
+def kickoff_inputs(context: Any) -> Mapping[str, Any]:
+    """The inputs the crew was kicked off with (`crew.kickoff(inputs=...)`), or {}."""
+    inputs = getattr(getattr(context, "crew", None), "_inputs", None)
+    return inputs if isinstance(inputs, Mapping) else {}
+
+
+def result_status(context: Any) -> str:
+    """`blocked`, `error` or `ok`, from the after hook context's raw result."""
+    raw = getattr(context, "raw_tool_result", None)
+    if isinstance(raw, str) and raw.startswith(CREWAI_BLOCKED):
+        return "blocked"
+    failed = isinstance(raw, BaseException) or type(raw).__name__ == "ToolFailure"
+    return "error" if failed or (isinstance(raw, str) and raw.startswith(CREWAI_ERROR)) else "ok"
+
+
+def refusal_message(answer: CheckResponse, tool: str) -> str:
+    """What the model reads instead of the tool's result."""
+    message = answer.message or vocabulary.REFUSED.format(tool=tool)
+    return vocabulary.needs_approval(message) if answer.decision == "ask" else message
+
+
+def console_approval(context: Any, reason: str) -> bool:
+    """An `approve` for a crew run at a terminal: CrewAI's own prompt; `approve` runs it."""
+    response = context.request_human_input(
+        prompt=f"ratewarden: {reason}",
+        default_message="Type 'approve' to run this tool call, anything else to refuse it:",
+    )
+    return str(response).strip().lower() in APPROVE_WORDS
+
+
+def _holds(answer: CheckResponse) -> bool:
+    """Whether the allowed call holds a slot or a reservation that its settle frees."""
+    return any(limit.kind in vocabulary.HOLDING_KINDS for limit in answer.limits)
+
+
+def _unjudged(tool: str) -> CheckRequest:
+    return CheckRequest.model_construct(user="", tool=tool)
+
+
+def _block(reason: str) -> bool:
+    """Block the call: CrewAI's HookAborted (its reason reaches CrewAI's event listeners),
+    or False for a CrewAI without it."""
+    try:
+        from crewai.hooks import HookAborted
+    except ImportError:
+        return False
+    raise HookAborted(reason or vocabulary.BLOCKED, source="ratewarden")

@@ -1,0 +1,310 @@
+"""LangChain v1: an agent middleware that asks ratewarden around every tool call.
+
+    from langchain.agents import create_agent
+    from ratewarden.integrations.langchain import RatewardenMiddleware
+
+    agent = create_agent(model, tools=[terminal], middleware=[RatewardenMiddleware()])
+    agent.invoke({"messages": [...]}, context={"user_id": "discord:77"})
+
+`wrap_tool_call` (`invoke`, `stream`) and `awrap_tool_call` (`ainvoke`, `astream`) check
+the call before its tool runs. A refused call never runs: the model gets a `ToolMessage`
+with ratewarden's sentence and `status="error"`, e.g.
+`Rate limit: max 10 terminal calls per minute (retry in 42s)`. An allowed call that holds
+something (a concurrency slot, a budget reservation) is settled when its tool returns,
+with its duration and status (`error` for an error `ToolMessage` or a raised exception,
+which is re-raised after the settle).
+
+The user is `user_id` of the run's context (`invoke(..., context=...)`: a dict key or an
+attribute), else `config["configurable"]["user_id"]`, else RATEWARDEN_USER or the login
+name; or what `user(request)` returns for the `ToolCallRequest`. The call id leads with
+the model's tool-call id; the tool call's `args` go with the check whenever the daemon's
+policy reads them.
+
+A rule's `ask`: by default (`ask="deny"`) the call is refused, the message saying a human
+must approve it. With `ask="interrupt"` the middleware pauses the run with LangGraph's
+`interrupt`, as `HumanInTheLoopMiddleware(interrupt_mode="per_call")` does, with a
+`tool_approval` request (the call and ratewarden's message); the agent needs a
+checkpointer, and the run goes on with `Command(resume={"type": "approve"})` (or
+`{"type": "reject", "message": ...}`). On resume LangGraph runs the tool call again from
+its start: ratewarden checks it again, an approval is sent as `approved: true`, and a call
+the rules now allow runs without reading the answer.
+
+The module imports without LangChain (ratewarden never imports it); the middleware's
+methods import what they return when the agent calls them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ratewarden import vocabulary
+from ratewarden.client import AsyncGuard, ClientError, Guard, unreachable_answer
+from ratewarden.integrations._async import LoopGuards, check_call
+from ratewarden.integrations._identity import default_user, user_from
+from ratewarden.integrations.names import check_request
+from ratewarden.vocabulary import FailMode, fail_mode
+from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest
+
+try:
+    from langchain.agents.middleware import AgentMiddleware
+except ImportError:  # the module imports without LangChain; only create_agent needs it
+    AgentMiddleware = object
+
+__all__ = ["ASK_MODES", "RatewardenMiddleware"]
+
+HOST = "langchain"  # leads the call id when a tool call has no id
+ASK_MODES = ("deny", "interrupt")
+APPROVAL_TYPE = "tool_approval"  # the interrupt value's `type`, as HumanInTheLoopMiddleware's
+
+UserLookup = Callable[[Any], str | None]  # the ToolCallRequest -> the user id
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One tool call, as ratewarden names it."""
+
+    user: str
+    tool: str
+    call_id: str  # ours, for the daemon, led by the model's tool-call id
+    args: object = field(default=None, repr=False)  # never shown
+
+    def request(self, approved: bool) -> CheckRequest:
+        return check_request(
+            user=self.user, tool=self.tool, call_id=self.call_id, approved=approved, args=self.args
+        )
+
+
+class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
+    """Allow, deny or ask for each tool call of a LangChain agent by the daemon's rules.
+
+    `guard`: a `Guard` or an `AsyncGuard` (default: built from RATEWARDEN_URL and
+    RATEWARDEN_TOKEN; an `AsyncGuard` per event loop for `ainvoke`). A `Guard` serves
+    `ainvoke` too, from a worker thread; an `AsyncGuard` lends its url, token and fail
+    mode to the `Guard` that serves `invoke`. `user`: a callable from the
+    `ToolCallRequest` to the user id. `fail`: "open" (default) or "closed" when the daemon
+    cannot be reached (only without `guard`: a guard carries its own). `ask`: "deny"
+    (default) or "interrupt" (LangGraph's human-in-the-loop; needs a checkpointer).
+
+    List it last among the middleware that wrap tool calls (the innermost, nearest the
+    tool): LangGraph runs a paused tool call again from the start on resume, so a
+    middleware inside it that interrupts (`HumanInTheLoopMiddleware` per call) would have
+    the call checked, and counted, twice.
+    """
+
+    def __init__(
+        self,
+        guard: Guard | AsyncGuard | None = None,
+        *,
+        user: UserLookup | None = None,
+        fail: str | None = None,
+        ask: str = "deny",
+    ) -> None:
+        if guard is not None and fail is not None:
+            raise ValueError("give the fail mode to the guard: Guard(fail=...)")
+        if ask not in ASK_MODES:
+            raise ValueError(f"ask must be one of {ASK_MODES}, got {ask!r}")
+        self._fail = FailMode.OPEN if fail is None else fail_mode(fail)
+        self._guard = guard
+        self._async_guards = LoopGuards(guard if isinstance(guard, AsyncGuard) else None, fail)
+        self._sync_guard = guard if isinstance(guard, Guard) else None
+        self._sync_lock = threading.Lock()
+        self._user = user
+        self._ask = ask
+
+    # -- the hooks ----------------------------------------------------------------------
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        """Check the call, run it through `handler` if allowed, settle it after."""
+        call = self._describe(request)
+        guard = self._guard_for_sync()
+        answer = _check(guard, call)
+        if answer.decision == "ask":
+            declined = self._ask_human(request, answer)
+            answer = _check(guard, call, approved=True) if declined is None else declined
+        if not answer.allowed:
+            return refusal(request, answer)
+        if not _holds(answer):
+            return handler(request)
+        started = time.perf_counter()
+        try:
+            result = handler(request)
+        except BaseException:
+            self._settle(guard, answer.call_id, _settlement("error", started))
+            raise
+        self._settle(guard, answer.call_id, _settlement(_status(result), started))
+        return result
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        """`wrap_tool_call` for `ainvoke` and `astream`."""
+        call = self._describe(request)
+        answer = await self._acheck(call)
+        if answer.decision == "ask":
+            declined = self._ask_human(request, answer)
+            answer = await self._acheck(call, approved=True) if declined is None else declined
+        if not answer.allowed:
+            return refusal(request, answer)
+        if not _holds(answer):
+            return await handler(request)
+        started = time.perf_counter()
+        try:
+            result = await handler(request)
+        except BaseException:
+            await self._asettle(answer.call_id, _settlement("error", started))
+            raise
+        await self._asettle(answer.call_id, _settlement(_status(result), started))
+        return result
+
+    # -- the parts ----------------------------------------------------------------------
+
+    def _describe(self, request: Any) -> _Call:
+        tool_call = request.tool_call
+        host_id = tool_call.get("id")
+        return _Call(
+            user=self._user_of(request),
+            tool=str(tool_call.get("name") or "tool"),
+            # the model's tool-call id and a fresh suffix: fake and local models reuse ids
+            call_id=vocabulary.call_id(HOST, host_id),
+            args=tool_call.get("args"),
+        )
+
+    def _user_of(self, request: Any) -> str:
+        """The `user` callable's answer, else the context's or the config's `user_id`."""
+        if self._user is not None:
+            return self._user(request) or default_user()
+        runtime = getattr(request, "runtime", None)
+        config = getattr(runtime, "config", None)
+        configurable = config.get("configurable") if isinstance(config, Mapping) else None
+        found = user_from(getattr(runtime, "context", None)) or user_from(configurable)
+        return found or default_user()
+
+    def _ask_human(self, request: Any, answer: CheckResponse) -> CheckResponse | None:
+        """None when a human approved the call (check it again as approved), else the
+        refusal. With `ask="interrupt"` the first pass raises LangGraph's interrupt."""
+        message = answer.message or vocabulary.ASK_REASON.format(tool=request.tool_call["name"])
+        if self._ask != "interrupt":
+            return answer.model_copy(update={"message": vocabulary.needs_approval(message)})
+        from langgraph.types import interrupt
+
+        decision = interrupt(approval_request(request, answer, message))
+        if _approved(decision):
+            return None
+        return answer.model_copy(update={"message": declined_message(message, decision)})
+
+    def _guard_for_sync(self) -> Guard:
+        """The caller's `Guard`, else one built once (from the `AsyncGuard`'s settings)."""
+        with self._sync_lock:
+            if self._sync_guard is None:
+                given = self._guard
+                if isinstance(given, AsyncGuard):
+                    self._sync_guard = Guard(given.url, given.token, fail=given.fail)
+                else:  # read the environment now, not at import
+                    self._sync_guard = Guard(fail=self._fail)
+            return self._sync_guard
+
+    async def _acheck(self, call: _Call, approved: bool = False) -> CheckResponse:
+        if isinstance(self._guard, Guard):  # blocking: off the event loop
+            return await asyncio.to_thread(_check, self._guard, call, approved)
+        return await check_call(
+            self._async_guards.get(),
+            user=call.user,
+            tool=call.tool,
+            call_id=call.call_id,
+            approved=approved,
+            args=call.args,
+        )
+
+    def _settle(self, guard: Guard, call_id: str, settle: SettleRequest) -> None:
+        guard.settle(call_id, settle)
+
+    async def _asettle(self, call_id: str, settle: SettleRequest) -> None:
+        if isinstance(self._guard, Guard):
+            await asyncio.to_thread(self._guard.settle, call_id, settle)
+        else:
+            await self._async_guards.get().settle(call_id, settle)
+
+
+# -- what the agent gets ------------------------------------------------------------------
+
+
+def refusal(request: Any, answer: CheckResponse) -> Any:
+    """The `ToolMessage` the model gets in place of the tool's result."""
+    from langchain_core.messages import ToolMessage
+
+    tool_call = request.tool_call
+    name = str(tool_call.get("name") or "tool")
+    return ToolMessage(
+        content=answer.message or vocabulary.REFUSED.format(tool=name),
+        tool_call_id=str(tool_call.get("id") or ""),
+        name=name,
+        status="error",
+    )
+
+
+def approval_request(request: Any, answer: CheckResponse, message: str) -> dict[str, Any]:
+    """The interrupt's value: HumanInTheLoopMiddleware's per-call `tool_approval` request
+    (the call as the model made it, ratewarden's message as the description), plus what
+    ratewarden decided."""
+    tool_call = request.tool_call
+    return {
+        "type": APPROVAL_TYPE,
+        "tool_call_id": str(tool_call.get("id") or ""),
+        "name": str(tool_call.get("name") or "tool"),
+        "args": dict(tool_call.get("args") or {}),
+        "description": message,
+        "ratewarden": {
+            "decision": answer.decision,
+            "message": message,
+            "rules": sorted({violation.rule for violation in answer.violations}),
+            "retry_after": answer.retry_after,
+        },
+    }
+
+
+def declined_message(message: str, decision: object) -> str:
+    """ratewarden's reason and that the call needs a human's approval, then the reviewer's
+    own words, in brackets, when a rejection gave some."""
+    refusal = vocabulary.needs_approval(message)
+    reason = decision.get("message") if isinstance(decision, Mapping) else None
+    return (
+        f"{refusal} ({reason.strip()})" if isinstance(reason, str) and reason.strip() else refusal
+    )
+
+
+def _approved(decision: object) -> bool:
+    """`{"type": "approve"}` (HumanInTheLoopMiddleware's decision) or `True`."""
+    if isinstance(decision, Mapping):
+        return decision.get("type") == "approve"
+    return decision is True
+
+
+# -- the daemon ---------------------------------------------------------------------------
+
+
+def _check(guard: Guard, call: _Call, approved: bool = False) -> CheckResponse:
+    """The daemon's decision; a request it refuses is answered by the fail mode."""
+    try:
+        return guard.check(call.request(approved))
+    except (ClientError, ValueError) as exc:  # bad input or auth: the agent must go on
+        unsent = CheckRequest.model_construct(user=call.user, tool=call.tool, call_id=call.call_id)
+        return unreachable_answer(unsent, guard.fail, exc)
+
+
+def _holds(answer: CheckResponse) -> bool:
+    """Whether the allowed call holds a slot or a reservation to settle."""
+    held = (limit.kind in vocabulary.HOLDING_KINDS for limit in answer.limits)
+    return not answer.degraded and any(held)
+
+
+def _settlement(status: str, started: float) -> SettleRequest:
+    elapsed_ms = max((time.perf_counter() - started) * 1000, 0.0)
+    return SettleRequest(status=status, duration_ms=elapsed_ms)
+
+
+def _status(result: Any) -> str:
+    """`error` for a ToolMessage with that status (a tool's handled error), else `ok`."""
+    return "error" if getattr(result, "status", None) == "error" else "ok"

@@ -1,0 +1,179 @@
+"""The daemon's side of the hooks (ratewarden.hooks): a host's own HTTP hook, answered in
+its own terms, and the decisions `ratewarden hook HOST` asks for.
+
+- `POST /v1/hooks/{host}/decision`: the command hook's. It read the host's payload
+  itself (so it can answer when the daemon cannot) and sends the event (`HookEvent`);
+  the answer is the decision, the message and notes for its log (`HookDecision`).
+- `POST /v1/hooks/{host}`: a host that can post its hook payload to a URL (Claude Code's
+  `http` hooks, agent-code's HTTP hooks) gets the answer it reads: no process per tool
+  call. Who calls comes from the query (`?user=alice&team=a`), as do what the host keeps
+  out of its payload (agent-code's `tool`); `fail=closed` makes a payload that cannot be
+  read a refusal rather than a hook error. Its body may be larger than the API's
+  (RATEWARDEN_MAX_HOOK_BODY_BYTES, 4 MiB: a file being written), but holds no more items
+  than any body (wire.MAX_ITEMS), counted on its bytes before it is read.
+
+Either way the same steps follow, here: the names and ids are made acceptable
+(integrations/names.py), the call is checked (its `args` when the policy reads them) or
+settled, and a call id the host reused is checked as a new call: the daemon replays an
+allowed id without counting it, and a host that reuses ids must not get free calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from ratewarden.engine import CallIdConflict, Decision
+from ratewarden.hooks.contract import BadInput, HookOutput, Host, PostCall, PreCall
+from ratewarden.hooks.hosts import HOSTS
+from ratewarden.integrations.names import check_request, usable_call_id
+from ratewarden.service import routes
+from ratewarden.service.errors import error_response
+from ratewarden.store import StoreError
+from ratewarden.vocabulary import UNREADABLE, FailMode
+from ratewarden.wire import (
+    ErrorResponse,
+    FieldError,
+    HookDecision,
+    HookEvent,
+    TooManyItems,
+    too_many_items,
+)
+
+router = APIRouter(tags=["hooks"])
+UNKNOWN_CALL = (
+    "no allowed call by that id holds anything to settle (never checked, refused, or expired)"
+)
+HookText = Annotated[str | None, Query(min_length=1, max_length=4096)]
+
+
+@router.post(
+    "/v1/hooks/{host}/decision",
+    response_model=HookDecision,
+    responses={**routes.BODY_ERRORS, 404: {"model": ErrorResponse}},
+)
+async def decision(host: str, body: HookEvent, request: Request) -> HookDecision | JSONResponse:
+    """The decision on a hook event `ratewarden hook HOST` read from its host's payload."""
+    if host not in HOSTS:
+        return _unknown_host(host)
+    if body.finished:
+        if body.call_id is None:
+            return _missing("call_id", "a finished call names its call_id")
+        done = PostCall(body.call_id, body.status, body.duration_ms, body.cost)
+        return await settle(request.app, done)
+    if body.tool is None:
+        return _missing("tool", "a call about to run names its tool")
+    call = PreCall(body.tool, body.session, body.call_id, body.args)
+    return await check(request.app, call, body.user, body.team)
+
+
+@router.post(
+    "/v1/hooks/{host}",
+    responses={
+        200: {"description": "the host's own answer (for Claude Code: empty, or its JSON)"},
+        400: {"description": "a payload that cannot be read, failing open: a hook error"},
+        403: {"description": "agent-code: the call is vetoed (the body is the reason)"},
+        404: {"model": ErrorResponse},
+        413: {"model": ErrorResponse, "description": "over RATEWARDEN_MAX_HOOK_BODY_BYTES"},
+        422: {"model": ErrorResponse},
+    },
+)
+async def native(
+    host: str,
+    request: Request,
+    user: HookText = None,
+    team: HookText = None,
+    fail: FailMode = FailMode.OPEN,
+) -> Response:
+    """A host's own HTTP hook: its payload in, the answer it reads out (docs/integrations.md)."""
+    found = HOSTS.get(host)
+    if found is None or found.http is None:
+        return _unknown_host(host, http=True)
+    context = {name: request.query_params.get(key, "") for key, name in found.context.items()}
+    for key, name in found.context.items():
+        if not context[name]:  # the host keeps it out of its payload: the URL must say it
+            return _missing(key, f"the hook's URL must name it (?{key}=...)", query=True)
+    payload = await request.body()
+    try:
+        if too_many_items(payload):  # as for every body: counted on its bytes, not read
+            raise BadInput(str(TooManyItems()))
+        event = found.read(payload, context)
+    except BadInput as exc:
+        return _http(found, _unreadable(found, fail, str(exc)))
+    if event is None:
+        return _http(found, None)
+    if isinstance(event, PostCall):
+        return _http(found, await settle(request.app, event))
+    who = user or event.user
+    if who is None:
+        return _missing("user", "who calls: ?user=NAME in the hook's URL", query=True)
+    return _http(found, await check(request.app, event, who, team))
+
+
+async def check(app: Any, call: PreCall, user: str, team: str | None) -> HookDecision:
+    """Check a call about to run; a reused call id is checked again as a new call."""
+    engine = routes.engine_of(app)
+    request = check_request(
+        user=user,
+        tool=call.tool,
+        session=call.session,
+        team=team,
+        call_id=call.call_id,
+        args=call.args if engine.policy.reads_args else None,
+    )
+    notes: list[str] = []
+    decided: Decision | None = None
+    with contextlib.suppress(CallIdConflict):  # the id is another call's: a new call
+        decided = await routes.decide(app, request)
+    if decided is None or decided.replayed:
+        notes.append(f"call id {request.call_id} was already used; checked as a new call")
+        decided = await routes.decide(app, request.model_copy(update={"call_id": None}))
+    return HookDecision(decision=decided.decision, message=decided.message, notes=notes)
+
+
+async def settle(app: Any, call: PostCall) -> HookDecision:
+    """Settle a finished call; one the daemon does not know is a note, not an error."""
+    engine = routes.engine_of(app)
+    call_id = usable_call_id(call.call_id)
+    try:
+        found = await engine.settle(call_id, call.cost)
+    except StoreError as exc:
+        return HookDecision(decision="allow", notes=[f"could not settle {call_id}: {exc}"])
+    routes.observer_of(app).settled(found, engine.policy)
+    notes = [] if found.outcome != "unknown" else [f"could not settle {call_id}: {UNKNOWN_CALL}"]
+    return HookDecision(decision="allow", notes=notes)
+
+
+def _unreadable(host: Host, fail: FailMode, reason: str) -> HookDecision | str:
+    """A payload that cannot be read: a hook error failing open, a refusal failing closed."""
+    if fail == FailMode.OPEN:
+        return f"ratewarden: {reason}; failing open"
+    return HookDecision(decision="deny", message=UNREADABLE.format(host=host.name, reason=reason))
+
+
+def _http(host: Host, answer: HookDecision | str | None) -> Response:
+    """`answer` as the host's HTTP hook reads it (a str: a hook error)."""
+    assert host.http is not None
+    if isinstance(answer, str):
+        output = HookOutput(code=host.unreadable_open_code, stderr=(answer,))
+    elif answer is None or answer.decision == "allow":
+        output = host.allow
+    else:
+        output = host.refuse(answer.decision, answer.message)
+    sent = host.http(output)
+    return Response(sent.body, status_code=sent.status, media_type=sent.media_type)
+
+
+def _unknown_host(host: str, http: bool = False) -> JSONResponse:
+    known = sorted(name for name, h in HOSTS.items() if h.http is not None or not http)
+    message = f"no {'HTTP ' if http else ''}hook for {host!r}; known: {', '.join(known)}"
+    return error_response(404, "unknown_host", message, [FieldError(field="host", message=message)])
+
+
+def _missing(field: str, message: str, query: bool = False) -> JSONResponse:
+    where = f"query.{field}" if query else field
+    text = f"{where}: {message}"
+    return error_response(422, "invalid_request", text, [FieldError(field=where, message=message)])

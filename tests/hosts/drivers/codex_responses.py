@@ -1,0 +1,128 @@
+"""A scripted OpenAI Responses API on 127.0.0.1, enough for the real Codex CLI.
+
+Codex takes a custom provider from its config.toml (`model_providers.<id>.base_url`,
+`wire_api = "responses"`) and streams `POST <base_url>/responses` (server-sent events).
+The fake model asks for its shell tool (`exec_command`, which Codex's hooks call `Bash`)
+with one command, `calls` times in a row (one call per response), then ends its turn
+with "done". Every tool result Codex sends back is recorded by call id, so a test reads
+what the model was told.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+SHELL_TOOL = "exec_command"
+
+
+@dataclass
+class FakeModel:
+    command: str
+    calls: int
+    call_ids: list[str] = field(default_factory=list)  # in the order they were asked
+    tool_results: dict[str, str] = field(default_factory=dict)  # call id -> output
+    offered: list[list[str]] = field(default_factory=list)  # tool names, per request
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The output item of the next response."""
+        with self.lock:
+            for item in body.get("input") or []:
+                if isinstance(item, dict) and item.get("type") == "function_call_output":
+                    self.tool_results[item["call_id"]] = _text(item.get("output"))
+            tools = [tool.get("name") for tool in body.get("tools") or [] if isinstance(tool, dict)]
+            self.offered.append(tools)
+            if SHELL_TOOL not in tools or len(self.call_ids) >= self.calls:
+                return _message("done")
+            call_id = f"call_{uuid.uuid4().hex[:16]}"
+            self.call_ids.append(call_id)
+        arguments = json.dumps({"cmd": self.command})
+        return {
+            "type": "function_call",
+            "call_id": call_id,
+            "name": SHELL_TOOL,
+            "arguments": arguments,
+        }
+
+
+def _message(text: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text}]
+    return {
+        "type": "message",
+        "role": "assistant",
+        "id": f"msg_{uuid.uuid4().hex}",
+        "content": content,
+    }
+
+
+def _text(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):  # content items
+        return "\n".join(str(part.get("text", "")) for part in output if isinstance(part, dict))
+    return json.dumps(output)
+
+
+def _events(item: dict[str, Any]) -> bytes:
+    """One response, as the streaming API sends it."""
+    response_id = f"resp_{uuid.uuid4().hex}"
+    usage = {
+        "input_tokens": 10,
+        "input_tokens_details": None,
+        "output_tokens": 1,
+        "output_tokens_details": None,
+        "total_tokens": 11,
+    }
+    events = [
+        {"type": "response.created", "response": {"id": response_id}},
+        {"type": "response.output_item.done", "item": item},
+        {"type": "response.completed", "response": {"id": response_id, "usage": usage}},
+    ]
+    return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
+
+
+def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+            if self.path.rstrip("/").endswith("/responses"):
+                self._send(200, "text/event-stream", _events(fake.answer(body)))
+            else:
+                self._send(404, "application/json", b"{}")
+
+        def do_GET(self) -> None:  # model lists and the like: none here
+            self._send(404, "application/json", b"{}")
+
+        def _send(self, status: int, content_type: str, data: bytes) -> None:
+            self.send_response(status)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # quiet
+
+    return Handler
+
+
+@contextlib.contextmanager
+def fake_responses_api(command: str, calls: int) -> Iterator[tuple[str, FakeModel]]:
+    """Serve the fake model on a free loopback port; yields (base URL ending in /v1, model)."""
+    fake = FakeModel(command, calls)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))  # a free port
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", fake
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,0 +1,212 @@
+"""The real Codex CLI (`@openai/codex` from the npm registry) runs `ratewarden hook codex`
+as its PreToolUse / PostToolUse command hook.
+
+Offline: `codex exec` talks to a scripted Responses API on loopback
+(tests/hosts/drivers/codex_responses.py), declared as a custom model provider in a
+temporary CODEX_HOME's config.toml (`base_url`, `wire_api = "responses"`), with HOME in
+a temporary directory. The fake model asks for its shell tool again and again; each call
+that runs appends a line to a file, so the test counts what really ran rather than
+trusting the hook. Codex runs a user's hooks only once they are trusted (its TUI's
+/hooks); `--dangerously-bypass-hook-trust` stands in for that here.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers.hostenv import Daemon, clean_environment, host_node_modules, running_daemon
+from tests.helpers.redis_server import free_port
+from tests.hosts.drivers.codex_responses import fake_responses_api
+
+# The first run installs the CLI (about 400 MB with its prebuilt binary).
+pytestmark = pytest.mark.timeout(900)
+
+POLICY = """\
+version: 1
+tools:
+  Bash: {label: terminal}
+rules:
+  - name: terminal-per-minute
+    match: {tool: Bash}
+    per: [user]
+    rate: 10/minute
+  - name: one-bash-at-a-time     # call after call passes only if PostToolUse settles each
+    match: {tool: Bash}
+    per: [user]
+    concurrency: 1
+  - name: interns-ask-first
+    match: {tool: Bash, user: "intern-*"}
+    rate: 0/minute
+    on_exceed: ask
+"""
+MESSAGE = "Rate limit: max 10 terminal calls per minute"
+APPROVAL = "A human must approve this call before it can run"
+PAUSED = "Tool guard unavailable; Bash calls are paused"
+# docs/integrations.md ("Codex CLI") shows the same block.
+CONFIG = """\
+model = "fake-model"
+model_provider = "fake"
+
+[model_providers.fake]
+name = "fake"
+base_url = {base_url}
+wire_api = "responses"
+env_key = "FAKE_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+
+[[hooks.PreToolUse]]
+matcher = "Bash"
+[[hooks.PreToolUse.hooks]]
+type = "command"
+command = {command}
+timeout = 30
+
+[[hooks.PostToolUse]]
+matcher = "Bash"
+[[hooks.PostToolUse.hooks]]
+type = "command"
+command = {command}
+timeout = 30
+"""
+
+
+@pytest.fixture(scope="module")
+def codex() -> Path:
+    cli = host_node_modules("codex") / ".bin" / "codex"
+    assert cli.exists(), f"no codex at {cli}"
+    return cli
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with running_daemon(POLICY, tmp_path / "daemon") as served:
+        yield served
+
+
+def hook_command(flags: str, stdin: str = "") -> str:
+    """`ratewarden hook codex FLAGS` from this checkout; `stdin` goes first (to feed the
+    hook something else than Codex's payload)."""
+    return f"{stdin}{shlex.quote(sys.executable)} -m ratewarden hook codex {flags}"
+
+
+def run_codex(cli: Path, tmp_path: Path, model_url: str, command: str) -> str:
+    """`codex exec` with our hooks; returns its output."""
+    home = tmp_path / "home"
+    codex_home = tmp_path / "codex-home"
+    work = tmp_path / "work"
+    for folder in (home, codex_home, work):
+        folder.mkdir(exist_ok=True)
+    config = CONFIG.format(base_url=json.dumps(model_url), command=json.dumps(command))
+    (codex_home / "config.toml").write_text(config)
+    env = clean_environment(HOME=str(home), CODEX_HOME=str(codex_home), FAKE_API_KEY="fake")
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [
+            str(cli),
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-hook-trust",
+            "--sandbox",
+            "danger-full-access",
+            "Append a line to the file, again and again.",
+        ],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"codex failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def usage_of(daemon: Daemon, user: str) -> dict[str, int]:
+    answer = httpx.get(f"{daemon.url}/v1/usage", params={"user": user, "tool": "Bash"})
+    return {item["rule"]: item["used"] for item in answer.json()["limits"]}
+
+
+def appending(ran: Path) -> str:
+    return f"echo ran >> {shlex.quote(str(ran))}"
+
+
+def test_real_codex_stops_the_11th_shell_call(codex: Path, daemon: Daemon, tmp_path: Path) -> None:
+    ran = tmp_path / "ran.txt"
+    with fake_responses_api(appending(ran), calls=11) as (url, model):
+        run_codex(codex, tmp_path, url, hook_command(f"--url {daemon.url} --user carol"))
+    assert len(model.call_ids) == 11
+    assert lines(ran) == 10  # the command ran 10 times, not 11
+    allowed, denied = model.call_ids[:10], model.call_ids[10]
+    assert MESSAGE in model.tool_results[denied]
+    assert all(MESSAGE not in model.tool_results[call] for call in allowed)
+    # Each allowed call was settled by PostToolUse (or the concurrency cap of 1 would
+    # have refused the second), and counted for the --user given.
+    assert usage_of(daemon, "carol") == {"terminal-per-minute": 10, "one-bash-at-a-time": 0}
+    [denial] = httpx.get(f"{daemon.url}/v1/denials", params={"user": "carol"}).json()["denials"]
+    assert denial["call_id"].startswith(f"{denied}~")  # the model's id, made unique
+    # Another user still gets through.
+    with fake_responses_api(appending(ran), calls=1) as (url, model):
+        run_codex(codex, tmp_path, url, hook_command(f"--url {daemon.url} --user dave"))
+    assert lines(ran) == 11
+    assert MESSAGE not in model.tool_results[model.call_ids[0]]
+
+
+def test_real_codex_ask_is_a_deny_that_says_a_human_must_approve(
+    codex: Path, daemon: Daemon, tmp_path: Path
+) -> None:
+    # Codex would run a call whose hook answered `ask`: ratewarden denies it instead.
+    ran = tmp_path / "ran.txt"
+    with fake_responses_api(appending(ran), calls=1) as (url, model):
+        run_codex(codex, tmp_path, url, hook_command(f"--url {daemon.url} --user intern-1"))
+    assert lines(ran) == 0
+    result = model.tool_results[model.call_ids[0]]
+    assert "Rate limit: max 0 terminal calls per minute" in result
+    assert APPROVAL in result
+
+
+def test_real_codex_with_the_daemon_down(codex: Path, tmp_path: Path) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    ran = tmp_path / "ran.txt"
+    # Failing open (the default): the call runs.
+    with fake_responses_api(appending(ran), calls=1) as (url, model):
+        run_codex(codex, tmp_path, url, hook_command(f"--url {nowhere}"))
+    assert lines(ran) == 1
+    assert PAUSED not in model.tool_results[model.call_ids[0]]
+    # Failing closed: the model is told the guard is unavailable, and nothing runs.
+    with fake_responses_api(appending(ran), calls=1) as (url, model):
+        run_codex(codex, tmp_path, url, hook_command(f"--url {nowhere} --fail closed"))
+    assert lines(ran) == 1
+    assert PAUSED in model.tool_results[model.call_ids[0]]
+
+
+def test_real_codex_unreadable_input(codex: Path, tmp_path: Path) -> None:
+    # A broken installation (the hook fed garbage instead of Codex's JSON): failing open,
+    # a failed hook (exit 1) and the call runs; failing closed, exit 2 blocks it and
+    # Codex hands our stderr to the model.
+    ran = tmp_path / "ran.txt"
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    garbage = "cat > /dev/null; echo garbage | "
+    with fake_responses_api(appending(ran), calls=1) as (url, model):
+        run_codex(codex, tmp_path, url, hook_command(f"--url {nowhere}", stdin=garbage))
+    assert lines(ran) == 1
+    with fake_responses_api(appending(ran), calls=1) as (url, model):
+        command = hook_command(f"--url {nowhere} --fail closed", stdin=garbage)
+        run_codex(codex, tmp_path, url, command)
+    assert lines(ran) == 1
+    result = model.tool_results[model.call_ids[0]]
+    assert "Tool guard unavailable: cannot read the codex hook input" in result
