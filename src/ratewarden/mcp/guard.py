@@ -1,0 +1,251 @@
+"""One MCP session's tool-call guard: annotations to metadata, check, ask, settle.
+
+Transport-free: it reads the plain JSON of `initialize`, `tools/list` and `tools/call`
+(the `params` and `result` objects) and answers with what to do, so the stdio proxy and a
+gateway (one `SessionGuard` per client session) share it.
+
+- **Annotations.** Each `tools/list` result read (the client's, and the proxy's own
+  re-listing after `notifications/tools/list_changed`) maps a tool's `readOnlyHint`,
+  `destructiveHint`, `idempotentHint` and `openWorldHint` to the check's metadata. Only
+  the hints the server gave are sent: a tool without annotations is unclassified (no
+  metadata), which the daemon never treats as safe.
+- **Check.** `tools/call` is checked as the session's user, the call id led by the
+  JSON-RPC id with a random suffix (`mcp-7~<16 hex>`: clients restart their ids at 0);
+  the `arguments` go along only while the policy reads them (the client's ArgsGate).
+- **Ask.** With the client's form elicitation capability declared in `initialize`, the
+  user is asked by the relay's `ask`; an accepted ask is checked again with
+  `approved: true`. Otherwise the call is refused with `vocabulary.needs_approval`. A
+  client on the 2026-07-28 protocol (no `initialize`; Claude Code 2.x) is never asked: it
+  drops a server's `elicitation/create` sent outside a request ("not servable on this
+  connection's protocol era"), and the call would wait for ever.
+- **Settle.** An admitted call is settled when the server answers (`ok`, or `error` for
+  `isError` or a JSON-RPC error), when it is cancelled (`cancelled`), or when the session
+  ends first (`abandoned`), with the time the server took.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ratewarden import vocabulary
+from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
+from ratewarden.integrations.names import check_request
+from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+
+__all__ = ["Decision", "SessionGuard", "ToolCatalog", "can_elicit", "tool_metadata"]
+
+HOST = "mcp"  # leads a call id when the JSON-RPC id cannot
+HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+log = logging.getLogger("ratewarden.mcp")
+
+Ask = Callable[[str, str], Awaitable[bool]]  # (tool, message) -> the user approved
+RequestId = int | str
+
+
+def tool_metadata(tool: Mapping[str, Any]) -> ToolMetadata | None:
+    """The check's metadata for one `Tool` of a `tools/list` result: the hints it has."""
+    annotations = tool.get("annotations")
+    if not isinstance(annotations, Mapping):
+        return None
+    hints = {name: value for name in HINTS if isinstance(value := annotations.get(name), bool)}
+    return ToolMetadata.model_validate(hints) if hints else None
+
+
+def can_elicit(capabilities: object) -> bool:
+    """Whether these client capabilities include form elicitation (`{}` means form)."""
+    if not isinstance(capabilities, Mapping):
+        return False
+    elicitation = capabilities.get("elicitation")
+    if not isinstance(elicitation, Mapping):
+        return False
+    return not elicitation or elicitation.get("form") is not None
+
+
+class ToolCatalog:
+    """The metadata of each tool the server listed, by name."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, ToolMetadata | None] = {}
+
+    def read(self, result: Mapping[str, Any]) -> None:
+        """Take in one page of a `tools/list` result (a later listing wins)."""
+        self._tools.update(self._page(result))
+
+    def replace(self, pages: Iterable[Mapping[str, Any]]) -> None:
+        """A full listing: tools no longer listed are forgotten."""
+        tools: dict[str, ToolMetadata | None] = {}
+        for page in pages:
+            tools.update(self._page(page))
+        self._tools = tools
+
+    def metadata(self, tool: str) -> ToolMetadata | None:
+        return self._tools.get(tool)
+
+    @staticmethod
+    def _page(result: Mapping[str, Any]) -> dict[str, ToolMetadata | None]:
+        listed = result.get("tools")
+        tools = listed if isinstance(listed, list) else []
+        return {
+            tool["name"]: tool_metadata(tool)
+            for tool in tools
+            if isinstance(tool, Mapping) and isinstance(tool.get("name"), str)
+        }
+
+
+class Decision(enum.Enum):
+    FORWARD = "forward"  # send the call on to the server
+    REFUSE = "refuse"  # answer it with an error result (`Verdict.message`)
+    DROP = "drop"  # cancelled meanwhile: no answer is due
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: Decision
+    message: str = ""
+
+
+@dataclass
+class _Admitted:
+    call_id: str
+    started: float | None = None  # when it went to the server
+
+
+class SessionGuard:
+    """The guard of one client session; `user` (and `team`, `session`) name its caller."""
+
+    def __init__(
+        self,
+        guard: AsyncGuard,
+        *,
+        user: str,
+        team: str | None = None,
+        session: str | None = None,
+    ) -> None:
+        self.guard = guard
+        self.user, self.team, self.session = user, team, session
+        self.catalog = ToolCatalog()
+        self.elicits = False
+        self._admitted: dict[RequestId, _Admitted] = {}
+        self._checking: dict[RequestId, str] = {}  # request id -> call id, being checked
+        self._cancelled: set[RequestId] = set()
+
+    def initialize(self, params: Mapping[str, Any] | None) -> None:
+        """The client's `initialize` request: remember whether it can be asked."""
+        self.elicits = can_elicit((params or {}).get("capabilities"))
+
+    async def check(self, request_id: RequestId, params: Mapping[str, Any], ask: Ask) -> Verdict:
+        """What to do with `tools/call` `request_id`; an admitted call awaits `sent`."""
+        tool = params.get("name")
+        if not isinstance(tool, str) or not tool:
+            return Verdict(Decision.FORWARD)  # not a call the server can run: its error
+        call_id = vocabulary.call_id(HOST, str(request_id))
+        self._checking[request_id] = call_id
+        # Cancelled with its session (the client gone mid-check, or mid-ask), the call stays
+        # in `_checking` for `close` to settle: the daemon may have granted it already.
+        answer = await self._decide(tool, call_id, params, ask)
+        del self._checking[request_id]
+        held = answer.allowed and not answer.degraded  # fail-open holds nothing to settle
+        if request_id in self._cancelled:
+            self._cancelled.discard(request_id)
+            if held:
+                await self._settle(_Admitted(call_id), "cancelled", None)
+            return Verdict(Decision.DROP)
+        if not answer.allowed:
+            return Verdict(Decision.REFUSE, answer.message)
+        if held:
+            self._admitted[request_id] = _Admitted(call_id)
+        return Verdict(Decision.FORWARD)
+
+    async def _decide(
+        self, tool: str, call_id: str, params: Mapping[str, Any], ask: Ask
+    ) -> CheckResponse:
+        args = params.get("arguments")
+        answer = await self._check(tool, call_id, args, approved=False)
+        if answer.decision == "ask":
+            answer = await self._asked(tool, call_id, args, answer, ask)
+        return answer
+
+    async def _asked(
+        self,
+        tool: str,
+        call_id: str,
+        args: object,
+        answer: CheckResponse,
+        ask: Ask,
+    ) -> CheckResponse:
+        """An `ask`: the user's approval, checked again; else a refusal saying so."""
+        if not self.elicits:
+            return answer.model_copy(
+                update={"message": vocabulary.needs_approval(answer.message), "allowed": False}
+            )
+        if not await ask(tool, answer.message):
+            declined = f"{answer.message.rstrip('. ')}. The user did not approve this call."
+            return answer.model_copy(update={"message": declined, "allowed": False})
+        return await self._check(tool, call_id, args, approved=True)
+
+    async def _check(
+        self, tool: str, call_id: str, args: object, *, approved: bool
+    ) -> CheckResponse:
+        try:
+            request = check_request(
+                user=self.user,
+                tool=tool,
+                team=self.team,
+                session=self.session,
+                call_id=call_id,
+                metadata=self.catalog.metadata(tool),
+                approved=approved,
+                args=args,
+            )
+            return await self.guard.check(request)
+        except (ClientError, ValueError) as exc:  # bad input or auth: the fail mode answers
+            unsent = CheckRequest.model_construct(user=self.user, tool=tool, call_id=call_id)
+            return unreachable_answer(unsent, self.guard.fail, exc)
+
+    def sent(self, request_id: RequestId) -> None:
+        """The admitted call went to the server: its duration starts now."""
+        admitted = self._admitted.get(request_id)
+        if admitted is not None:
+            admitted.started = time.perf_counter()
+
+    def waiting(self, request_id: RequestId) -> bool:
+        """Whether `request_id` is an admitted call the server has yet to answer."""
+        return request_id in self._admitted
+
+    async def finished(self, request_id: RequestId, *, error: bool) -> None:
+        """The server answered call `request_id` (an error result, or a success)."""
+        admitted = self._admitted.pop(request_id, None)
+        if admitted is not None:
+            await self._settle(admitted, "error" if error else "ok", admitted.started)
+
+    async def cancel(self, request_id: RequestId) -> None:
+        """`notifications/cancelled` for `request_id`: settle it, or drop it once checked."""
+        if request_id in self._checking:
+            self._cancelled.add(request_id)
+            return
+        admitted = self._admitted.pop(request_id, None)
+        if admitted is not None:
+            await self._settle(admitted, "cancelled", admitted.started)
+
+    async def close(self) -> None:
+        """The session ended: every call still out is settled as abandoned (and each one
+        whose check it cut short: settling a call the daemon did not grant is a no-op)."""
+        admitted = [*self._admitted.values(), *map(_Admitted, self._checking.values())]
+        self._admitted, self._checking = {}, {}
+        for call in admitted:
+            await self._settle(call, "abandoned", call.started)
+
+    async def _settle(self, call: _Admitted, status: str, started: float | None) -> None:
+        elapsed = None if started is None else (time.perf_counter() - started) * 1000
+        request = SettleRequest(status=status, duration_ms=elapsed)
+        await self.guard.settle(call.call_id, request)
+
+
+def refusal_result(message: str) -> dict[str, Any]:
+    """The `CallToolResult` a refused call is answered with: the model reads `message`."""
+    return {"content": [{"type": "text", "text": message}], "isError": True}

@@ -1,0 +1,235 @@
+"""One MCP session relayed between a client and a server, `tools/call` guarded.
+
+Both sides are the SDK's message streams (`SessionMessage`s, as `stdio_server`,
+`stdio_client` and the streamable-HTTP transports give them), so a gateway runs one
+`Relay` per client session. Every message passes through as the SDK parsed it, in both
+directions: requests, responses, notifications, progress, cancellation, and the server's
+own requests to the client (sampling, elicitation, roots) with their answers. The relay
+only reads `initialize` (the client's capabilities) and `tools/list` results (the tools'
+annotations), and holds each `tools/call` until the daemon allows it; a refused call is
+answered by the relay itself with an `isError` result.
+
+The relay adds requests of its own, with ids no SDK uses (`ratewarden-…` strings): a
+`tools/list` to the server after `notifications/initialized` and after
+`notifications/tools/list_changed` (its answers are not forwarded), and an
+`elicitation/create` to the client for an `ask`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from anyio.abc import ObjectReceiveStream, ObjectSendStream, TaskGroup
+from mcp import types
+from mcp.shared.message import SessionMessage
+
+from ratewarden.mcp.guard import Decision, RequestId, SessionGuard, refusal_result
+
+__all__ = ["Relay"]
+log = logging.getLogger("ratewarden.mcp")
+
+Incoming = ObjectReceiveStream[SessionMessage | Exception]
+Outgoing = ObjectSendStream[SessionMessage]
+APPROVE = "approve"  # the elicitation form's one field
+_ASK_SCHEMA = {
+    "type": "object",
+    "properties": {APPROVE: {"type": "boolean", "title": "Allow this call", "default": False}},
+    "required": [APPROVE],
+}
+
+
+class Relay:
+    """Passes one session's messages between `client` and `server` streams until either
+    side closes; `guard` checks its tool calls."""
+
+    def __init__(
+        self,
+        guard: SessionGuard,
+        client: tuple[Incoming, Outgoing],
+        server: tuple[Incoming, Outgoing],
+    ) -> None:
+        self.guard = guard
+        self._from_client, self._to_client = client
+        self._from_server, self._to_server = server
+        self._client_lists: set[RequestId] = set()  # the client's tools/list requests
+        self._own_lists: dict[str, list[dict[str, Any]]] = {}  # ours: the pages so far
+        self._asks: dict[str, tuple[anyio.Event, list[types.JSONRPCMessage]]] = {}
+        self._ids = itertools.count(1)
+        self._prefix = f"ratewarden-{os.urandom(4).hex()}"
+
+    async def run(self) -> None:
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._pump, self._from_server, self._server_message, tasks)
+                await self._pump(self._from_client, self._client_message, tasks)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.guard.close()  # calls still out when the session ended
+                # Both transports' writers end when their streams close: the process exits.
+                await self._to_client.aclose()
+                await self._to_server.aclose()
+
+    async def _pump(self, source: Incoming, handle: Any, tasks: TaskGroup) -> None:
+        """Handle each message of `source`; when it closes, the session is over."""
+        async with source:
+            async for item in source:
+                if isinstance(item, Exception):  # a line the SDK could not parse
+                    log.warning("mcp: dropped an unreadable message: %s", type(item).__name__)
+                    continue
+                await handle(item, tasks)
+        tasks.cancel_scope.cancel()
+
+    # -- client to server -----------------------------------------------------------------
+
+    async def _client_message(self, item: SessionMessage, tasks: TaskGroup) -> None:
+        message = item.message
+        if isinstance(message, types.JSONRPCRequest):
+            await self._client_request(item, message, tasks)
+            return
+        answer = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
+        if answer and self._answer_ask(message):
+            return
+        await self._to_server.send(item)
+        if isinstance(message, types.JSONRPCNotification):
+            await self._client_notification(message, tasks)
+
+    async def _client_request(
+        self, item: SessionMessage, message: types.JSONRPCRequest, tasks: TaskGroup
+    ) -> None:
+        if message.method == "tools/call":
+            tasks.start_soon(self._call, item, message)
+            return
+        if message.method == "initialize":
+            self.guard.initialize(message.params)
+        elif message.method == "tools/list":
+            self._client_lists.add(message.id)
+        await self._to_server.send(item)
+
+    async def _client_notification(
+        self, message: types.JSONRPCNotification, tasks: TaskGroup
+    ) -> None:
+        params = message.params or {}
+        if message.method == "notifications/cancelled" and "requestId" in params:
+            tasks.start_soon(self.guard.cancel, params["requestId"])
+        elif message.method == "notifications/initialized":
+            await self._list_tools()
+
+    async def _call(self, item: SessionMessage, message: types.JSONRPCRequest) -> None:
+        """Check one `tools/call`: forward it, or answer it with the refusal."""
+        verdict = await self.guard.check(message.id, message.params or {}, self._ask)
+        if verdict.decision is Decision.FORWARD:
+            self.guard.sent(message.id)
+            await self._to_server.send(item)
+        elif verdict.decision is Decision.REFUSE:
+            refusal = types.JSONRPCResponse(
+                jsonrpc="2.0", id=message.id, result=refusal_result(verdict.message)
+            )
+            await self._to_client.send(SessionMessage(refusal))
+
+    # -- server to client -----------------------------------------------------------------
+
+    async def _server_message(self, item: SessionMessage, tasks: TaskGroup) -> None:
+        message = item.message
+        if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+            if await self._own_listing(message):
+                return
+            await self._read_answer(message)
+        await self._to_client.send(item)
+        if (
+            isinstance(message, types.JSONRPCNotification)
+            and message.method == "notifications/tools/list_changed"
+        ):
+            await self._list_tools()
+
+    async def _read_answer(self, message: types.JSONRPCResponse | types.JSONRPCError) -> None:
+        request_id = message.id
+        if request_id is None:
+            return
+        if request_id in self._client_lists:
+            self._client_lists.discard(request_id)
+            if isinstance(message, types.JSONRPCResponse):
+                self.guard.catalog.read(message.result)
+        if self.guard.waiting(request_id):
+            # Settled before the client reads the result: its next call finds the slot free.
+            error = isinstance(message, types.JSONRPCError) or _is_error(message.result)
+            await self.guard.finished(request_id, error=error)
+
+    # -- the relay's own requests ---------------------------------------------------------
+
+    def _new_id(self, what: str) -> str:
+        return f"{self._prefix}-{what}-{next(self._ids)}"
+
+    async def _list_tools(self, cursor: str | None = None, pages: list[Any] | None = None) -> None:
+        """Ask the server for its tools (a page), to read their annotations."""
+        request_id = self._new_id("tools")
+        self._own_lists[request_id] = pages or []
+        params = {"cursor": cursor} if cursor else None
+        request = types.JSONRPCRequest(
+            jsonrpc="2.0", id=request_id, method="tools/list", params=params
+        )
+        await self._to_server.send(SessionMessage(request))
+
+    async def _own_listing(self, message: types.JSONRPCResponse | types.JSONRPCError) -> bool:
+        """An answer to the relay's own `tools/list`: read, never forwarded."""
+        if not isinstance(message.id, str) or message.id not in self._own_lists:
+            return False
+        pages = self._own_lists.pop(message.id)
+        if isinstance(message, types.JSONRPCError):
+            log.warning("mcp: the server refused to list its tools: %s", message.error.message)
+            return True
+        pages.append(message.result)
+        cursor = message.result.get("nextCursor")
+        if isinstance(cursor, str) and cursor:
+            await self._list_tools(cursor, pages)
+        else:
+            self.guard.catalog.replace(pages)
+        return True
+
+    async def _ask(self, tool: str, message: str) -> bool:
+        """Ask the user, through the client, whether this call may run."""
+        request_id = self._new_id("ask")
+        answered: anyio.Event = anyio.Event()
+        slot: list[types.JSONRPCMessage] = []
+        self._asks[request_id] = (answered, slot)
+        params = {
+            "mode": "form",
+            "message": f"ratewarden: {message}\nAllow this {tool} call?",
+            "requestedSchema": _ASK_SCHEMA,
+        }
+        request = types.JSONRPCRequest(
+            jsonrpc="2.0", id=request_id, method="elicitation/create", params=params
+        )
+        try:
+            await self._to_client.send(SessionMessage(request))
+            await answered.wait()
+        finally:
+            self._asks.pop(request_id, None)
+        return bool(slot) and _approved(slot[0])
+
+    def _answer_ask(self, message: types.JSONRPCResponse | types.JSONRPCError) -> bool:
+        """The client's answer to one of the relay's asks (then not forwarded)."""
+        waiting = self._asks.get(message.id) if isinstance(message.id, str) else None
+        if waiting is None:
+            return False
+        answered, slot = waiting
+        slot.append(message)
+        answered.set()
+        return True
+
+
+def _is_error(result: Mapping[str, Any]) -> bool:
+    return result.get("isError") is True
+
+
+def _approved(answer: types.JSONRPCMessage) -> bool:
+    """An accepted elicitation whose form did not say no."""
+    if not isinstance(answer, types.JSONRPCResponse):
+        return False
+    content = answer.result.get("content")
+    said = content.get(APPROVE, True) if isinstance(content, Mapping) else True
+    return answer.result.get("action") == "accept" and said is True
