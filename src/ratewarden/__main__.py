@@ -1,7 +1,7 @@
 """The `ratewarden` command (and `python -m ratewarden`).
 
 `ratewarden hook HOST` runs once per tool call of a coding agent, so it goes straight to
-hooks/command.py and imports nothing else; `ratewarden mcp` goes to mcp/stdio.py (the
+hooks/command.py and imports nothing else; `ratewarden mcp` goes to mcp/command.py (the
 `mcp` extra); every other command is cli.py's.
 """
 
@@ -16,9 +16,9 @@ def main() -> int:
 
         return command.cli(sys.argv[2:])
     if sys.argv[1:2] == ["mcp"]:  # the MCP proxy: needs the `mcp` extra, imported only here
-        from ratewarden.mcp import stdio
+        from ratewarden.mcp import command as mcp_command
 
-        return stdio.cli(sys.argv[2:])
+        return mcp_command.cli(sys.argv[2:])
     from ratewarden.cli import main as run_cli
 
     return run_cli()

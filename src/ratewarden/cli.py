@@ -78,8 +78,9 @@ def _add_mcp_help(commands: Any) -> None:
     """`mcp`, for --help only: `ratewarden mcp` runs from __main__ (ratewarden.mcp.stdio)."""
     commands.add_parser(
         "mcp",
-        help="run an MCP server over stdio, its tool calls checked: "
-        "mcp [--user U] [--url URL] [--fail open|closed] -- COMMAND ARGS (the mcp extra)",
+        help="MCP servers, their tool calls checked (the mcp extra): over stdio, "
+        "mcp [--user U] -- COMMAND ARGS; as a shared gateway, mcp --listen HOST:PORT "
+        "--server NAME=URL|COMMAND --tokens FILE (see ratewarden mcp --listen x:1 --help)",
     )
 
 

@@ -80,16 +80,29 @@ def add_parser(commands: Any) -> None:
 
 
 def add_client_flags(
-    parser: argparse.ArgumentParser, *, user_help: str, fail_default: str | None
+    parser: argparse.ArgumentParser,
+    *,
+    user_help: str | None,
+    fail_default: str | None,
+    several_daemons: bool = False,
 ) -> None:
     """The flags of a command that asks the daemon on a host's behalf (`ratewarden hook`,
     `ratewarden mcp`): who calls, where the daemon is, and what to do when it cannot
-    answer. `fail_default` None: $RATEWARDEN_FAIL decides."""
-    parser.add_argument("--user", help=user_help)
+    answer. `user_help` None: no --user (the MCP gateway knows its users otherwise);
+    `fail_default` None: $RATEWARDEN_FAIL decides; `several_daemons`: --url repeats."""
+    if user_help is not None:
+        parser.add_argument("--user", help=user_help)
     parser.add_argument("--team", help="the caller's team, for rules matching or scoped by team")
-    parser.add_argument(
-        "--url", help="daemon URL (default $RATEWARDEN_URL or http://127.0.0.1:8470)"
-    )
+    if several_daemons:
+        parser.add_argument(
+            "--url",
+            action="append",
+            help="a daemon URL; repeat for several on one store (default $RATEWARDEN_URL)",
+        )
+    else:
+        parser.add_argument(
+            "--url", help="daemon URL (default $RATEWARDEN_URL or http://127.0.0.1:8470)"
+        )
     parser.add_argument("--token", help="API token (default $RATEWARDEN_TOKEN)")
     default = "the default" if fail_default == "open" else "default $RATEWARDEN_FAIL"
     parser.add_argument(

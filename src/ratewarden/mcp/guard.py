@@ -30,10 +30,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ratewarden import vocabulary
-from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
+from ratewarden.client import ClientError, unreachable_answer
 from ratewarden.integrations.names import check_request
 from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
 
@@ -115,19 +115,33 @@ class _Admitted:
     started: float | None = None  # when it went to the server
 
 
+class Daemon(Protocol):
+    """What a session asks: an `AsyncGuard`, or the gateway's pool of daemons."""
+
+    fail: vocabulary.FailMode
+
+    async def check(self, request: CheckRequest) -> CheckResponse: ...
+
+    async def settle(self, call_id: str, request: SettleRequest | None = None) -> object: ...
+
+
 class SessionGuard:
-    """The guard of one client session; `user` (and `team`, `session`) name its caller."""
+    """The guard of one client session; `user` (and `team`, `session`) name its caller.
+    `server`, when set, names the server's tools to the daemon as `server.tool` (the
+    gateway fronts several servers; the client still sees the tools' own names)."""
 
     def __init__(
         self,
-        guard: AsyncGuard,
+        guard: Daemon,
         *,
         user: str,
         team: str | None = None,
         session: str | None = None,
+        server: str | None = None,
     ) -> None:
         self.guard = guard
         self.user, self.team, self.session = user, team, session
+        self._prefix = f"{server}." if server else ""
         self.catalog = ToolCatalog()
         self.elicits = False
         self._admitted: dict[RequestId, _Admitted] = {}
@@ -194,7 +208,7 @@ class SessionGuard:
         try:
             request = check_request(
                 user=self.user,
-                tool=tool,
+                tool=self._prefix + tool,
                 team=self.team,
                 session=self.session,
                 call_id=call_id,
@@ -204,7 +218,9 @@ class SessionGuard:
             )
             return await self.guard.check(request)
         except (ClientError, ValueError) as exc:  # bad input or auth: the fail mode answers
-            unsent = CheckRequest.model_construct(user=self.user, tool=tool, call_id=call_id)
+            unsent = CheckRequest.model_construct(
+                user=self.user, tool=self._prefix + tool, call_id=call_id
+            )
             return unreachable_answer(unsent, self.guard.fail, exc)
 
     def sent(self, request_id: RequestId) -> None:

@@ -17,6 +17,8 @@ The relay adds requests of its own, with ids no SDK uses (`ratewarden-…` strin
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -26,7 +28,7 @@ from typing import Any
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream, TaskGroup
 from mcp import types
-from mcp.shared.message import SessionMessage
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from ratewarden.mcp.guard import Decision, RequestId, SessionGuard, refusal_result
 
@@ -57,6 +59,8 @@ class Relay:
         self._from_client, self._to_client = client
         self._from_server, self._to_server = server
         self._client_lists: set[RequestId] = set()  # the client's tools/list requests
+        self._progress: dict[object, RequestId] = {}  # a request's progress token -> its id
+        self._progress_token: dict[RequestId, object] = {}  # and back
         self._own_lists: dict[str, list[dict[str, Any]]] = {}  # ours: the pages so far
         self._asks: dict[str, tuple[anyio.Event, list[types.JSONRPCMessage]]] = {}
         self._ids = itertools.count(1)
@@ -75,13 +79,15 @@ class Relay:
                 await self._to_server.aclose()
 
     async def _pump(self, source: Incoming, handle: Any, tasks: TaskGroup) -> None:
-        """Handle each message of `source`; when it closes, the session is over."""
-        async with source:
-            async for item in source:
-                if isinstance(item, Exception):  # a line the SDK could not parse
-                    log.warning("mcp: dropped an unreadable message: %s", type(item).__name__)
-                    continue
-                await handle(item, tasks)
+        """Handle each message of `source`; when it closes, the session is over (an HTTP
+        transport, terminated by the client's DELETE, closes it from the far side)."""
+        with contextlib.suppress(anyio.ClosedResourceError):
+            async with source:
+                async for item in source:
+                    if isinstance(item, Exception):  # a line the SDK could not parse
+                        log.warning("mcp: dropped an unreadable message: %s", type(item).__name__)
+                        continue
+                    await handle(item, tasks)
         tasks.cancel_scope.cancel()
 
     # -- client to server -----------------------------------------------------------------
@@ -101,6 +107,10 @@ class Relay:
     async def _client_request(
         self, item: SessionMessage, message: types.JSONRPCRequest, tasks: TaskGroup
     ) -> None:
+        meta = (message.params or {}).get("_meta")
+        if isinstance(meta, Mapping) and isinstance(meta.get("progressToken"), str | int):
+            self._progress[meta["progressToken"]] = message.id
+            self._progress_token[message.id] = meta["progressToken"]
         if message.method == "tools/call":
             tasks.start_soon(self._call, item, message)
             return
@@ -121,11 +131,14 @@ class Relay:
 
     async def _call(self, item: SessionMessage, message: types.JSONRPCRequest) -> None:
         """Check one `tools/call`: forward it, or answer it with the refusal."""
-        verdict = await self.guard.check(message.id, message.params or {}, self._ask)
+        ask = functools.partial(self._ask, message.id)
+        verdict = await self.guard.check(message.id, message.params or {}, ask)
         if verdict.decision is Decision.FORWARD:
             self.guard.sent(message.id)
             await self._to_server.send(item)
-        elif verdict.decision is Decision.REFUSE:
+            return
+        self._answered(message.id)  # by the relay (a refusal), or not at all (cancelled)
+        if verdict.decision is Decision.REFUSE:
             refusal = types.JSONRPCResponse(
                 jsonrpc="2.0", id=message.id, result=refusal_result(verdict.message)
             )
@@ -139,6 +152,8 @@ class Relay:
             if await self._own_listing(message):
                 return
             await self._read_answer(message)
+        elif isinstance(message, types.JSONRPCNotification):
+            item = self._tagged(item, message)
         await self._to_client.send(item)
         if (
             isinstance(message, types.JSONRPCNotification)
@@ -146,10 +161,30 @@ class Relay:
         ):
             await self._list_tools()
 
+    def _tagged(self, item: SessionMessage, message: types.JSONRPCNotification) -> SessionMessage:
+        """A server's progress notification, tagged with the request it reports on: over
+        HTTP it then goes out on that request's own response stream."""
+        token = (message.params or {}).get("progressToken")
+        request_id = (
+            self._progress.get(token) if message.method == "notifications/progress" else None
+        )
+        if request_id is None or item.metadata is not None:
+            return item
+        return SessionMessage(
+            message, metadata=ServerMessageMetadata(related_request_id=request_id)
+        )
+
+    def _answered(self, request_id: RequestId) -> None:
+        """Request `request_id` has its answer: its progress token is done with."""
+        token = self._progress_token.pop(request_id, None)
+        if token is not None:
+            self._progress.pop(token, None)
+
     async def _read_answer(self, message: types.JSONRPCResponse | types.JSONRPCError) -> None:
         request_id = message.id
         if request_id is None:
             return
+        self._answered(request_id)
         if request_id in self._client_lists:
             self._client_lists.discard(request_id)
             if isinstance(message, types.JSONRPCResponse):
@@ -190,8 +225,9 @@ class Relay:
             self.guard.catalog.replace(pages)
         return True
 
-    async def _ask(self, tool: str, message: str) -> bool:
-        """Ask the user, through the client, whether this call may run."""
+    async def _ask(self, call: RequestId, tool: str, message: str) -> bool:
+        """Ask the user, through the client, whether tools/call `call` may run (over HTTP
+        the question goes out on that call's own response stream)."""
         request_id = self._new_id("ask")
         answered: anyio.Event = anyio.Event()
         slot: list[types.JSONRPCMessage] = []
@@ -205,7 +241,8 @@ class Relay:
             jsonrpc="2.0", id=request_id, method="elicitation/create", params=params
         )
         try:
-            await self._to_client.send(SessionMessage(request))
+            related = ServerMessageMetadata(related_request_id=call)
+            await self._to_client.send(SessionMessage(request, metadata=related))
             await answered.wait()
         finally:
             self._asks.pop(request_id, None)

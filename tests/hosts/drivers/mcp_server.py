@@ -3,13 +3,15 @@
 Each tool appends a line to `$MCP_RAN` when it runs, so the tests count what really ran.
 `read_file` is annotated read-only, `drop_table` destructive; `terminal` and the others
 are unannotated. `interactive` uses what a server asks of its client through the proxy:
-progress, an elicitation, and sampling.
+progress, an elicitation, and sampling. Over stdio by default; `--http PORT` serves
+streamable HTTP at `http://127.0.0.1:PORT/mcp` (the gateway's URL upstream).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import SamplingMessage, TextContent, ToolAnnotations
@@ -104,4 +106,7 @@ def greet(name: str) -> str:
 
 
 if __name__ == "__main__":
-    server.run()
+    if sys.argv[1:2] == ["--http"]:  # `--http PORT`: streamable HTTP at /mcp
+        server.run("streamable-http", port=int(sys.argv[2]))
+    else:
+        server.run()

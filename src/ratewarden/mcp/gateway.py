@@ -1,0 +1,264 @@
+"""`ratewarden mcp --listen HOST:PORT --server NAME=TARGET…`: one MCP gateway for a team.
+
+A streamable-HTTP MCP endpoint per upstream server, at `/NAME/mcp`: a client configures
+`http://gateway:PORT/files/mcp` where it would have configured the `files` server. Each
+client session gets a session of its own with the upstream (a subprocess for a command,
+an MCP session for a URL), relayed message for message by `relay.Relay` as the stdio
+proxy relays it, so resources, prompts, progress, elicitation and sampling pass through
+unchanged, and each `tools/call` is checked first. The daemon hears the tool as
+`NAME.tool` (`files.delete_file`): a policy targets one server's tools with a glob
+(`tool: "files.*"`), while the client still sees the tool's own name.
+
+Who calls is decided before anything reaches an upstream, on every request:
+- a bearer token from the tokens file (`--tokens`), mapped to its user; or
+- with `--user-header H`, header H as set by a front proxy that authenticated the user,
+  believed only from the proxy's addresses (`--trusted-proxy`, loopback by default).
+A request with neither is answered 401 (a JSON-RPC error saying what to send); a session
+is bound to the user and server that opened it, and answers 404 to anyone else.
+
+This speaks the protocol versions with an `initialize` handshake and a session id (what
+the SDK's `ClientSession` speaks); a request of the 2026-07-28 session-less protocol is
+refused with 400, saying so (docs/mcp.md, "Not yet").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.server.transport_security import RequestBodyLimitMiddleware
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from ratewarden.mcp.daemons import DaemonPool
+from ratewarden.mcp.guard import Daemon, SessionGuard
+from ratewarden.mcp.identity import Identities
+from ratewarden.mcp.relay import Relay
+from ratewarden.mcp.upstream import SERVER_NAME, Upstream
+from ratewarden.vocabulary import ClientSettings, fail_mode
+
+__all__ = ["Gateway", "run"]
+log = logging.getLogger("ratewarden.mcp")
+
+ROUTE = re.compile(rf"/({SERVER_NAME.pattern})/mcp/?")
+MAX_BODY = 4 * 1024 * 1024  # bytes of one request (the SDK's own default)
+PROTOCOL_HEADER = "mcp-protocol-version"
+REALM = 'Bearer realm="ratewarden-mcp"'
+
+
+# -- the gateway ------------------------------------------------------------------------
+
+
+def _error(
+    status: int, message: str, code: int = -32600, headers: dict[str, str] | None = None
+) -> Response:
+    """A JSON-RPC error with no id, as the SDK answers what it refuses over HTTP."""
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+@dataclass(frozen=True)
+class _Session:
+    transport: StreamableHTTPServerTransport
+    user: str
+    server: str
+
+
+class Gateway:
+    """The ASGI app; `running()` holds the sessions' task group while it serves."""
+
+    def __init__(
+        self,
+        upstreams: Sequence[Upstream],
+        identities: Identities,
+        daemon: Daemon,
+        *,
+        team: str | None = None,
+        max_sessions: int = 200,
+        idle_timeout: float | None = 1800.0,
+    ) -> None:
+        self.upstreams = {upstream.name: upstream for upstream in upstreams}
+        self.identities, self.daemon, self.team = identities, daemon, team
+        self.max_sessions, self.idle_timeout = max_sessions, idle_timeout
+        self._sessions: dict[str, _Session] = {}
+        self._tasks: TaskGroup | None = None
+        self._limited = RequestBodyLimitMiddleware(self._mcp, MAX_BODY)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            try:
+                yield
+            finally:
+                tasks.cancel_scope.cancel()  # every session ends; its calls are settled
+                self._tasks = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/healthz":
+            body = {"status": "ok", "sessions": len(self._sessions)}
+            await JSONResponse(body)(scope, receive, send)
+            return
+        await self._limited(scope, receive, send)
+
+    async def _mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = self._refusal(scope)
+        if answer is not None:
+            await answer(scope, receive, send)
+            return
+        session_id = dict(scope["headers"]).get(MCP_SESSION_ID_HEADER.encode())
+        if session_id is None:
+            await self._open(scope, receive, send)
+        else:
+            await self._continue(session_id.decode("latin-1"), scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> Response | None:
+        """The answer to a request refused before any session sees it, or None."""
+        matched = ROUTE.fullmatch(scope["path"])
+        if matched is None or matched[1] not in self.upstreams:
+            fronted = ", ".join(f"/{name}/mcp" for name in sorted(self.upstreams))
+            return _error(404, f"No MCP server at {scope['path']!r}; this gateway serves {fronted}")
+        scope["ratewarden.server"] = matched[1]
+        user = self.identities.user_of(scope)
+        if user is None:
+            return _error(
+                401,
+                "ratewarden MCP gateway: unidentified client. Send 'Authorization: Bearer "
+                "<token>' with a token the gateway's operator gave you.",
+                headers={"WWW-Authenticate": REALM},
+            )
+        scope["ratewarden.user"] = user
+        return None
+
+    async def _continue(self, session_id: str, scope: Scope, receive: Receive, send: Send) -> None:
+        session = self._sessions.get(session_id)
+        owner = (scope["ratewarden.user"], scope["ratewarden.server"])
+        if session is None or (session.user, session.server) != owner:
+            # Another user's session answers as one that does not exist.
+            await _error(404, "Session not found")(scope, receive, send)
+            return
+        await session.transport.handle_request(scope, receive, send)
+        if session.transport.is_terminated:  # the client ended it (DELETE)
+            await self._discard(session_id, session.transport)
+
+    async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
+        version = dict(scope["headers"]).get(PROTOCOL_HEADER.encode(), b"").decode("latin-1")
+        if version in MODERN_PROTOCOL_VERSIONS:
+            message = (
+                f"ratewarden MCP gateway: protocol {version} (no sessions) is not served yet; "
+                "connect with a version that opens a session with initialize"
+            )
+            await _error(400, message)(scope, receive, send)
+            return
+        if len(self._sessions) >= self.max_sessions:
+            await _error(503, "Too many open sessions", -32603)(scope, receive, send)
+            return
+        upstream = self.upstreams[scope["ratewarden.server"]]
+        transport = StreamableHTTPServerTransport(
+            mcp_session_id=uuid.uuid4().hex, idle_timeout=self.idle_timeout
+        )
+        session_id = transport.mcp_session_id
+        assert session_id is not None
+        assert self._tasks is not None
+        try:
+            await self._tasks.start(self._run, transport, upstream, scope["ratewarden.user"])
+        except Exception as exc:  # the server could not be started or reached
+            log.error("mcp: server %s: %s: %s", upstream.name, type(exc).__name__, exc)
+            message = f"MCP server {upstream.name!r} is unavailable: {type(exc).__name__}"
+            await _error(502, message, -32603)(scope, receive, send)
+            return
+        self._sessions[session_id] = _Session(transport, scope["ratewarden.user"], upstream.name)
+        status = await _status_of(transport.handle_request, scope, receive, send)
+        if status is None or status >= 400:  # not an initialize that succeeded
+            await self._discard(session_id, transport)
+
+    async def _run(
+        self,
+        transport: StreamableHTTPServerTransport,
+        upstream: Upstream,
+        user: str,
+        *,
+        task_status: TaskStatus[None],
+    ) -> None:
+        """One session, from its server's start to its end (DELETE, idle, gateway stop)."""
+        session_id = transport.mcp_session_id
+        assert session_id is not None
+        started = False
+        try:
+            async with upstream.connect() as server, transport.connect() as client:
+                task_status.started()
+                started = True
+                guard = SessionGuard(
+                    self.daemon, user=user, team=self.team, session=session_id, server=upstream.name
+                )
+                with transport.idle_scope or anyio.CancelScope():
+                    await Relay(guard, client, server).run()
+        except Exception as exc:
+            if not started:
+                raise  # `_open` answers 502
+            # One session's failure (its server died) ends that session, not the gateway.
+            # Only its type: the text of an error about a message may quote the message.
+            log.error("mcp: a session on %s ended by %s", upstream.name, type(exc).__name__)
+        finally:
+            await self._discard(session_id, transport)
+
+    async def _discard(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        self._sessions.pop(session_id, None)  # first: its id answers 404 from now on
+        if not transport.is_terminated:
+            with anyio.CancelScope(shield=True):
+                await transport.terminate()
+
+
+async def _status_of(app: Any, scope: Scope, receive: Receive, send: Send) -> int | None:
+    """Run `app` for one request; the HTTP status it answered (None: it answered none)."""
+    status: int | None = None
+
+    async def watch(message: Any) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        await send(message)
+
+    await app(scope, receive, watch)
+    return status
+
+
+async def run(options: argparse.Namespace, identities: Identities) -> None:
+    """Serve until SIGINT or SIGTERM; then every session ends and its calls are settled."""
+    import uvicorn
+
+    settings = ClientSettings.read()
+    fail = settings.fail if options.fail is None else fail_mode(options.fail)
+    daemons = DaemonPool(
+        options.url or [settings.url], options.token or settings.token,
+        timeout=options.timeout, fail=fail,
+    )  # fmt: skip
+    gateway = Gateway(
+        options.servers,
+        identities,
+        daemons,
+        team=options.team,
+        max_sessions=options.max_sessions,
+        idle_timeout=options.idle_timeout,
+    )
+    host, port = options.listen
+    config = uvicorn.Config(
+        gateway, host=host, port=port, lifespan="off", log_level="warning", access_log=False
+    )
+    try:
+        async with gateway.running():
+            await uvicorn.Server(config).serve()
+    finally:
+        await daemons.aclose()

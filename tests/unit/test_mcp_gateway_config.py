@@ -1,0 +1,178 @@
+"""The MCP gateway's configuration, read before the SDK is imported: its upstreams
+(`--server NAME=TARGET`), its users (the tokens file, the trusted proxy's header), and
+its command line. Every mistake is refused with a message naming what is wrong."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ratewarden.mcp.command import cli
+from ratewarden.mcp.identity import Identities, read_tokens
+from ratewarden.mcp.upstream import Upstream
+
+TOKEN = "a-token-of-20-chars!"
+
+
+# -- upstreams ----------------------------------------------------------------------------
+
+
+def test_a_url_upstream() -> None:
+    assert Upstream.parse("web=https://mcp.example/mcp") == Upstream(
+        "web", url="https://mcp.example/mcp"
+    )
+
+
+def test_a_command_upstream_is_split_as_a_shell_would() -> None:
+    parsed = Upstream.parse("files=npx -y '@scope/server files' --root /tmp")
+    assert parsed == Upstream(
+        "files", command=("npx", "-y", "@scope/server files", "--root", "/tmp")
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("no-equals-sign", "NAME=URL"),
+        ("=python server.py", "NAME=URL"),
+        ("my.server=python s.py", "NAME=URL"),  # a dot would make `server.tool` ambiguous
+        ("a/b=python s.py", "NAME=URL"),
+        ("x" * 65 + "=python s.py", "NAME=URL"),
+        ("files=", "files"),
+        ("files=   ", "files"),
+        ("files=python 'unclosed", "files"),
+    ],
+)
+def test_a_bad_upstream_is_refused_naming_it(text: str, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        Upstream.parse(text)
+
+
+# -- the tokens file -----------------------------------------------------------------------
+
+
+def tokens_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "tokens.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_tokens_map_each_token_to_its_user(tmp_path: Path) -> None:
+    path = tokens_file(tmp_path, f"alice: {TOKEN}\nbob: [{TOKEN}x, {TOKEN}y]\n")
+    assert read_tokens(path) == {TOKEN: "alice", f"{TOKEN}x": "bob", f"{TOKEN}y": "bob"}
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("", "a mapping of user: token"),
+        ("[alice, bob]", "a mapping of user: token"),
+        ("alice: short", "user 'alice': a token of at least 16"),
+        ("alice: 12345678901234567", "user 'alice': a token of at least 16"),  # an int
+        ("alice: 'has a space in it here'", "user 'alice': a token of printable ASCII"),
+        ("alice: 'caf\u00e9-token-0123456789'", "user 'alice': a token of printable ASCII"),
+        (f"alice: {TOKEN}\nbob: {TOKEN}", "users 'alice' and 'bob' share a token"),
+        (f"{'u' * 257}: {TOKEN}", "a name of 1-256 characters"),
+        (f"1: {TOKEN}", "user 1: a name"),
+        ("alice: [unclosed", "tokens file"),
+    ],
+)
+def test_a_bad_tokens_file_is_refused_naming_the_fault(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        read_tokens(tokens_file(tmp_path, text))
+
+
+def test_a_missing_tokens_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"nowhere\.yaml"):
+        read_tokens(tmp_path / "nowhere.yaml")
+
+
+# -- who a request comes from ----------------------------------------------------------------
+
+
+def scope(*headers: tuple[str, str], peer: str | None = "127.0.0.1") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
+        "client": (peer, 50000) if peer else None,
+    }
+
+
+def test_a_known_bearer_token_names_its_user() -> None:
+    identities = Identities({TOKEN: "alice"})
+    assert identities.user_of(scope(("Authorization", f"Bearer {TOKEN}"))) == "alice"
+    assert identities.user_of(scope(("Authorization", f"bearer  {TOKEN} "))) == "alice"
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    ["", "Bearer", "Bearer ", f"Basic {TOKEN}", "Bearer not-the-token-at-all", f"Bearer {TOKEN}x"],
+)
+def test_anything_else_is_nobody(authorization: str) -> None:
+    assert Identities({TOKEN: "alice"}).user_of(scope(("Authorization", authorization))) is None
+
+
+def test_the_header_is_believed_only_when_configured_and_from_a_trusted_proxy() -> None:
+    named = ("X-User", "carol")
+    assert Identities({}).user_of(scope(named)) is None  # off unless configured
+    believing = Identities({}, header="X-User")
+    assert believing.user_of(scope(named)) == "carol"  # loopback by default
+    assert believing.user_of(scope(named, peer="::1")) == "carol"
+    assert believing.user_of(scope(named, peer="10.0.0.9")) is None
+    assert believing.user_of(scope(named, peer=None)) is None
+    proxied = Identities({}, header="X-User", proxies=["10.0.0.0/24"])
+    assert proxied.user_of(scope(named, peer="10.0.0.9")) == "carol"
+    assert proxied.user_of(scope(named)) is None  # loopback is no longer trusted
+
+
+def test_a_wrong_token_is_not_rescued_by_the_header() -> None:
+    both = scope(("Authorization", "Bearer guessed-token-12345"), ("X-User", "carol"))
+    assert Identities({TOKEN: "alice"}, header="X-User").user_of(both) is None
+
+
+@pytest.mark.parametrize("value", ["", "   ", "u" * 257, "carol\x00admin", "carol\tx"])
+def test_a_header_naming_no_valid_user_is_nobody(value: str) -> None:
+    assert Identities({}, header="X-User").user_of(scope(("X-User", value))) is None
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        cli(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--listen", "127.0.0.1:9"], "--server"),
+        (["--listen", "nowhere", "--server", "a=b"], "--listen: expected HOST:PORT"),
+        (["--listen", "h:70000", "--server", "a=b"], "--listen: expected HOST:PORT"),
+        (["--listen", "h:9", "--server", "a.b=c"], "--server: expected NAME=URL"),
+        (["--listen", "h:9", "--server", "a=b"], "--tokens FILE or --user-header"),
+        (["--listen", "h:9", "--server", "a=b", "--tokens", "/nowhere.yaml"], "nowhere.yaml"),
+        (["--listen", "h:9", "--server", "a=b", "--user-header", "X", "--trusted-proxy", "x"],
+         "--trusted-proxy"),
+        (["--listen", "h:9", "--server", "a=b", "--user-header", "X", "--max-sessions", "0"],
+         "--max-sessions: expected a whole number above 0"),
+        (["--listen", "h:9", "--server", "a=b", "--user-header", "X", "--idle-timeout", "-1"],
+         "--idle-timeout: expected seconds"),
+        (["--listen", "h:9", "--server", "a=b", "--user-header", "X", "--user", "u"],
+         "unrecognized arguments: --user"),  # the gateway's users come from who calls
+        (["--listen", "h:9", "--server", "a=b", "--user-header", "X", "--", "python", "s.py"],
+         "not after --"),
+        (["--user", "u"], "give the server's command after --"),
+    ],
+)  # fmt: skip
+def test_a_bad_command_line_is_refused_naming_the_flag(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert named in refused(argv, capsys)
