@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError, PydanticSerializationError, from_json, to_json
 
 from ratewarden.vocabulary import (
+    HOLDING_KINDS,
     MAX_CALL_ID,
     MAX_NAME,
     MAX_TAG,
@@ -411,6 +412,16 @@ class CheckResponse(BaseModel):
     replayed: bool = False  # a repeated check with this call_id: the original answer
     # The policy in force reads calls' `args` (SPEC 2.1): send them with every check.
     send_args: bool = False
+
+    @property
+    def holds(self) -> bool:
+        """Whether this allowed call holds a concurrency slot or budget money until it is
+        settled (a fail-open answer holds nothing: the store was not asked)."""
+        return (
+            self.allowed
+            and not self.degraded
+            and any(limit.kind in HOLDING_KINDS for limit in self.limits)
+        )
 
 
 class BatchResponse(BaseModel):

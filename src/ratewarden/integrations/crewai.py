@@ -157,7 +157,7 @@ class RatewardenHooks:
             answer = unreachable_answer(_unjudged(tool), self.guard.fail, exc)
         args = getattr(context, "tool_input", None)
         if answer.allowed:
-            if not answer.degraded and _holds(answer):
+            if answer.holds:
                 self._remember(_Pending(args, call_id=answer.call_id, started=time.perf_counter()))
             return None
         self._remember(_Pending(args, refusal=refusal_message(answer, tool)))
@@ -280,11 +280,6 @@ def console_approval(context: Any, reason: str) -> bool:
         default_message="Type 'approve' to run this tool call, anything else to refuse it:",
     )
     return str(response).strip().lower() in APPROVE_WORDS
-
-
-def _holds(answer: CheckResponse) -> bool:
-    """Whether the allowed call holds a slot or a reservation that its settle frees."""
-    return any(limit.kind in vocabulary.HOLDING_KINDS for limit in answer.limits)
 
 
 def _unjudged(tool: str) -> CheckRequest:

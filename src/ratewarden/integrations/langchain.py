@@ -128,7 +128,7 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
             answer = _check(guard, call, approved=True) if declined is None else declined
         if not answer.allowed:
             return refusal(request, answer)
-        if not _holds(answer):
+        if not answer.holds:
             return handler(request)
         started = time.perf_counter()
         try:
@@ -148,7 +148,7 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
             answer = await self._acheck(call, approved=True) if declined is None else declined
         if not answer.allowed:
             return refusal(request, answer)
-        if not _holds(answer):
+        if not answer.holds:
             return await handler(request)
         started = time.perf_counter()
         try:
@@ -292,12 +292,6 @@ def _check(guard: Guard, call: _Call, approved: bool = False) -> CheckResponse:
     except (ClientError, ValueError) as exc:  # bad input or auth: the agent must go on
         unsent = CheckRequest.model_construct(user=call.user, tool=call.tool, call_id=call.call_id)
         return unreachable_answer(unsent, guard.fail, exc)
-
-
-def _holds(answer: CheckResponse) -> bool:
-    """Whether the allowed call holds a slot or a reservation to settle."""
-    held = (limit.kind in vocabulary.HOLDING_KINDS for limit in answer.limits)
-    return not answer.degraded and any(held)
 
 
 def _settlement(status: str, started: float) -> SettleRequest:

@@ -94,9 +94,7 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
         tool = str(tool_use.get("name", "tool"))
         answer = await asyncio.to_thread(self._decide, self.request_for(event), tool)
         if answer.decision == "allow":
-            if not answer.degraded and any(
-                limit.kind in vocabulary.HOLDING_KINDS for limit in answer.limits
-            ):
+            if answer.holds:
                 with self._lock:
                     self._held.setdefault(_use_id(tool_use), []).append(answer.call_id)
             return
