@@ -53,7 +53,7 @@ def measure(runs: int = 41) -> dict[str, Any]:
     script = Path(sys.executable).with_name("ratewarden")
     with (
         tempfile.TemporaryDirectory(prefix="ratewarden-hookstart-") as tmp,
-        _daemon(Path(tmp)) as url,
+        daemon(Path(tmp), POLICY) as url,
     ):
         hook = [str(script), "hook", "claude-code", "--url", url, "--user", "bench"]
         bare = [sys.executable, "-c", "pass"]
@@ -84,9 +84,10 @@ def _wall(command: list[str], stdin: bytes = b"") -> float:
 
 
 @contextmanager
-def _daemon(workdir: Path) -> Iterator[str]:
+def daemon(workdir: Path, policy_text: str) -> Iterator[str]:
+    """A real `ratewarden serve` with `policy_text`, on the memory store; its URL."""
     policy = workdir / "policy.yaml"
-    policy.write_text(POLICY)
+    policy.write_text(policy_text)
     port = free_port()
     env = {**os.environ, "RATEWARDEN_STATE_FILE": "off"}
     server = subprocess.Popen(

@@ -24,7 +24,8 @@ and from the one-rule run the most two workers can give on this machine's cores.
 engine side by side with `limits` and `throttled-py` (bench/peers.py), Redis memory
 per counter (bench/memory.py), and in process what access rules and argument conditions
 cost a call (bench/inprocess.py), and how long a command hook takes per tool call next to
-a bare interpreter (bench/hookstart.py). Results: a Markdown report on stdout (the table
+a bare interpreter (bench/hookstart.py), and what `ratewarden mcp` adds to an MCP tool
+call over stdio and HTTP (bench/mcp_overhead.py). Results: a Markdown report on stdout (the table
 in docs/benchmarks.md) and every figure as JSON (`--out`), each target marked met or not.
 Absolute numbers depend on the machine; the targets are ratios within one run.
 """
@@ -56,6 +57,8 @@ from bench.hammer import summary as hammer_summary
 from bench.hookstart import measure as measure_hook_start
 from bench.inprocess import report as inprocess_report
 from bench.inprocess import run_inprocess
+from bench.mcp_overhead import measure as measure_mcp
+from bench.mcp_overhead import report as mcp_report
 from bench.memory import run_memory
 from bench.peers import run_peers
 from bench.procstat import busy_cores, cpu_times
@@ -97,6 +100,14 @@ TARGETS = {
     "unmatched access and args rules: us more per call": ("<=", 2.0),
     "catastrophic regex / trivial regex (64 KiB)": ("<=", 1.5),
     "hook start / python -c pass": ("<=", 4.0),
+    "MCP stdio proxy: ms added per call": ("<=", 2.0),
+    "MCP HTTP gateway, command upstream: ms added per call": ("<=", 2.0),
+    "MCP HTTP gateway, URL upstream: ms added per call": ("<=", 2.0),
+}
+MCP_ROWS = {  # target row -> the way bench/mcp_overhead.py measured it
+    "MCP stdio proxy: ms added per call": "stdio proxy",
+    "MCP HTTP gateway, command upstream: ms added per call": "http gateway (command)",
+    "MCP HTTP gateway, URL upstream: ms added per call": "http gateway",
 }
 
 
@@ -321,7 +332,11 @@ def median_run(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ratios(
-    http: dict[str, Any], peers: dict[str, Any], inprocess: dict[str, Any], hooks: dict[str, Any]
+    http: dict[str, Any],
+    peers: dict[str, Any],
+    inprocess: dict[str, Any],
+    hooks: dict[str, Any],
+    mcp: dict[str, Any],
 ) -> dict[str, float]:
     """Each throughput ratio within a round (its servers ran a minute apart), median over
     the rounds: the machine's speed drifts by up to 2x between rounds, which a ratio of
@@ -345,6 +360,7 @@ def ratios(
         ),
         "catastrophic regex / trivial regex (64 KiB)": float(inprocess["regex"]["ratio"]),
         "hook start / python -c pass": float(hooks["ratio"]),
+        **{row: float(mcp[way]["added_ms"]) for row, way in MCP_ROWS.items()},
     }
 
 
@@ -439,6 +455,8 @@ def report(results: dict[str, Any]) -> str:
         )
     lines += ["", "### Access rules and argument conditions, in process", ""]
     lines += inprocess_report(results["inprocess"])
+    lines += ["", "### An MCP tool call, straight to the server and through ratewarden mcp", ""]
+    lines += mcp_report(results["mcp"])
     return "\n".join(lines)
 
 
@@ -492,6 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     inprocess = asyncio.run(run_inprocess(args.quick))
     print("command hook start…", file=sys.stderr)
     hooks = measure_hook_start(runs=11 if args.quick else 41)
+    print("MCP tool calls through ratewarden mcp…", file=sys.stderr)
+    mcp = measure_mcp(calls=100 if args.quick else 1000)
     results = {
         "machine": machine(),
         "command": " ".join(["bench/run", *(argv if argv is not None else sys.argv[1:])]),
@@ -502,8 +522,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "refused_hammer": hammer_summary(http),
         "inprocess": inprocess,
         "hook_start": hooks,
+        "mcp": mcp,
     }
-    results["ratios"] = ratios(http, peers, inprocess, hooks)
+    results["ratios"] = ratios(http, peers, inprocess, hooks, mcp)
     results["targets_met"] = {name: met(name, v) for name, v in results["ratios"].items()}
     results["two_worker_ceiling"] = two_worker_ceiling(http)
     if args.out:

@@ -84,9 +84,20 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert 0 < hooks["python_pass_ms"] < hooks["hook_ms"]  # a hook does more than start
     assert hooks["ratio"] == results["ratios"]["hook start / python -c pass"]
 
+    mcp = results["mcp"]
+    assert set(mcp["median_ms"]) == {
+        "stdio direct", "stdio proxy", "http direct", "http gateway", "http gateway (command)",
+    }  # fmt: skip
+    for way in ("stdio proxy", "http gateway", "http gateway (command)"):
+        direct = mcp["median_ms"][f"{way.split()[0]} direct"]
+        assert mcp[way]["added_ms"] == pytest.approx(mcp["median_ms"][way] - direct)
+        assert mcp["median_ms"][way] > 0
+    assert results["ratios"]["MCP stdio proxy: ms added per call"] == mcp["stdio proxy"]["added_ms"]
+
     assert set(results["ratios"]) == set(results["targets_met"])
-    assert len(results["ratios"]) == 10
+    assert len(results["ratios"]) == 13
     assert "| target | measured | goal | met |" in done.stdout
+    assert "| http gateway (command) |" in done.stdout
     assert "| refused hammer | attempts/s |" in done.stdout
     assert "| regex on a 64 KiB argument |" in done.stdout
 

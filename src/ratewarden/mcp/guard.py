@@ -18,13 +18,17 @@ gateway (one `SessionGuard` per client session) share it.
   client on the 2026-07-28 protocol (no `initialize`; Claude Code 2.x) is never asked: it
   drops a server's `elicitation/create` sent outside a request ("not servable on this
   connection's protocol era"), and the call would wait for ever.
-- **Settle.** An admitted call is settled when the server answers (`ok`, or `error` for
-  `isError` or a JSON-RPC error), when it is cancelled (`cancelled`), or when the session
-  ends first (`abandoned`), with the time the server took.
+- **Settle.** An admitted call that holds a concurrency slot or budget money is settled
+  when the server answers (`ok`, or `error` for `isError` or a JSON-RPC error), when it
+  is cancelled (`cancelled`), or when the session ends first (`abandoned`), with the time
+  the server took. The answer goes to the client first; the session's next check waits
+  for the settle. A call that holds nothing is not settled (the daemon keeps nothing of
+  it to free), as with every adapter.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
@@ -44,6 +48,7 @@ HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 log = logging.getLogger("ratewarden.mcp")
 
 Ask = Callable[[str, str], Awaitable[bool]]  # (tool, message) -> the user approved
+Settle = Callable[[], Awaitable[None]]
 RequestId = int | str
 
 
@@ -147,6 +152,7 @@ class SessionGuard:
         self._admitted: dict[RequestId, _Admitted] = {}
         self._checking: dict[RequestId, str] = {}  # request id -> call id, being checked
         self._cancelled: set[RequestId] = set()
+        self._settling: list[asyncio.Event] = []  # settles under way, in the order begun
 
     def initialize(self, params: Mapping[str, Any] | None) -> None:
         """The client's `initialize` request: remember whether it can be asked."""
@@ -159,11 +165,15 @@ class SessionGuard:
             return Verdict(Decision.FORWARD)  # not a call the server can run: its error
         call_id = vocabulary.call_id(HOST, str(request_id))
         self._checking[request_id] = call_id
+        while self._settling:  # the calls that just ended first give back what they held
+            await self._settling[0].wait()
         # Cancelled with its session (the client gone mid-check, or mid-ask), the call stays
         # in `_checking` for `close` to settle: the daemon may have granted it already.
         answer = await self._decide(tool, call_id, params, ask)
         del self._checking[request_id]
-        held = answer.allowed and not answer.degraded  # fail-open holds nothing to settle
+        # Only a call holding a slot or money is settled (as every adapter does): the daemon
+        # keeps nothing else of it, and a settle costs the next call time on this machine.
+        held = answer.holds
         if request_id in self._cancelled:
             self._cancelled.discard(request_id)
             if held:
@@ -233,11 +243,32 @@ class SessionGuard:
         """Whether `request_id` is an admitted call the server has yet to answer."""
         return request_id in self._admitted
 
-    async def finished(self, request_id: RequestId, *, error: bool) -> None:
-        """The server answered call `request_id` (an error result, or a success)."""
+    def finish(self, request_id: RequestId, *, error: bool) -> Settle | None:
+        """The server answered call `request_id` (an error result, or a success): its
+        settle, for the relay to run once the answer is on its way to the client (None:
+        nothing to settle). Until it has run, this session's next checks wait for it, so a
+        call made as soon as the last one answered finds its slot or money free."""
         admitted = self._admitted.pop(request_id, None)
-        if admitted is not None:
-            await self._settle(admitted, "error" if error else "ok", admitted.started)
+        if admitted is None:
+            return None
+        elapsed = _since(admitted.started)  # the server's time, not the relay's after it
+        done = asyncio.Event()
+        self._settling.append(done)
+
+        async def settle() -> None:
+            try:
+                await self._report(admitted.call_id, "error" if error else "ok", elapsed)
+            finally:
+                self._settling.remove(done)
+                done.set()
+
+        return settle
+
+    async def finished(self, request_id: RequestId, *, error: bool) -> None:
+        """`finish`, settled at once."""
+        settle = self.finish(request_id, error=error)
+        if settle is not None:
+            await settle()
 
     async def cancel(self, request_id: RequestId) -> None:
         """`notifications/cancelled` for `request_id`: settle it, or drop it once checked."""
@@ -257,9 +288,15 @@ class SessionGuard:
             await self._settle(call, "abandoned", call.started)
 
     async def _settle(self, call: _Admitted, status: str, started: float | None) -> None:
-        elapsed = None if started is None else (time.perf_counter() - started) * 1000
-        request = SettleRequest(status=status, duration_ms=elapsed)
-        await self.guard.settle(call.call_id, request)
+        await self._report(call.call_id, status, _since(started))
+
+    async def _report(self, call_id: str, status: str, elapsed_ms: float | None) -> None:
+        await self.guard.settle(call_id, SettleRequest(status=status, duration_ms=elapsed_ms))
+
+
+def _since(started: float | None) -> float | None:
+    """Milliseconds since `started` (a perf_counter reading), if the call started."""
+    return None if started is None else (time.perf_counter() - started) * 1000
 
 
 def refusal_result(message: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from anyio.abc import ObjectReceiveStream, ObjectSendStream, TaskGroup
 from mcp import types
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
-from ratewarden.mcp.guard import Decision, RequestId, SessionGuard, refusal_result
+from ratewarden.mcp.guard import Decision, RequestId, SessionGuard, Settle, refusal_result
 
 __all__ = ["Relay"]
 log = logging.getLogger("ratewarden.mcp")
@@ -148,13 +148,16 @@ class Relay:
 
     async def _server_message(self, item: SessionMessage, tasks: TaskGroup) -> None:
         message = item.message
+        settle = None
         if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
             if await self._own_listing(message):
                 return
-            await self._read_answer(message)
+            settle = self._read_answer(message)
         elif isinstance(message, types.JSONRPCNotification):
             item = self._tagged(item, message)
         await self._to_client.send(item)
+        if settle is not None:  # after the answer left: the daemon's round trip is not in its way
+            await settle()
         if (
             isinstance(message, types.JSONRPCNotification)
             and message.method == "notifications/tools/list_changed"
@@ -180,19 +183,18 @@ class Relay:
         if token is not None:
             self._progress.pop(token, None)
 
-    async def _read_answer(self, message: types.JSONRPCResponse | types.JSONRPCError) -> None:
+    def _read_answer(self, message: types.JSONRPCResponse | types.JSONRPCError) -> Settle | None:
+        """What an answer to the client's request tells the relay; a tool call's settle."""
         request_id = message.id
         if request_id is None:
-            return
+            return None
         self._answered(request_id)
         if request_id in self._client_lists:
             self._client_lists.discard(request_id)
             if isinstance(message, types.JSONRPCResponse):
                 self.guard.catalog.read(message.result)
-        if self.guard.waiting(request_id):
-            # Settled before the client reads the result: its next call finds the slot free.
-            error = isinstance(message, types.JSONRPCError) or _is_error(message.result)
-            await self.guard.finished(request_id, error=error)
+        error = isinstance(message, types.JSONRPCError) or _is_error(message.result)
+        return self.guard.finish(request_id, error=error)
 
     # -- the relay's own requests ---------------------------------------------------------
 

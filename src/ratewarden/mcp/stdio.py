@@ -14,7 +14,11 @@ command line).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import stat
+import sys
+from typing import Any
 
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.stdio import stdio_server
@@ -40,7 +44,61 @@ async def run(options: argparse.Namespace, command: list[str]) -> None:
         command=command[0], args=command[1:], env=dict(os.environ), cwd=os.getcwd()
     )
     try:
-        async with stdio_server() as client_streams, stdio_client(server) as server_streams:
+        stdin, stdout = await _pipes()
+        async with (
+            stdio_server(stdin, stdout) as client_streams,
+            stdio_client(server) as server_streams,
+        ):
             await Relay(session, client_streams, server_streams).run()
     finally:
         await guard.aclose()
+
+
+LINE_LIMIT = 64 * 1024 * 1024  # bytes of one message from the client
+
+
+class _Lines:
+    """The client's messages, a line each, read on the event loop: the SDK's default
+    stdin reads each line in a worker thread, a thread hop per message both ways (about
+    a third of what the proxy added to a call; bench/mcp_overhead.py)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+
+    def __aiter__(self) -> _Lines:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self.reader.readline()
+        if not line:
+            raise StopAsyncIteration
+        return line.decode("utf-8", "replace")
+
+
+class _Out:
+    """Writes to the client, without a thread: a pipe the loop waits on when full."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+
+    async def write(self, text: str) -> None:
+        self.writer.write(text.encode())
+
+    async def flush(self) -> None:
+        await self.writer.drain()
+
+
+async def _pipes() -> tuple[Any, Any]:
+    """Stdin and stdout as the SDK's stdio_server reads and writes them, on the loop
+    when both are pipes (as MCP clients give them); else (a terminal, a file) None and
+    None: the SDK's own."""
+    if not all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in (0, 1)):
+        return None, None
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=LINE_LIMIT)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, sys.stdout.buffer
+    )
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    return _Lines(reader), _Out(writer)
