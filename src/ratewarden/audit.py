@@ -103,6 +103,12 @@ def _event(decision: Decision) -> str | None:
     return "shadow_deny" if decision.shadow else None
 
 
+def admin_change(event: str, **fields: Any) -> None:
+    """One audit line for an operator's change (an override set or removed): who, what,
+    when. Only the audit log: the recent-denials list is about calls."""
+    log.info(_json_line({"event": event, **fields}))
+
+
 class AuditTrail:
     """Writes audit lines and keeps the store's recent-denials list filled."""
 

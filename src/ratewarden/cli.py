@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ratewarden import __version__
+from ratewarden import __version__, cli_override
 from ratewarden.hooks import command as hook_command
 from ratewarden.vocabulary import METADATA_FLAGS
 
@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     hook_command.add_parser(commands)
     _add_mcp_help(commands)
     _add_policy(commands)
+    cli_override.add_parser(commands, _add_client_flags)
     return parser
 
 

@@ -37,6 +37,10 @@ from ratewarden.wire import (
     CheckRequest,
     CheckResponse,
     ErrorResponse,
+    Override,
+    OverrideRemoved,
+    OverrideRequest,
+    OverridesResponse,
     SettleRequest,
     SettleResponse,
     UsageResponse,
@@ -172,6 +176,19 @@ class Client:
     def settle(self, call_id: str, request: SettleRequest | None = None) -> SettleResponse:
         body = (request or SettleRequest()).model_dump(exclude_none=True)
         return SettleResponse.model_validate(self._call("POST", _settle_path(call_id), json=body))
+
+    # -- runtime overrides (an admin token) ------------------------------------------------
+
+    def set_override(self, request: OverrideRequest) -> Override:
+        body = request.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+        return Override.model_validate(self._call("POST", "/v1/admin/overrides", json=body))
+
+    def overrides(self) -> OverridesResponse:
+        return OverridesResponse.model_validate(self._call("GET", "/v1/admin/overrides"))
+
+    def remove_override(self, override_id: str) -> OverrideRemoved:
+        path = f"/v1/admin/overrides/{quote(override_id, safe='')}"
+        return OverrideRemoved.model_validate(self._call("DELETE", path))
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

@@ -97,6 +97,9 @@ METRICS = {
         "Settle requests, by outcome (settled, already_settled, unknown).", ("outcome",)),
     "reloads": Spec(Counter, "ratewarden_policy_reloads_total",
         "Policy loads and reloads, by result (ok, error).", ("result",)),
+    "override_changes": Spec(Counter, "ratewarden_override_changes_total",
+        "Runtime overrides set or removed through the admin API, by action (set, remove).",
+        ("action",)),
     "policy_info": Spec(Gauge, "ratewarden_policy_info",
         "The policy in force: 1 for its version.", ("version",)),
     "circuit_open": Spec(Gauge, "ratewarden_store_circuit_open",
@@ -129,6 +132,7 @@ class Metrics:
     budget_spent: Counter
     settles: Counter
     reloads: Counter
+    override_changes: Counter
     policy_info: Gauge
     circuit_open: Gauge
     circuit_transitions: Counter
@@ -145,6 +149,8 @@ class Metrics:
         self.circuit_open.set(0)
         for state in CIRCUIT_STATES:  # every series exists from the start
             self.circuit_transitions.labels(state)
+        for action in ("set", "remove"):
+            self.override_changes.labels(action)
         self._version = ""
         self._remembered_seen = 0
 

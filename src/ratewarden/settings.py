@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_PORT = 8470
@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     # None configured: auth is off and `serve` listens on loopback only.
     api_tokens: TokenList = []
     admin_tokens: TokenList = []
+    # Names of the admin tokens, in their order (RATEWARDEN_ADMIN_NAMES=ops-ana,ops-ben):
+    # what the audit and the overrides list say set a change. Unnamed: "admin token N".
+    admin_names: TokenList = []
     # Allow `serve` on a non-loopback address with no tokens (something else guards it).
     insecure_no_auth: bool = False
     # Seconds between checks of the policy file for changes (reloaded when it changes);
@@ -81,7 +84,7 @@ class Settings(BaseSettings):
     url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
     token: str | None = None
 
-    @field_validator("api_tokens", "admin_tokens", mode="before")
+    @field_validator("api_tokens", "admin_tokens", "admin_names", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
@@ -97,6 +100,15 @@ class Settings(BaseSettings):
                     "a token must be printable ASCII without spaces (it travels in an HTTP header)"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _names_fit_tokens(self) -> Settings:
+        if len(self.admin_names) > len(self.admin_tokens):
+            raise ValueError(
+                f"admin_names: {len(self.admin_names)} names for {len(self.admin_tokens)} "
+                "admin tokens (one name per token, in their order)"
+            )
+        return self
 
     def state_path(self) -> Path | None:
         """The memory store's state file, or None when persistence is off."""

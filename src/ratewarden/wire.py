@@ -22,6 +22,7 @@ from typing import Annotated, Any
 from pydantic import (
     AfterValidator,
     AliasChoices,
+    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
@@ -538,3 +539,60 @@ class ErrorResponse(BaseModel):
     error: str
     message: str
     fields: list[FieldError] = []
+
+
+# -- runtime overrides (POST/GET /v1/admin/overrides, DELETE /v1/admin/overrides/{id}) --
+
+Reason = Annotated[str, Field(min_length=1, max_length=500), AfterValidator(no_control_characters)]
+MAX_OVERRIDE_NAMES = 100  # users or groups in one override
+
+
+class OverrideRequest(_Body):
+    """One runtime override: the file's `overrides` vocabulary, an expiry, and why."""
+
+    users: Annotated[list[Subject], Field(min_length=1, max_length=MAX_OVERRIDE_NAMES)] | None = (
+        None
+    )
+    groups: Annotated[list[Subject], Field(min_length=1, max_length=MAX_OVERRIDE_NAMES)] | None = (
+        None
+    )
+    rule: Annotated[str, Field(min_length=1, max_length=64)]
+    rate: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    budget: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    concurrency: Annotated[int, Field(ge=0, le=1_000_000, strict=True)] | None = None
+    burst: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = None
+    unlimited: Annotated[bool, Field(strict=True)] = False
+    ttl: Annotated[str, Field(min_length=1, max_length=32)] | None = None  # "10m", "2h"
+    until: AwareDatetime | None = None
+    reason: Reason
+
+
+class Override(BaseModel):
+    """A runtime override as stored and listed."""
+
+    id: str
+    users: list[str] | None = None
+    groups: list[str] | None = None
+    rule: str
+    rate: str | None = None
+    budget: str | None = None
+    concurrency: int | None = None
+    burst: int | None = None
+    unlimited: bool = False
+    expires_at: AwareDatetime | None = None
+    reason: str
+    set_by: str
+    set_at: AwareDatetime
+    # Listed only: False when the policy in force has no place for it (why: `idle`).
+    active: bool = True
+    idle: str | None = None
+
+
+class OverridesResponse(BaseModel):
+    overrides: list[Override]
+    version: int  # raised by every change, on every daemon sharing the store
+
+
+class OverrideRemoved(BaseModel):
+    id: str
+    removed: bool

@@ -8,6 +8,7 @@ reports them all at once.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -43,11 +44,23 @@ from ratewarden.vocabulary import (
 
 
 def compile_policy(
-    spec: PolicySpec, source: str, raw: bytes
+    spec: PolicySpec,
+    source: str,
+    raw: bytes,
+    runtime: Sequence[tuple[str, OverrideSpec]] = (),
+    version: str | None = None,
 ) -> tuple[Policy | None, list[PolicyIssue]]:
-    """Build the runtime policy, or return every issue found (and no policy)."""
+    """Build the runtime policy, or return every issue found (and no policy).
+
+    `runtime`: overrides set at run time (POST /v1/admin/overrides), each with its id.
+    They go before the file's, so at each level of precedence (exact user, group, glob) a
+    runtime override wins. One that no longer fits the file (its rule was removed, or is
+    now of another kind) is left out, never a reason to refuse the file:
+    `Policy.idle_overrides` says which and why. `version`: the file's, when `raw` is not
+    the file (a recompile with other runtime overrides keeps the version it had)."""
     issues: list[PolicyIssue] = []  # names and groups were checked by references.py
-    overrides = _compile_overrides(spec, issues)
+    idle: dict[str, str] = {}
+    overrides = _compile_overrides(spec, issues, runtime, idle)
     if issues:
         return None, issues
     rules = tuple(
@@ -55,7 +68,7 @@ def compile_policy(
     )
     document = spec.model_dump(mode="json", exclude_none=True)
     policy = Policy(
-        version=hashlib.sha256(raw).hexdigest()[:16],
+        version=version or hashlib.sha256(raw).hexdigest()[:16],
         source=source,
         defaults=spec.defaults.model_dump(),
         groups={name: NameSet.of(members) for name, members in spec.groups.items()},
@@ -70,6 +83,8 @@ def compile_policy(
         timezone=ZoneInfo(spec.defaults.timezone),
         reservation_ttl_ms=spec.defaults.reservation_ttl,
         call_ttl_ms=spec.defaults.call_ttl,
+        idle_overrides=idle,
+        spec=spec,
     )
     return policy, []
 
@@ -147,16 +162,33 @@ def _compile_match(spec: MatchSpec) -> Match:
     )
 
 
-def _compile_overrides(spec: PolicySpec, issues: list[PolicyIssue]) -> dict[str, Overrides]:
-    """Index overrides per rule by precedence; report the ones that do not fit."""
+def _compile_overrides(
+    spec: PolicySpec,
+    issues: list[PolicyIssue],
+    runtime: Sequence[tuple[str, OverrideSpec]],
+    idle: dict[str, str],
+) -> dict[str, Overrides]:
+    """Index overrides per rule by precedence; report the file's that do not fit, and
+    leave out (in `idle`, by id) the runtime ones that do not."""
     rules = {rule.name: rule for rule in spec.rules}
     exact: dict[str, dict[str, tuple[Limit, str]]] = {}
     groups: dict[str, list[tuple[str, Limit, str]]] = {}
     globs: dict[str, list[Any]] = {}
-    for i, override in enumerate(spec.overrides):
+    for origin, override, where in _every_override(spec, runtime):
+        if override.rule not in rules:  # a runtime one (references.py checked the file's)
+            idle[str(where[1])] = f"rule: no rule {override.rule!r} in the policy"
+            continue
         rule = rules[override.rule]
-        origin = f"overrides[{i}]"
-        limit = _override_limit(spec, rule, override, i, issues)
+        found = [
+            PolicyIssue((*where, "groups"), f"unknown group {group!r}")
+            for group in override.groups or []
+            if group not in spec.groups
+        ]
+        limit = _override_limit(spec, rule, override, where, found)
+        if found and where[0] == "runtime":
+            idle[str(where[1])] = f"{found[0].path[-1]}: {found[0].message}"
+            continue
+        issues += found
         for group in override.groups or []:
             groups.setdefault(rule.name, []).append((group, limit, origin))
         for user in override.users or []:
@@ -173,8 +205,22 @@ def _compile_overrides(spec: PolicySpec, issues: list[PolicyIssue]) -> dict[str,
     }
 
 
+def _every_override(
+    spec: PolicySpec, runtime: Sequence[tuple[str, OverrideSpec]]
+) -> Iterator[tuple[str, OverrideSpec, tuple[str, str | int]]]:
+    """(origin, override, where its issues point) of each override, runtime ones first."""
+    for override_id, override in runtime:
+        yield f"runtime override {override_id}", override, ("runtime", override_id)
+    for i, override in enumerate(spec.overrides):
+        yield f"overrides[{i}]", override, ("overrides", i)
+
+
 def _override_limit(
-    spec: PolicySpec, rule: RuleSpec, override: OverrideSpec, index: int, issues: list[PolicyIssue]
+    spec: PolicySpec,
+    rule: RuleSpec,
+    override: OverrideSpec,
+    where: tuple[str, str | int],
+    issues: list[PolicyIssue],
 ) -> Limit:
     if override.unlimited:
         return Unlimited()
@@ -183,7 +229,7 @@ def _override_limit(
         given = [*limits_in(vars(override)), *(["burst"] if override.burst else [])]
         issues.append(
             PolicyIssue(
-                ("overrides", index, given[0] if given else "unlimited"),
+                (*where, given[0] if given else "unlimited"),
                 f"rule {rule.name!r} is an access rule: an override can only lift it "
                 "(unlimited: true)",
             )
@@ -193,16 +239,14 @@ def _override_limit(
         if other != kind:
             issues.append(
                 PolicyIssue(
-                    ("overrides", index, other.value),
+                    (*where, other.value),
                     f"rule {rule.name!r} is a {kind} rule, not {other}",
                 )
             )
     if override.burst is not None and (
         kind != RuleKind.RATE or rule.algorithm != Algorithm.TOKEN_BUCKET
     ):
-        issues.append(
-            PolicyIssue(("overrides", index, "burst"), "burst only applies to token_bucket rules")
-        )
+        issues.append(PolicyIssue((*where, "burst"), "burst only applies to token_bucket rules"))
     return _rule_limit(spec, override, rule)
 
 

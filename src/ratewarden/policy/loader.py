@@ -7,6 +7,7 @@ from compilation, can point at the line it is about; the data is constructed fro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ratewarden.policy.compile import compile_policy
 from ratewarden.policy.errors import PolicyError, PolicyIssue
 from ratewarden.policy.model import Policy
 from ratewarden.policy.references import reference_issues
-from ratewarden.policy.schema import PolicySpec
+from ratewarden.policy.schema import OverrideSpec, PolicySpec
 
 Path_ = tuple[str | int, ...]
 
@@ -36,13 +37,16 @@ def load_policy(path: str | Path) -> Policy:
     return parse_policy(raw, source=str(path))
 
 
-def load_example_policy() -> Policy:
+def load_example_policy(runtime: Sequence[tuple[str, OverrideSpec]] = ()) -> Policy:
     """The policy shipped inside the package, used when no policy file is given."""
     raw = resources.files("ratewarden.policy").joinpath(EXAMPLE_POLICY).read_bytes()
-    return parse_policy(raw, source=f"<packaged {EXAMPLE_POLICY}>")
+    return parse_policy(raw, source=f"<packaged {EXAMPLE_POLICY}>", runtime=runtime)
 
 
-def parse_policy(raw: bytes, source: str = "<policy>") -> Policy:
+def parse_policy(
+    raw: bytes, source: str = "<policy>", runtime: Sequence[tuple[str, OverrideSpec]] = ()
+) -> Policy:
+    """The policy in `raw`, with the runtime overrides (id, override) that fit it."""
     too_large = size_problem(raw)
     if too_large:
         raise PolicyError(source, [PolicyIssue((), too_large)])
@@ -62,7 +66,7 @@ def parse_policy(raw: bytes, source: str = "<policy>") -> Policy:
     issues += reference_issues(data)
     if issues:
         raise PolicyError(source, _with_lines(issues, lines))
-    policy, problems = compile_policy(spec, source, raw)
+    policy, problems = compile_policy(spec, source, raw, runtime)
     if policy is None:
         raise PolicyError(source, _with_lines(problems, lines))
     return policy

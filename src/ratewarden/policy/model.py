@@ -407,6 +407,10 @@ class Policy:
     timezone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
     reservation_ttl_ms: int = 3_600_000
     call_ttl_ms: int = 3_600_000
+    # Runtime overrides left out because they no longer fit the file: id -> why.
+    idle_overrides: dict[str, str] = field(default_factory=dict)
+    # The validated file (a schema.PolicySpec), compiled again with other runtime overrides.
+    spec: Any = field(default=None, repr=False, compare=False)
     _periods: dict[str, PeriodClock] = field(init=False, repr=False)
     _metric_tool: Callable[[str], str] = field(init=False, repr=False)
     _by_name: dict[str, Rule] = field(init=False, repr=False)

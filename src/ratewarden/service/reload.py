@@ -28,7 +28,9 @@ import hashlib
 import logging
 import os
 import signal
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -43,6 +45,8 @@ from ratewarden.policy import (
     parse_policy,
 )
 from ratewarden.policy.bounded_yaml import read_bounded
+from ratewarden.policy.compile import compile_policy
+from ratewarden.policy.schema import OverrideSpec
 
 log = logging.getLogger("ratewarden.reload")
 
@@ -67,6 +71,7 @@ class ReloadOutcome:
     previous: Policy
     current: Policy  # the policy in force after the attempt
     error: PolicyError | None = None
+    at: float = field(default_factory=time.time)  # wall-clock time of the attempt
 
     @property
     def ok(self) -> bool:
@@ -99,6 +104,11 @@ class PolicyReloader:
         self._tasks: set[asyncio.Task[ReloadOutcome]] = set()
         self._watcher: asyncio.Task[None] | None = None
         self._signal_installed = False
+        # Runtime overrides in force (service/overrides.py): (id, override), compiled into
+        # every policy this loads, the file's own reloads included.
+        self.runtime: tuple[tuple[str, OverrideSpec], ...] = ()
+        # The last attempt, kept for the console's overview (GET /v1/admin/stats).
+        self.last: ReloadOutcome | None = None
 
     # -- reload ------------------------------------------------------------------------
 
@@ -124,7 +134,8 @@ class PolicyReloader:
                     previous.version,
                     exc.render(),
                 )
-                return ReloadOutcome(trigger, previous, previous, exc)
+                self.last = ReloadOutcome(trigger, previous, previous, exc)
+                return self.last
             self._last_tried = new.version
             self.engine.policy = new  # the swap: one assignment, seen whole by every decision
             self.metrics.policy_loaded(new)
@@ -140,12 +151,29 @@ class PolicyReloader:
                     new.version,
                     len(new.rules),
                 )
-            return ReloadOutcome(trigger, previous, new)
+            self.last = ReloadOutcome(trigger, previous, new)
+            return self.last
 
     def _parse(self, raw: bytes | None) -> Policy:
         if self.path is None or raw is None:
-            return load_example_policy()
-        return parse_policy(raw, source=str(self.path))
+            return load_example_policy(self.runtime)
+        return parse_policy(raw, source=str(self.path), runtime=self.runtime)
+
+    async def compile_with(self, runtime: Sequence[tuple[str, OverrideSpec]]) -> Policy:
+        """The policy in force with these runtime overrides instead of its own, not swapped
+        in (its `idle_overrides` say which cannot apply). Built from the policy's own
+        document, so it is the source in force that is recompiled, not whatever the file
+        holds now (a change there is the watcher's to load)."""
+        return await asyncio.to_thread(with_overrides, self.engine.policy, runtime)
+
+    async def use_overrides(self, runtime: Sequence[tuple[str, OverrideSpec]]) -> Policy:
+        """Swap in the policy in force with these runtime overrides instead of the last."""
+        async with self._lock:
+            new = await self.compile_with(runtime)
+            self.runtime = tuple(runtime)
+            self.engine.policy = new
+            self.engine.refusals.clear()  # a refusal remembered under the old limits
+            return new
 
     # -- lifespan: watcher and SIGHUP ---------------------------------------------------
 
@@ -205,6 +233,14 @@ class PolicyReloader:
             self._last_tried = digest  # report a missing file once, not every poll
         await self.reload("file change", first)
         return True
+
+
+def with_overrides(policy: Policy, runtime: Sequence[tuple[str, OverrideSpec]]) -> Policy:
+    """`policy` compiled again with `runtime` overrides (its document holds the file's)."""
+    new, issues = compile_policy(policy.spec, policy.source, b"", runtime, version=policy.version)
+    if new is None:  # the document compiled before, so only a bug lands here
+        raise PolicyError(policy.source, issues)
+    return new
 
 
 def version_of(raw: bytes) -> str:

@@ -62,7 +62,24 @@ class DenialLog(Protocol):
         ...
 
 
-class Store(Counters, DenialLog, Protocol):
+class OverrideLog(Protocol):
+    """Runtime overrides, shared by every daemon on the store: documents by id, and a
+    version that every change raises (what the daemons poll, once a second)."""
+
+    async def overrides_version(self) -> int:
+        """The version now (0: never changed)."""
+
+    async def read_overrides(self) -> tuple[int, dict[str, str]]:
+        """The version and every override document, read together."""
+
+    async def put_override(self, override_id: str, document: str) -> int:
+        """Store (or replace) one override; the new version."""
+
+    async def remove_override(self, override_id: str) -> int | None:
+        """Remove one override; the new version, or None if there was no such one."""
+
+
+class Store(Counters, DenialLog, OverrideLog, Protocol):
     """A store: counters and the denial log, with a life cycle and a clock."""
 
     @property
@@ -131,6 +148,20 @@ class Layer:
 
     async def recent_denials(self, count: int) -> list[str]:
         return await self.around("recent_denials", lambda: self.inner.recent_denials(count))
+
+    async def overrides_version(self) -> int:
+        return await self.around("overrides_version", self.inner.overrides_version)
+
+    async def read_overrides(self) -> tuple[int, dict[str, str]]:
+        return await self.around("read_overrides", self.inner.read_overrides)
+
+    async def put_override(self, override_id: str, document: str) -> int:
+        return await self.around(
+            "put_override", lambda: self.inner.put_override(override_id, document)
+        )
+
+    async def remove_override(self, override_id: str) -> int | None:
+        return await self.around("remove_override", lambda: self.inner.remove_override(override_id))
 
     async def ping(self) -> None:
         await self.around("ping", self.inner.ping)

@@ -51,6 +51,12 @@ from ratewarden.vocabulary import ARGS_DIMENSION
 
 PREFIX = "rw"
 DENIALS_KEY = f"{PREFIX}:denials"
+# Runtime overrides (POST /v1/admin/overrides): a hash of id -> JSON document, and a
+# version counter the daemons poll. One hash tag puts both on one cluster node; the
+# `admin:` prefix keeps them out of reach of counter patterns (`rw:{...`). No TTL: an
+# override's expiry is in its document, and an expired one is removed by the next change.
+OVERRIDES_KEY = f"{PREFIX}:admin:{{overrides}}"
+OVERRIDES_VERSION_KEY = f"{PREFIX}:admin:{{overrides}}:version"
 
 
 @lru_cache(maxsize=65_536)

@@ -77,6 +77,8 @@ class MemoryStore:
         self._cells = _Cells()
         self._lock = threading.Lock()  # atomicity if used from several threads
         self._denials: collections.deque[str] = collections.deque()
+        self._overrides: dict[str, str] = {}
+        self._overrides_version = 0
         self._state = state_file
         self._changes = 0  # bumped by every write; a snapshot is taken only if it moved
         self._saved_changes = 0
@@ -141,6 +143,29 @@ class MemoryStore:
         with self._lock:
             return list(itertools.islice(self._denials, count))
 
+    async def overrides_version(self) -> int:
+        return self._overrides_version
+
+    async def read_overrides(self) -> tuple[int, dict[str, str]]:
+        with self._lock:
+            return self._overrides_version, dict(self._overrides)
+
+    async def put_override(self, override_id: str, document: str) -> int:
+        with self._lock:
+            self._overrides[override_id] = document
+            return self._bump_overrides()
+
+    async def remove_override(self, override_id: str) -> int | None:
+        with self._lock:
+            if self._overrides.pop(override_id, None) is None:
+                return None
+            return self._bump_overrides()
+
+    def _bump_overrides(self) -> int:
+        self._changes += 1
+        self._overrides_version += 1
+        return self._overrides_version
+
     async def ping(self) -> None:
         return None
 
@@ -174,7 +199,9 @@ class MemoryStore:
                     return False
                 changes = self._changes
                 now = self.clock.now_ms()
-                document = snapshot.encode(self._cells.values, self._denials, now)
+                document = snapshot.encode(
+                    self._cells.values, self._denials, now, self._saved_overrides()
+                )
             await asyncio.to_thread(lambda: state.write(snapshot.dumps(document), changes))
             self._saved_changes = changes
             return True
@@ -203,6 +230,7 @@ class MemoryStore:
             else:
                 self._cells.values = loaded.cells
                 self._denials.extend(loaded.denials)
+                self._overrides_version, self._overrides = loaded.overrides
                 saved = datetime.fromtimestamp(loaded.saved_at_ms / 1000, UTC)
                 log.info(
                     "state file %s: loaded %d keys saved at %s (%d expired since)",
@@ -212,10 +240,16 @@ class MemoryStore:
                     loaded.dropped,
                 )
             # Write at once: proves the file can be written before any call is counted.
-            state.write(snapshot.dumps(snapshot.encode(self._cells.values, self._denials, now)))
+            document = snapshot.encode(
+                self._cells.values, self._denials, now, self._saved_overrides()
+            )
+            state.write(snapshot.dumps(document))
         except BaseException:
             state.release()
             raise
+
+    def _saved_overrides(self) -> tuple[int, dict[str, str]]:
+        return self._overrides_version, dict(self._overrides)
 
     def key_count(self) -> int:
         """Live keys, after dropping expired ones (for tests and the memory benchmark)."""

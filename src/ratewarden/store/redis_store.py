@@ -40,7 +40,7 @@ from ratewarden.limiter.script import (
 )
 from ratewarden.store.base import StoreError
 from ratewarden.store.coalesce import Encoded, ScriptPipeline, encoded
-from ratewarden.store.keys import DENIALS_KEY
+from ratewarden.store.keys import DENIALS_KEY, OVERRIDES_KEY, OVERRIDES_VERSION_KEY
 
 _RESET_BATCH = 500
 # What redis-py and the network raise (a cluster client adds its own): a StoreError to us.
@@ -74,6 +74,23 @@ def connection_options() -> dict[str, Any]:
     return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
+_READ_OVERRIDES = """
+return {tonumber(redis.call('GET', KEYS[2]) or '0'), redis.call('HGETALL', KEYS[1])}
+"""
+_PUT_OVERRIDE = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return {redis.call('INCR', KEYS[2])}
+"""
+_REMOVE_OVERRIDE = """
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return {-1} end
+return {redis.call('INCR', KEYS[2])}
+"""
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class RedisKeyspace:
     """What the single-node and the cluster store do alike: plain commands on `_client`."""
 
@@ -102,6 +119,33 @@ class RedisKeyspace:
         with store_errors():
             found: list[bytes | str] = await self._client.lrange(DENIALS_KEY, 0, count - 1)
         return [line.decode() if isinstance(line, bytes) else line for line in found]
+
+    # Runtime overrides: each change is one script (the document and the version move
+    # together); both keys share a hash tag, so a cluster runs it on one node.
+
+    async def overrides_version(self) -> int:
+        with store_errors():
+            found = await self._client.get(OVERRIDES_VERSION_KEY)
+        return int(found or 0)
+
+    async def read_overrides(self) -> tuple[int, dict[str, str]]:
+        version, flat = await self._overrides(_READ_OVERRIDES, [])
+        return int(version), {
+            _text(k): _text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)
+        }
+
+    async def put_override(self, override_id: str, document: str) -> int:
+        version, _ = await self._overrides(_PUT_OVERRIDE, [override_id, document])
+        return int(version)
+
+    async def remove_override(self, override_id: str) -> int | None:
+        version, _ = await self._overrides(_REMOVE_OVERRIDE, [override_id])
+        return None if int(version) < 0 else int(version)
+
+    async def _overrides(self, script: str, args: list[str]) -> tuple[int, list[Any]]:
+        with store_errors():
+            reply = await self._client.eval(script, 2, OVERRIDES_KEY, OVERRIDES_VERSION_KEY, *args)
+        return reply[0], reply[1] if len(reply) > 1 else []
 
     async def ping(self) -> None:
         with store_errors():

@@ -8,7 +8,8 @@ if the machine loses power mid-write.
 
     {"format": "ratewarden-state", "version": 1, "saved_at_ms": 1700000000000,
      "cells": [[key, expires_at_ms, {"ring": [capacity, [stamp, ...]]}], ...],
-     "denials": ["<audit JSON line>", ...]}
+     "denials": ["<audit JSON line>", ...],
+     "overrides": {"version": 3, "documents": {"<id>": "<override JSON>", ...}}}
 
 Each cell's value is tagged by its type (see `limiter.reference`): `ring` (a sliding
 log), `tat` (a token bucket's theoretical arrival time), `window` (a fixed window's
@@ -54,6 +55,7 @@ class State:
     cells: dict[str, tuple[Any, int]]
     denials: list[str]
     saved_at_ms: int = 0
+    overrides: tuple[int, dict[str, str]] = (0, {})  # runtime overrides: version, documents
     dropped: int = 0  # cells in the file that had expired by the time it was loaded
 
 
@@ -93,7 +95,10 @@ def encode_value(value: Any) -> dict[str, Any]:
 
 
 def encode(
-    cells: Mapping[str, tuple[Any, int]], denials: Iterable[str], now_ms: int
+    cells: Mapping[str, tuple[Any, int]],
+    denials: Iterable[str],
+    now_ms: int,
+    overrides: tuple[int, Mapping[str, str]] = (0, {}),
 ) -> dict[str, Any]:
     """The snapshot document of the live cells at `now_ms` (call with the store locked)."""
     return {
@@ -106,6 +111,7 @@ def encode(
             if expires_at > now_ms
         ],
         "denials": list(denials),
+        "overrides": {"version": overrides[0], "documents": dict(overrides[1])},
     }
 
 
@@ -239,7 +245,22 @@ def decode(document: Any, now_ms: int) -> State:
     state.denials = [
         _str(line, "denials[]") for line in _list(_field(top, "denials", "the file"), "denials")
     ]
+    if "overrides" in top:  # files written before runtime overrides have none
+        state.overrides = _overrides(top["overrides"])
     return state
+
+
+def _overrides(found: Any) -> tuple[int, dict[str, str]]:
+    if not isinstance(found, dict):
+        raise StateFileError("the file's overrides: expected an object")
+    documents = found.get("documents")
+    if not isinstance(documents, dict):
+        raise StateFileError("the file's overrides: expected documents by id")
+    version = _int(found.get("version"), "overrides version")
+    return version, {
+        _str(key, "overrides id"): _str(doc, f"overrides[{key!r}]")
+        for key, doc in documents.items()
+    }
 
 
 # -- the file ------------------------------------------------------------------------

@@ -1,0 +1,354 @@
+"""Runtime overrides: one user's (or group's) limit changed now, without editing the file.
+
+`POST /v1/admin/overrides` stores an override in the store (every daemon on it applies
+it), `GET` lists them with who set them and when, `DELETE /v1/admin/overrides/{id}`
+removes one. The vocabulary is the file's `overrides` (`rate`, `budget`, `concurrency`,
+`burst`, `unlimited: true`), plus an expiry (`ttl` or `until`) and a `reason`.
+
+How a change reaches every daemon without a store read per call: each daemon polls the
+store's overrides version once a second (`RuntimeOverrides.refresh`); when it moved, or
+an override expired, the daemon reads them all and compiles its policy again with them
+(`PolicyReloader.use_overrides`), swapped in whole as a reload is. The daemon that took
+the change applies it before it answers.
+
+Precedence: runtime overrides go before the file's at each level (exact user, group,
+glob), so a runtime override for a user beats the file's for that user, and a file's
+override for a user still beats a runtime one for their group. One that no longer fits
+the file (its rule was removed) is kept, listed as idle, and left out of the policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from ratewarden.audit import admin_change
+from ratewarden.clock import Clock, SystemClock
+from ratewarden.metrics import Metrics
+from ratewarden.policy.durations import parse_duration
+from ratewarden.policy.schema import OverrideSpec
+from ratewarden.service.errors import error_response
+from ratewarden.service.reload import PolicyReloader
+from ratewarden.service.routes import BODY_ERRORS, ERRORS
+from ratewarden.store.base import Store, StoreError
+from ratewarden.wire import (
+    ErrorResponse,
+    FieldError,
+    Override,
+    OverrideRemoved,
+    OverrideRequest,
+    OverridesResponse,
+)
+
+__all__ = ["POLL_S", "RuntimeOverrides", "router"]
+log = logging.getLogger("ratewarden.overrides")
+T = TypeVar("T")
+
+POLL_S = 1.0  # how often a daemon looks at the store's overrides version
+MAX_OVERRIDES = 1000  # stored at once: each is compiled into every daemon's policy
+MAX_TTL = timedelta(days=366)
+LIMIT_FIELDS = ("rate", "budget", "concurrency", "burst", "unlimited")
+
+
+class RuntimeOverrides:
+    """This daemon's view of the store's overrides, kept applied to its policy.
+
+    It talks to the bare store, each operation within `timeout_s`: its once-a-second poll
+    is housekeeping, kept out of the decisions' store metrics and circuit breaker (a poll
+    failing during an outage must not change how soon decisions go back to the store)."""
+
+    def __init__(
+        self,
+        store: Store,
+        reloader: PolicyReloader,
+        metrics: Metrics,
+        clock: Clock | None = None,
+        timeout_s: float = 1.0,
+    ) -> None:
+        self.store = _Deadlined(store, timeout_s)
+        self.reloader, self.metrics = reloader, metrics
+        self.clock = clock or SystemClock()
+        self.version = -1  # of the overrides applied (-1: none read yet)
+        self.overrides: dict[str, Override] = {}
+        self._next_expiry: datetime | None = None
+        self._lock = asyncio.Lock()
+        self._poller: asyncio.Task[None] | None = None
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.now_ms() / 1000, UTC)
+
+    # -- keeping the policy up to date ------------------------------------------------------
+
+    async def refresh(self) -> bool:
+        """Apply the store's overrides if they changed (or one expired); True if applied."""
+        async with self._lock:
+            version = await self.store.overrides_version()
+            expired = self._next_expiry is not None and self._next_expiry <= self.now()
+            if version == self.version and not expired:
+                return False
+            version, documents = await self.store.read_overrides()
+            await self._apply(version, documents)
+            return True
+
+    async def _apply(self, version: int, documents: dict[str, str]) -> None:
+        now = self.now()
+        found = {}
+        for override_id, document in documents.items():
+            try:
+                found[override_id] = Override.model_validate_json(document)
+            except ValidationError:  # written by something else: never let it stop the rest
+                log.error("runtime override %s in the store is unreadable; ignored", override_id)
+        live = {i: o for i, o in found.items() if o.expires_at is None or o.expires_at > now}
+        # Newest first: of two runtime overrides for one user and rule, the later one wins.
+        newest_first = sorted(live.items(), key=lambda item: item[1].set_at, reverse=True)
+        policy = await self.reloader.use_overrides(
+            [(i, spec) for i, o in newest_first if (spec := _stored_spec(i, o)) is not None]
+        )
+        for override_id, override in live.items():
+            why = policy.idle_overrides.get(override_id)
+            live[override_id] = override.model_copy(update={"active": why is None, "idle": why})
+        self.overrides, self.version = live, version
+        expiries = [o.expires_at for o in live.values() if o.expires_at is not None]
+        self._next_expiry = min(expiries, default=None)
+        log.info("runtime overrides: version %d, %d in force", version, len(live))
+
+    async def start(self) -> None:
+        """Apply the store's overrides now (if it answers), then poll their version."""
+        try:
+            await self.refresh()
+        except StoreError as exc:  # applied by the poller once the store answers
+            log.warning("runtime overrides not read at start-up: %s", exc)
+        self._poller = asyncio.create_task(self._poll(), name="ratewarden-overrides")
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except StoreError as exc:  # the store is down: keep what is applied
+                log.debug("runtime overrides not refreshed: %s", exc)
+            except Exception:  # the poller must outlive any surprise
+                log.exception("runtime overrides: unexpected error; still polling")
+            await asyncio.sleep(POLL_S)
+
+    def listed(self) -> list[Override]:
+        """The overrides in force, newest first, each saying whether the policy in force
+        applies it (a reload of the file may have removed its rule since)."""
+        idle = self.reloader.engine.policy.idle_overrides
+        return [
+            o.model_copy(update={"active": o.id not in idle, "idle": idle.get(o.id)})
+            for o in sorted(self.overrides.values(), key=lambda o: o.set_at, reverse=True)
+        ]
+
+    # -- changes ----------------------------------------------------------------------------
+
+    async def add(self, request: OverrideRequest, set_by: str) -> Override:
+        """Store a new override and apply it here; ValueError (field, message) if it
+        cannot apply to the policy in force."""
+        now = self.now()
+        override = Override(
+            id=f"ovr_{secrets.token_hex(6)}",
+            **request.model_dump(include={"users", "groups", "rule", *LIMIT_FIELDS}),
+            expires_at=_expiry(request, now),
+            reason=request.reason,
+            set_by=set_by,
+            set_at=now,
+        )
+        spec = _spec(override)  # the file's own checks of rate and budget texts
+        await self.refresh()
+        if len(self.overrides) >= MAX_OVERRIDES:
+            raise OverrideRefused("overrides", f"at most {MAX_OVERRIDES} runtime overrides")
+        current = [(i, s) for i, o in self.overrides.items() if (s := _stored_spec(i, o))]
+        trial = await self.reloader.compile_with([(override.id, spec), *current])
+        if (why := trial.idle_overrides.get(override.id)) is not None:
+            raise OverrideRefused(_field_of(why), why.partition(": ")[2] or why)
+        document = override.model_dump_json(exclude={"active", "idle"})
+        await self.store.put_override(override.id, document)
+        await self.refresh()
+        self.metrics.override_changes.labels("set").inc()
+        admin_change("override_set", **_audited(override))
+        return self.overrides.get(override.id, override)
+
+    async def remove(self, override_id: str, removed_by: str) -> bool:
+        if await self.store.remove_override(override_id) is None:
+            return False
+        await self.refresh()
+        self.metrics.override_changes.labels("remove").inc()
+        admin_change("override_removed", id=override_id, by=removed_by, at=self.now().isoformat())
+        return True
+
+
+class _Deadlined:
+    """The store's override operations, each answered within `timeout_s` or StoreError."""
+
+    def __init__(self, store: Store, timeout_s: float) -> None:
+        self._store, self._timeout_s = store, timeout_s
+
+    async def overrides_version(self) -> int:
+        return await self._within(self._store.overrides_version())
+
+    async def read_overrides(self) -> tuple[int, dict[str, str]]:
+        return await self._within(self._store.read_overrides())
+
+    async def put_override(self, override_id: str, document: str) -> int:
+        return await self._within(self._store.put_override(override_id, document))
+
+    async def remove_override(self, override_id: str) -> int | None:
+        return await self._within(self._store.remove_override(override_id))
+
+    async def _within(self, operation: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await operation
+        except TimeoutError:
+            raise StoreError(f"no answer in {self._timeout_s:g} s") from None
+
+
+class OverrideRefused(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _spec(override: Override) -> OverrideSpec:
+    """The file's override for this one (its checks: rate and budget texts, one limit)."""
+    fields = override.model_dump(include={"users", "groups", "rule", *LIMIT_FIELDS})
+    try:
+        return OverrideSpec.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        message = error["msg"].removeprefix("Value error, ")
+        field = ".".join(str(part) for part in error["loc"]) or _whole_field(message)
+        raise OverrideRefused(field, message) from None
+
+
+def _whole_field(message: str) -> str:
+    """The field a check of the whole override is about (OverrideSpec's own words)."""
+    if "users or groups" in message:
+        return "users"
+    return "unlimited" if message.startswith("unlimited") else "rate"
+
+
+def _stored_spec(override_id: str, override: Override) -> OverrideSpec | None:
+    try:
+        return _spec(override)
+    except OverrideRefused as exc:  # stored by an older or newer daemon: skip, say so
+        log.error("runtime override %s in the store does not parse (%s); ignored", override_id, exc)
+        return None
+
+
+def _expiry(request: OverrideRequest, now: datetime) -> datetime | None:
+    if request.ttl is not None and request.until is not None:
+        raise OverrideRefused("ttl", "give ttl or until, not both")
+    if request.until is not None:
+        if request.until <= now:
+            raise OverrideRefused("until", "must be in the future")
+        if request.until - now > MAX_TTL:
+            raise OverrideRefused("until", "at most 366 days ahead")
+        return request.until.astimezone(UTC)
+    if request.ttl is None:
+        return None
+    try:
+        ttl = timedelta(milliseconds=parse_duration(request.ttl))
+    except ValueError as exc:
+        raise OverrideRefused("ttl", str(exc)) from None
+    if ttl > MAX_TTL:
+        raise OverrideRefused("ttl", "at most 366 days")
+    return now + ttl
+
+
+def _field_of(why: str) -> str:
+    """Which request field an idle reason is about: compile leads it with the field."""
+    field, _, _ = why.partition(":")
+    return field if field in {"rule", "groups", "users", *LIMIT_FIELDS} else "rule"
+
+
+def _audited(override: Override) -> dict[str, Any]:
+    """The audit line's fields: what changed, for whom, by whom, until when, and why."""
+    shown = override.model_dump(mode="json", exclude={"active", "idle"}, exclude_none=True)
+    shown["by"] = shown.pop("set_by")
+    shown["at"] = shown.pop("set_at")
+    return shown
+
+
+# -- routes -----------------------------------------------------------------------------------
+
+router = APIRouter(tags=["admin"])
+
+
+def overrides_of(app: Any) -> RuntimeOverrides:
+    found: RuntimeOverrides = app.state.overrides
+    return found
+
+
+def _who(request: Request) -> str:
+    """The admin token's configured name (auth.py), or what stood in for one."""
+    return str(getattr(request.state, "token_name", None) or "anonymous (auth off)")
+
+
+@router.post("/v1/admin/overrides", status_code=201, response_model=Override, responses=BODY_ERRORS)
+async def set_override(request: Request, body: OverrideRequest) -> Override | JSONResponse:
+    """Change one rule's limit for users or groups now, on every daemon of the store."""
+    try:
+        return await overrides_of(request.app).add(body, _who(request))
+    except OverrideRefused as exc:
+        return _refused(exc)
+    except StoreError as exc:
+        return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
+
+
+@router.get("/v1/admin/overrides", response_model=OverridesResponse, responses=ERRORS)
+async def list_overrides(request: Request) -> OverridesResponse | JSONResponse:
+    """The runtime overrides in force (expired ones are gone), newest first."""
+    overrides = overrides_of(request.app)
+    try:
+        await overrides.refresh()
+    except StoreError as exc:
+        return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
+    return OverridesResponse(overrides=overrides.listed(), version=overrides.version)
+
+
+OverrideId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+@router.delete(
+    "/v1/admin/overrides/{override_id}",
+    response_model=OverrideRemoved,
+    responses={**ERRORS, 404: {"model": ErrorResponse}},
+)
+async def remove_override(
+    request: Request, override_id: OverrideId
+) -> OverrideRemoved | JSONResponse:
+    """Remove one runtime override; the rule's limit for its users is the file's again."""
+    try:
+        removed = await overrides_of(request.app).remove(override_id, _who(request))
+    except StoreError as exc:
+        return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
+    if not removed:
+        message = f"no runtime override {override_id!r}"
+        return error_response(
+            404, "unknown_override", message, [FieldError(field="override_id", message=message)]
+        )
+    return OverrideRemoved(id=override_id, removed=True)
+
+
+def _refused(exc: OverrideRefused) -> JSONResponse:
+    message = f"{exc.field}: {exc}"
+    return error_response(
+        422, "invalid_override", message, [FieldError(field=exc.field, message=str(exc))]
+    )

@@ -1,0 +1,352 @@
+"""Runtime overrides (issue 20, item 1): set, listed, removed and expired through the admin
+API; applied by the daemon that took them at once and by its peers on the same Redis
+within the poll; kept across a restart; refused with a 422 naming the field; audited and
+counted; admin only."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ratewarden.clock import FakeClock
+from ratewarden.store import MemoryStore
+from ratewarden.store.snapshot import StateFile
+from tests.helpers.app import assert_error_shape, build_app, serving
+from tests.helpers.daemon import RATEWARDEN, clean_environment, running_daemon
+from tests.helpers.redis_server import running_redis
+
+ADMIN, CHECK = "admin-token-0123456789", "check-token-0123456789"
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}
+AS_CHECK = {"Authorization": f"Bearer {CHECK}"}
+POLICY = """\
+version: 1
+groups:
+  pro: [carol]
+rules:
+  - name: terminal-per-minute
+    match: {tool: terminal}
+    per: [user]
+    rate: 2/minute
+  - name: daily-spend
+    match: {tool: browser}
+    per: [user]
+    budget: 1/day
+overrides:
+  - users: [dave]
+    rule: terminal-per-minute
+    rate: 5/minute
+"""
+GRANT = {"users": ["alice"], "rule": "terminal-per-minute", "rate": "20/minute",
+         "ttl": "10m", "reason": "support ticket 4411"}  # fmt: skip
+
+
+def make_app(clock: FakeClock | None = None, store: MemoryStore | None = None) -> Any:
+    clock = clock or FakeClock()
+    return build_app(
+        POLICY,
+        store or MemoryStore(clock),
+        api_tokens=[CHECK],
+        admin_tokens=[ADMIN],
+        admin_names=["ops-ana"],
+    )
+
+
+async def allowed(client: httpx.AsyncClient, user: str, times: int) -> list[bool]:
+    answers = []
+    for _ in range(times):
+        found = await client.post(
+            "/v1/check", json={"user": user, "tool": "terminal"}, headers=AS_CHECK
+        )
+        answers.append(found.json()["allowed"])
+    return answers
+
+
+async def test_an_override_lifts_one_users_limit_now_and_its_removal_restores_it() -> None:
+    async with serving(make_app()) as client:
+        assert await allowed(client, "alice", 3) == [True, True, False]
+        made = await client.post("/v1/admin/overrides", json=GRANT, headers=AS_ADMIN)
+        assert made.status_code == 201, made.text
+        override = made.json()
+        assert override["set_by"] == "ops-ana"  # the admin token's configured name
+        assert override["reason"] == "support ticket 4411"
+        assert override["expires_at"] is not None
+        assert await allowed(client, "alice", 5) == [True] * 5  # 20/minute now
+        assert await allowed(client, "bob", 3) == [True, True, False]  # nobody else
+
+        listed = (await client.get("/v1/admin/overrides", headers=AS_ADMIN)).json()
+        assert [o["id"] for o in listed["overrides"]] == [override["id"]]
+        assert listed["overrides"][0]["active"] is True
+        assert listed["version"] >= 1
+
+        gone = await client.delete(f"/v1/admin/overrides/{override['id']}", headers=AS_ADMIN)
+        assert gone.json() == {"id": override["id"], "removed": True}
+        assert (await client.get("/v1/admin/overrides", headers=AS_ADMIN)).json()["overrides"] == []
+        assert await allowed(client, "alice", 1) == [False]  # 2/minute again
+        again = await client.delete(f"/v1/admin/overrides/{override['id']}", headers=AS_ADMIN)
+        assert again.status_code == 404
+        assert again.json()["fields"][0]["field"] == "override_id"
+
+
+async def test_an_override_expires_at_its_ttl() -> None:
+    clock = FakeClock()
+    app = make_app(clock)
+    async with serving(app) as client:
+        await client.post("/v1/admin/overrides", json=GRANT, headers=AS_ADMIN)
+        assert await allowed(client, "alice", 4) == [True] * 4
+        clock.advance(11 * 60 * 1000)
+        await app.state.overrides.refresh()  # what the poller does every second
+        assert (await client.get("/v1/admin/overrides", headers=AS_ADMIN)).json()["overrides"] == []
+        assert await allowed(client, "alice", 3) == [True, True, False]
+
+
+async def test_a_runtime_override_beats_the_files_for_the_same_user_only() -> None:
+    async with serving(make_app()) as client:
+        usage = await client.get("/v1/usage", params={"user": "dave"}, headers=AS_CHECK)
+        limit = {i["rule"]: i["limit"] for i in usage.json()["limits"]}
+        assert limit["terminal-per-minute"] == 5  # the file's override
+        lower = {**GRANT, "users": ["dave"], "rate": "3/minute"}
+        assert (
+            await client.post("/v1/admin/overrides", json=lower, headers=AS_ADMIN)
+        ).status_code == 201
+        usage = await client.get("/v1/usage", params={"user": "dave"}, headers=AS_CHECK)
+        assert {i["rule"]: i["limit"] for i in usage.json()["limits"]}["terminal-per-minute"] == 3
+        # A runtime override for a group does not beat the file's for one of its users.
+        group = {**GRANT, "users": None, "groups": ["pro"], "rate": "9/minute"}
+        del group["users"]
+        assert (
+            await client.post("/v1/admin/overrides", json=group, headers=AS_ADMIN)
+        ).status_code == 201
+        usage = await client.get("/v1/usage", params={"user": "carol"}, headers=AS_CHECK)
+        assert {i["rule"]: i["limit"] for i in usage.json()["limits"]}["terminal-per-minute"] == 9
+
+
+async def test_the_newest_runtime_override_for_a_user_wins() -> None:
+    clock = FakeClock()
+    async with serving(make_app(clock)) as client:
+        await client.post("/v1/admin/overrides", json=GRANT, headers=AS_ADMIN)
+        clock.advance(1)
+        later = {**GRANT, "rate": "7/minute"}
+        await client.post("/v1/admin/overrides", json=later, headers=AS_ADMIN)
+        usage = await client.get("/v1/usage", params={"user": "alice"}, headers=AS_CHECK)
+        assert {i["rule"]: i["limit"] for i in usage.json()["limits"]}["terminal-per-minute"] == 7
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"reason": None}, "reason"),
+        ({"reason": ""}, "reason"),
+        ({"reason": "x" * 501}, "reason"),
+        ({"reason": "line\nbreak"}, "reason"),
+        ({"rule": "no-such-rule"}, "rule"),
+        ({"rate": None, "budget": "5/day"}, "budget"),  # a rate rule
+        ({"rate": "lots"}, "rate"),
+        ({"rate": None, "concurrency": -1}, "concurrency"),
+        ({"rate": None, "concurrency": "3"}, "concurrency"),
+        ({"users": None, "groups": ["nobody-knows"]}, "groups"),
+        ({"users": None}, "users"),
+        ({"users": []}, "users"),
+        ({"users": ["a"] * 101}, "users"),
+        ({"rate": None}, "rate"),
+        ({"unlimited": True}, "unlimited"),  # with a rate too
+        ({"unlimited": "yes", "rate": None}, "unlimited"),
+        ({"until": "2030-01-01T00:00:00Z"}, "ttl"),  # both
+        ({"ttl": None, "until": "2000-01-01T00:00:00Z"}, "until"),
+        ({"ttl": None, "until": "2030-01-01T00:00:00"}, "until"),  # no time zone
+        ({"ttl": "forever"}, "ttl"),
+        ({"ttl": "400d"}, "ttl"),
+        ({"mode": "shadow"}, "mode"),
+    ],
+)
+async def test_a_bad_override_is_refused_naming_the_field(
+    change: dict[str, Any], field: str
+) -> None:
+    body = {k: v for k, v in {**GRANT, **change}.items() if v is not None}
+    async with serving(make_app()) as client:
+        refused = await client.post("/v1/admin/overrides", json=body, headers=AS_ADMIN)
+        assert refused.status_code == 422, refused.text
+        found = refused.json()
+        assert_error_shape(found)
+        assert any(field in entry["field"] for entry in found["fields"]), found
+        assert (await client.get("/v1/admin/overrides", headers=AS_ADMIN)).json()["overrides"] == []
+
+
+async def test_overrides_are_for_admins_only() -> None:
+    async with serving(make_app()) as client:
+        assert (
+            await client.post("/v1/admin/overrides", json=GRANT, headers=AS_CHECK)
+        ).status_code == 403
+        assert (await client.get("/v1/admin/overrides", headers=AS_CHECK)).status_code == 403
+        assert (
+            await client.delete("/v1/admin/overrides/ovr_1", headers=AS_CHECK)
+        ).status_code == 403
+        assert (await client.post("/v1/admin/overrides", json=GRANT)).status_code == 401
+
+
+async def test_a_change_is_audited_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="ratewarden.audit")
+    async with serving(make_app()) as client:
+        made = (await client.post("/v1/admin/overrides", json=GRANT, headers=AS_ADMIN)).json()
+        await client.delete(f"/v1/admin/overrides/{made['id']}", headers=AS_ADMIN)
+        metrics = (await client.get("/metrics")).text
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ratewarden.audit"]
+    set_line, removed = [line for line in lines if line["event"].startswith("override")]
+    assert set_line["event"] == "override_set"
+    assert set_line["id"] == made["id"]
+    assert set_line["by"] == "ops-ana"
+    assert set_line["reason"] == "support ticket 4411"
+    assert set_line["users"] == ["alice"]
+    assert removed == {"event": "override_removed", "id": made["id"], "by": "ops-ana",
+                       "at": removed["at"]}  # fmt: skip
+    assert 'ratewarden_override_changes_total{action="set"} 1.0' in metrics
+    assert 'ratewarden_override_changes_total{action="remove"} 1.0' in metrics
+
+
+async def test_overrides_are_kept_across_a_restart_in_the_state_file(tmp_path: Path) -> None:
+    clock = FakeClock()
+    path = tmp_path / "state.json"
+    store = MemoryStore(clock, StateFile(path, 3600))
+    async with serving(make_app(clock, store)) as client:
+        made = (await client.post("/v1/admin/overrides", json=GRANT, headers=AS_ADMIN)).json()
+    again = MemoryStore(clock, StateFile(path, 3600))
+    async with serving(make_app(clock, again)) as client:
+        listed = (await client.get("/v1/admin/overrides", headers=AS_ADMIN)).json()["overrides"]
+        assert [o["id"] for o in listed] == [made["id"]]
+        assert await allowed(client, "alice", 4) == [True] * 4
+
+
+async def test_an_override_whose_rule_left_the_policy_is_listed_idle(tmp_path: Path) -> None:
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(POLICY)
+    clock = FakeClock()
+    app = build_app(
+        POLICY, MemoryStore(clock), api_tokens=[CHECK], admin_tokens=[ADMIN],
+        policy=policy_file, reload_interval_s=0,
+    )  # fmt: skip
+    async with serving(app) as client:
+        await client.post("/v1/admin/overrides", json=GRANT, headers=AS_ADMIN)
+        reloaded = POLICY.replace("terminal-per-minute", "shell-per-minute")
+        outcome = await app.state.reloader.reload("test", raw=reloaded.encode())
+        assert outcome.ok  # the file is never refused for a runtime override
+        listed = (await client.get("/v1/admin/overrides", headers=AS_ADMIN)).json()["overrides"]
+        assert listed[0]["active"] is False
+        assert "no rule 'terminal-per-minute'" in listed[0]["idle"]
+        outcome = await app.state.reloader.reload("test", raw=POLICY.encode())  # it is back
+        listed = (await client.get("/v1/admin/overrides", headers=AS_ADMIN)).json()["overrides"]
+        assert listed[0]["active"] is True
+        assert await allowed(client, "alice", 4) == [True] * 4
+
+
+# -- two daemons on one real Redis -----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def two_daemons(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    env = clean_environment(
+        RATEWARDEN_API_TOKENS=CHECK, RATEWARDEN_ADMIN_TOKENS=ADMIN, RATEWARDEN_ADMIN_NAMES="ops-ana"
+    )
+    with running_redis(tmp_path) as redis:
+        flags = ("--policy", str(policy), "--store-url", redis.url)
+        with (
+            running_daemon(tmp_path, *flags, env=env) as one,
+            running_daemon(tmp_path, *flags, env=env) as two,
+        ):
+            yield one.url, two.url
+
+
+def limit_of(url: str, user: str) -> Any:
+    found = httpx.get(f"{url}/v1/usage", params={"user": user}, headers=AS_CHECK, trust_env=False)
+    return {i["rule"]: i["limit"] for i in found.json()["limits"]}["terminal-per-minute"]
+
+
+@pytest.mark.redis
+def test_every_daemon_on_the_store_applies_a_change_within_the_poll(tmp_path: Path) -> None:
+    with two_daemons(tmp_path) as (one, two):
+        assert limit_of(two, "alice") == 2
+        made = httpx.post(
+            f"{one}/v1/admin/overrides", json=GRANT, headers=AS_ADMIN, trust_env=False
+        )
+        assert made.status_code == 201
+        assert limit_of(one, "alice") == 20  # the daemon that took it: before it answered
+        changed = time.monotonic()
+        while limit_of(two, "alice") != 20:  # its peer: at its next poll (every second)
+            assert time.monotonic() - changed < 10, "the peer never applied the override"
+            time.sleep(0.05)
+        listed = httpx.get(f"{two}/v1/admin/overrides", headers=AS_ADMIN, trust_env=False).json()
+        assert listed["overrides"][0]["set_by"] == "ops-ana"
+        httpx.delete(
+            f"{two}/v1/admin/overrides/{made.json()['id']}", headers=AS_ADMIN, trust_env=False
+        )
+        while limit_of(one, "alice") != 2:
+            assert time.monotonic() - changed < 20, "the removal never reached the first daemon"
+            time.sleep(0.05)
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def cli(url: str, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = clean_environment(RATEWARDEN_URL=url, RATEWARDEN_TOKEN=token)
+    return subprocess.run(
+        [*RATEWARDEN, "override", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_cli_sets_lists_and_removes_an_override(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    env = clean_environment(
+        RATEWARDEN_API_TOKENS=CHECK, RATEWARDEN_ADMIN_TOKENS=ADMIN, RATEWARDEN_ADMIN_NAMES="ops-ana"
+    )
+    with running_daemon(tmp_path, "--policy", str(policy), env=env) as daemon:
+        made = cli(daemon.url, ADMIN, "set", "--user", "alice", "--rule", "terminal-per-minute",
+                   "--rate", "20/minute", "--ttl", "10m", "--reason", "ticket 4411")  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        override_id = made.stdout.split()[1]
+        assert "alice: terminal-per-minute rate 20/minute until" in made.stdout
+        assert "by ops-ana (ticket 4411)" in made.stdout
+        assert limit_of(daemon.url, "alice") == 20
+
+        listed = cli(daemon.url, ADMIN, "list")
+        assert listed.stdout.startswith(override_id)
+        as_json = json.loads(cli(daemon.url, ADMIN, "list", "--json").stdout)
+        assert as_json["overrides"][0]["reason"] == "ticket 4411"
+
+        wrong = cli(daemon.url, ADMIN, "set", "--user", "bob", "--rule", "terminal-per-minute",
+                    "--rate", "lots", "--reason", "x")  # fmt: skip
+        assert wrong.returncode == 2
+        assert "rate" in wrong.stderr
+        not_admin = cli(daemon.url, CHECK, "list")
+        assert not_admin.returncode == 2
+        assert "admin token" in not_admin.stderr
+
+        removed = cli(daemon.url, ADMIN, "rm", override_id)
+        assert removed.returncode == 0, removed.stderr
+        assert cli(daemon.url, ADMIN, "list").stdout.strip() == "(no runtime overrides)"
+        assert cli(daemon.url, ADMIN, "rm", override_id).returncode == 2  # gone already
+    gone = cli(daemon.url, ADMIN, "list")
+    assert gone.returncode == 4
+    assert "unreachable" in gone.stderr
+
+
+def test_the_cli_refuses_a_bad_expiry_before_asking(tmp_path: Path) -> None:
+    refused = cli("http://127.0.0.1:9", ADMIN, "set", "--user", "a", "--rule", "r",
+                  "--rate", "1/minute", "--until", "tomorrow", "--reason", "x")  # fmt: skip
+    assert refused.returncode == 2
+    assert "--until" in refused.stderr
