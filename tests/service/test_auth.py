@@ -54,6 +54,10 @@ ENDPOINTS: dict[str, dict[str, Any]] = {
     "GET /v1/policy": {},
     "POST /v1/admin/reset": {"json": {"user": "nobody"}},
     "POST /v1/admin/reload": {},
+    "GET /v1/admin/stats": {},
+    "GET /v1/admin/overrides": {},
+    "DELETE /v1/admin/overrides/ovr_none": {},
+    "GET /console": {},
     "GET /healthz": {},
     "GET /readyz": {},
     "GET /metrics": {},
@@ -72,6 +76,10 @@ GET /v1/denials             401   401   403    200
 GET /v1/policy              401   401   403    200
 POST /v1/admin/reset        401   401   403    200
 POST /v1/admin/reload       401   401   403    200
+GET /v1/admin/stats         401   401   403    200
+GET /v1/admin/overrides     401   401   403    200
+DELETE /v1/admin/overrides/ovr_none  401   401   403    404
+GET /console                200   200   200    200
 GET /healthz                200   200   200    200
 GET /readyz                 200   200   200    200
 GET /metrics                200   200   200    200
@@ -250,7 +258,7 @@ def test_openapi_documents_the_bearer_scheme(policy_file: Path) -> None:
     assert "security" not in paths["/healthz"]["get"]
     assert {
         path for path, ops in paths.items() if all("security" not in op for op in ops.values())
-    } == {"/healthz", "/readyz", "/metrics"}
+    } == {"/healthz", "/readyz", "/metrics", "/console", "/console/assets/{name}"}
 
 
 async def test_a_token_in_both_lists_is_admin_and_admin_only_daemons(policy_file: Path) -> None:

@@ -17,7 +17,7 @@ from ratewarden.engine import Engine
 from ratewarden.logs import configure_audit, configure_logging
 from ratewarden.metrics import Metrics, TimedStore
 from ratewarden.policy import Policy, load_example_policy, load_policy
-from ratewarden.service import auth, hooks
+from ratewarden.service import auth, console, hooks, overrides
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.hotpath import HOT_ROUTES, HotPath
 from ratewarden.service.limits import BodySizeLimit
@@ -48,15 +48,7 @@ def create_app(
         state_interval_s=settings.state_interval_s,
     )
     metrics = Metrics(registry or CollectorRegistry())
-    # Every store operation answers within the store timeout, and a store that keeps
-    # failing is not called at all for a cool-down (decisions follow the fail mode).
-    breaker = CircuitBreaker(
-        settings.store_breaker_failures,
-        settings.store_breaker_cooldown_ms / 1000,
-        on_change=metrics.circuit_changed,
-    )
-    guarded = GuardedStore(raw_store, settings.store_timeout_ms, breaker)
-    timed = TimedStore(guarded, metrics)  # outermost: fast refusals count as store errors
+    breaker, timed = _guarded(raw_store, settings, metrics)
     audit = AuditTrail(timed, include_args=settings.audit_args, clock=timed.clock)
     # Budget periods are picked on the store's clock when it has one (the embedded store);
     # Redis stores use Redis TIME and the engine's clock only proposes the period.
@@ -65,6 +57,14 @@ def create_app(
     )
     # Reloads read the start-up source again: the same file, or the packaged example.
     reloader = PolicyReloader(engine, metrics, settings.policy_path(), settings.reload_interval_s)
+    console_stats = console.StatsSampler(metrics, breaker)  # GET /v1/admin/stats
+    runtime = overrides.RuntimeOverrides(
+        raw_store,
+        reloader,
+        metrics,
+        clock=timed.clock,
+        timeout_s=max(1.0, settings.store_timeout_ms / 1000),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,6 +77,8 @@ def create_app(
         metrics.policy_loaded(policy)
         audit.start()
         reloader.start()
+        await runtime.start()  # applies the store's overrides, then polls their version
+        console_stats.start()  # reads the counters every few seconds, off the hot path
         log.info(
             "ratewarden %s ready on http://%s:%s | %s | store %s | policy %s "
             "(version %s, %d rules)",
@@ -96,6 +98,8 @@ def create_app(
         gc.freeze()
         yield
         gc.unfreeze()  # collectable again: in a test process, this app is now garbage
+        await console_stats.stop()
+        await runtime.stop()
         await reloader.stop()
         await audit.stop()
         await timed.close()
@@ -110,8 +114,12 @@ def create_app(
     app.state.settings = settings
     app.state.observer = Observer(metrics, audit, engine.refusals)
     app.state.reloader = reloader
+    app.state.overrides = runtime
+    app.state.console_stats = console_stats
     app.include_router(router)
     app.include_router(hooks.router)
+    app.include_router(overrides.router)
+    app.include_router(console.router)
     install_error_handlers(app)
     tokens = auth.Tokens.from_settings(settings)
     # Every request: auth outermost (a request without the role its route needs is
@@ -125,6 +133,20 @@ def create_app(
     app.front = auth.AuthMiddleware(capped, tokens=tokens, insecure=settings.insecure_no_auth)
     auth.document(app)
     return app
+
+
+def _guarded(
+    raw_store: Store, settings: Settings, metrics: Metrics
+) -> tuple[CircuitBreaker, TimedStore]:
+    """Every store operation answers within the store timeout, and a store that keeps
+    failing is not called at all for a cool-down (decisions follow the fail mode)."""
+    breaker = CircuitBreaker(
+        settings.store_breaker_failures,
+        settings.store_breaker_cooldown_ms / 1000,
+        on_change=metrics.circuit_changed,
+    )
+    guarded = GuardedStore(raw_store, settings.store_timeout_ms, breaker)
+    return breaker, TimedStore(guarded, metrics)  # outermost: fast refusals count as errors
 
 
 class Daemon(FastAPI):

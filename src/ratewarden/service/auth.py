@@ -59,6 +59,9 @@ ROLES: dict[str, Role] = {
     "/v1/policy": Role.ADMIN,
     "/v1/admin/reset": Role.ADMIN,
     "/v1/admin/reload": Role.ADMIN,
+    "/v1/admin/overrides": Role.ADMIN,
+    "/v1/admin/overrides/{override_id}": Role.ADMIN,
+    "/v1/admin/stats": Role.ADMIN,  # the console's overview
     # Liveness and readiness for orchestrators, metrics for Prometheus (no user identity
     # is ever a label), and the API documentation.
     "/healthz": OPEN,
@@ -68,6 +71,11 @@ ROLES: dict[str, Role] = {
     "/docs/oauth2-redirect": OPEN,
     "/redoc": OPEN,
     "/openapi.json": OPEN,
+    # The console's page and its packaged assets hold no data and no secret: every
+    # figure comes from the admin API above, called by the page with the admin token
+    # (service/console.py), so the shell is open like the API documentation.
+    "/console": OPEN,
+    "/console/assets/{name}": OPEN,
 }
 # The same paths as regular expressions, matched like the router matches them; a path
 # parameter may hold any character, a newline too (the route then answers with a 422
@@ -96,13 +104,18 @@ class Tokens:
     match, so the time taken says neither whether nor which token matched.
     """
 
-    def __init__(self, check: Iterable[str], admin: Iterable[str]) -> None:
+    def __init__(
+        self, check: Iterable[str], admin: Iterable[str], admin_names: Iterable[str] = ()
+    ) -> None:
+        admin, names = list(admin), list(admin_names)
+        names += [f"admin token {n}" for n in range(len(names) + 1, len(admin) + 1)]
         self._known = [(_digest(t.encode()), Role.ADMIN) for t in admin]
         self._known += [(_digest(t.encode()), Role.CHECK) for t in check]
+        self._names = names  # of the admin tokens, in their order: who changed what
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Tokens:
-        return cls(settings.api_tokens, settings.admin_tokens)
+        return cls(settings.api_tokens, settings.admin_tokens, settings.admin_names)
 
     @property
     def enabled(self) -> bool:
@@ -114,11 +127,18 @@ class Tokens:
         return len(self._known) - admin, admin
 
     def role_of(self, presented: bytes) -> Role:
+        return self.identify(presented)[0]
+
+    def identify(self, presented: bytes) -> tuple[Role, str | None]:
+        """The token's role, and its configured name if it is an admin token."""
         digest = _digest(presented)
-        granted = 0
-        for known, role in self._known:
-            granted |= int(role) * hmac.compare_digest(digest, known)
-        return Role(granted)
+        granted, found = 0, -1
+        for index, (known, role) in enumerate(self._known):
+            matched = hmac.compare_digest(digest, known)
+            granted |= int(role) * matched
+            found = max(found, index * matched - (not matched))
+        name = self._names[found] if 0 <= found < len(self._names) else None
+        return Role(granted), name
 
 
 def needs(role: Role) -> str:
@@ -205,7 +225,7 @@ class AuthMiddleware:
                 "missing bearer token: send the header `Authorization: Bearer <token>`",
                 f'Bearer realm="{REALM}"',
             )
-        role = self.tokens.role_of(presented)
+        role, name = self.tokens.identify(presented)
         if role is Role.NONE:
             return _Refusal(
                 401,
@@ -221,6 +241,8 @@ class AuthMiddleware:
                 "and read usage",
                 f'Bearer realm="{REALM}", error="insufficient_scope"',
             )
+        if name is not None:  # request.state.token_name: who made an admin change
+            scope.setdefault("state", {})["token_name"] = name
         return None
 
 
