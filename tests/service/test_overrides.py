@@ -250,7 +250,7 @@ async def test_an_override_whose_rule_left_the_policy_is_listed_idle(tmp_path: P
 
 
 @contextlib.contextmanager
-def two_daemons(tmp_path: Path) -> Iterator[tuple[str, str]]:
+def two_daemons(tmp_path: Path) -> Iterator[tuple[str, str, Any]]:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     env = clean_environment(
@@ -262,7 +262,7 @@ def two_daemons(tmp_path: Path) -> Iterator[tuple[str, str]]:
             running_daemon(tmp_path, *flags, env=env) as one,
             running_daemon(tmp_path, *flags, env=env) as two,
         ):
-            yield one.url, two.url
+            yield one.url, two.url, redis
 
 
 def limit_of(url: str, user: str) -> Any:
@@ -272,7 +272,7 @@ def limit_of(url: str, user: str) -> Any:
 
 @pytest.mark.redis
 def test_every_daemon_on_the_store_applies_a_change_within_the_poll(tmp_path: Path) -> None:
-    with two_daemons(tmp_path) as (one, two):
+    with two_daemons(tmp_path) as (one, two, _):
         assert limit_of(two, "alice") == 2
         made = httpx.post(
             f"{one}/v1/admin/overrides", json=GRANT, headers=AS_ADMIN, trust_env=False
@@ -350,3 +350,23 @@ def test_the_cli_refuses_a_bad_expiry_before_asking(tmp_path: Path) -> None:
                   "--rate", "1/minute", "--until", "tomorrow", "--reason", "x")  # fmt: skip
     assert refused.returncode == 2
     assert "--until" in refused.stderr
+
+
+def redis_commands(redis: Any, name: str) -> int:
+    stats = redis.client().info("commandstats")
+    return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+
+
+@pytest.mark.redis
+def test_a_decision_reads_nothing_of_the_overrides(tmp_path: Path) -> None:
+    """The version is read by each daemon's poller once a second, never per call: 300
+    checks cost no more GETs than the seconds they took, on each daemon."""
+    with two_daemons(tmp_path) as (one, _, redis):
+        httpx.post(f"{one}/v1/admin/overrides", json=GRANT, headers=AS_ADMIN, trust_env=False)
+        gets, started = redis_commands(redis, "get"), time.monotonic()
+        with httpx.Client(base_url=one, headers=AS_CHECK, trust_env=False) as client:
+            for n in range(300):
+                client.post("/v1/check", json={"user": f"u{n % 7}", "tool": "terminal"})
+        seconds = time.monotonic() - started
+        polls = 2 * (int(seconds) + 2)  # two daemons, each at most once a second (+ edges)
+        assert redis_commands(redis, "get") - gets <= polls
