@@ -41,7 +41,7 @@ def _add_set(actions: Any) -> argparse.ArgumentParser:
     limit = given.add_mutually_exclusive_group(required=True)
     limit.add_argument("--rate", help="for a rate rule, e.g. 20/minute")
     limit.add_argument("--budget", help="for a budget rule, e.g. 5/day")
-    limit.add_argument("--concurrency", type=int, help="for a concurrency rule: calls at once")
+    limit.add_argument("--concurrency", type=int, help="for a concurrency rule: slots, e.g. 3")
     limit.add_argument("--unlimited", action="store_true", help="no limit from this rule")
     given.add_argument("--burst", type=int, help="a token bucket's burst")
     expiry = given.add_mutually_exclusive_group()

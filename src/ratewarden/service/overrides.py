@@ -82,6 +82,7 @@ class RuntimeOverrides:
         self._next_expiry: datetime | None = None
         self._lock = asyncio.Lock()
         self._poller: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now_ms() / 1000, UTC)
@@ -131,20 +132,24 @@ class RuntimeOverrides:
 
     async def stop(self) -> None:
         if self._poller is not None:
+            self._stopping.set()
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
             self._poller = None
 
     async def _poll(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 await self.refresh()
             except StoreError as exc:  # the store is down: keep what is applied
                 log.debug("runtime overrides not refreshed: %s", exc)
             except Exception:  # the poller must outlive any surprise
                 log.exception("runtime overrides: unexpected error; still polling")
-            await asyncio.sleep(POLL_S)
+            # A store client may turn our cancel into its own error (caught above): the
+            # stop flag ends the loop whatever it did.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), POLL_S)
 
     def listed(self) -> list[Override]:
         """The overrides in force, newest first, each saying whether the policy in force
