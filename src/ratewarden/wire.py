@@ -543,7 +543,16 @@ class ErrorResponse(BaseModel):
 
 # -- runtime overrides (POST/GET /v1/admin/overrides, DELETE /v1/admin/overrides/{id}) --
 
-Reason = Annotated[str, Field(min_length=1, max_length=500), AfterValidator(no_control_characters)]
+
+def plain_text(value: str) -> str:
+    """A text an operator reads in a list, a page or a log: no control characters and no
+    invisible formatting (a right-to-left override would make it read otherwise)."""
+    if any(unicodedata.category(char) in ("Cc", "Cf") for char in value):
+        raise ValueError("must be plain text: no control or invisible formatting characters")
+    return value
+
+
+Reason = Annotated[str, Field(min_length=1, max_length=500), AfterValidator(plain_text)]
 MAX_OVERRIDE_NAMES = 100  # users or groups in one override
 
 

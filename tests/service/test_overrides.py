@@ -147,9 +147,11 @@ async def test_the_newest_runtime_override_for_a_user_wins() -> None:
         ({"reason": ""}, "reason"),
         ({"reason": "x" * 501}, "reason"),
         ({"reason": "line\nbreak"}, "reason"),
+        ({"reason": "ok\u202egnp.exe"}, "reason"),  # a right-to-left override
         ({"rule": "no-such-rule"}, "rule"),
         ({"rate": None, "budget": "5/day"}, "budget"),  # a rate rule
         ({"rate": "lots"}, "rate"),
+        ({"rate": "200000/minute"}, "rate"),  # above the rule's own cap
         ({"rate": None, "concurrency": -1}, "concurrency"),
         ({"rate": None, "concurrency": "3"}, "concurrency"),
         ({"users": None, "groups": ["nobody-knows"]}, "groups"),

@@ -74,6 +74,14 @@ BAD_FILES: dict[str, list[tuple[int, str, str]]] = {
     "override_burst_on_sliding_rule.yaml": [
         (9, "overrides[0].burst", "burst only applies to token_bucket rules")
     ],
+    "override_rate_above_sliding_cap.yaml": [
+        (
+            8,
+            "overrides[0].rate",
+            "sliding_window limits are capped at 100000 calls per window; "
+            "use token_bucket or fixed_window for larger limits",
+        )
+    ],
     "override_budget_on_rate_rule.yaml": [
         (8, "overrides[0].budget", "rule 'r' is a rate rule, not budget")
     ],

@@ -32,7 +32,14 @@ from ratewarden.policy.model import (
     Unlimited,
     is_glob,
 )
-from ratewarden.policy.schema import MatchSpec, OverrideSpec, PolicySpec, RuleSpec, limits_in
+from ratewarden.policy.schema import (
+    MatchSpec,
+    OverrideSpec,
+    PolicySpec,
+    RuleSpec,
+    limits_in,
+    sliding_cap_problem,
+)
 from ratewarden.vocabulary import (
     METADATA_FLAGS,
     REPEATED,
@@ -247,7 +254,12 @@ def _override_limit(
         kind != RuleKind.RATE or rule.algorithm != Algorithm.TOKEN_BUCKET
     ):
         issues.append(PolicyIssue((*where, "burst"), "burst only applies to token_bucket rules"))
-    return _rule_limit(spec, override, rule)
+    limit = _rule_limit(spec, override, rule)
+    if isinstance(limit, RateLimit) and (
+        problem := sliding_cap_problem(limit.rate, limit.algorithm)
+    ):
+        issues.append(PolicyIssue((*where, "rate"), problem))  # the rule's cap holds for it too
+    return limit
 
 
 def _default_tool(spec: PolicySpec) -> ToolEntry:

@@ -83,6 +83,17 @@ Percent = Annotated[float, PlainValidator(_percent), PlainSerializer(lambda f: f
 MAX_SLIDING_LIMIT = 100_000
 
 
+def sliding_cap_problem(rate: Rate, algorithm: Algorithm | None) -> str | None:
+    """What is wrong with `rate` on a sliding window (None: the default algorithm here,
+    as for a rule that names none), or None: a rule's and its overrides' one cap."""
+    if rate.limit <= MAX_SLIDING_LIMIT or algorithm not in (None, Algorithm.SLIDING_WINDOW):
+        return None
+    return (
+        f"sliding_window limits are capped at {MAX_SLIDING_LIMIT} calls per window; "
+        "use token_bucket or fixed_window for larger limits"
+    )
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -238,15 +249,8 @@ class RuleSpec(_Strict):
         _only_with(self, RuleKind.RATE, "algorithm", "burst")
         _only_with(self, RuleKind.BUDGET, "currency", "soft_limit")
         _only_with(self, RuleKind.CONCURRENCY, "lease_timeout")
-        if (
-            self.rate
-            and self.rate.limit > MAX_SLIDING_LIMIT
-            and self.algorithm in (None, Algorithm.SLIDING_WINDOW)
-        ):
-            raise ValueError(
-                f"sliding_window limits are capped at {MAX_SLIDING_LIMIT} calls per window; "
-                "use token_bucket or fixed_window for larger limits"
-            )
+        if self.rate and (problem := sliding_cap_problem(self.rate, self.algorithm)):
+            raise ValueError(problem)
         return self
 
     def _an_access_rule(self) -> RuleSpec:
