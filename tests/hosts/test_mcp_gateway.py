@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -170,7 +171,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             started(
                 [*gateway, "--listen", f"127.0.0.1:{header_port}", "--server", demo,
                  "--user-header", "X-User", "--url", daemons[1].url],
-                env_demo,
+                {**env_demo, "RATEWARDEN_REQUEST_TIMEOUT_S": "1"},
                 f"http://127.0.0.1:{header_port}/healthz",
                 work / "header-gateway.log",
             )
@@ -182,6 +183,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "work": str(work),
         }
         report = drive(python, {**config, "phase": "all"})
+        report["half_open"] = half_open(header_port)
         urls = [daemon.url for daemon in daemons]
         report["checks_by_daemon"] = [checks_decided(url) for url in urls]
         wait_for_release(urls[-1], "gw-drop", "hang-one-at-a-time", IDLE_TIMEOUT_S + 20)
@@ -190,6 +192,27 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         daemons[0].process.wait(timeout=20)
         after = drive(python, {**config, "phase": "one daemon gone"})
         yield Run(urls, report, after)
+
+
+def half_open(port: int, count: int = 20) -> dict[str, Any]:
+    """Sockets that start a request and never finish it (headers cut short, or a body
+    promised and not sent): the gateway must close them itself, and serve meanwhile."""
+    openings = [b"POST /demo/mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                b"GET /healthz HTTP/1.1\r\nHo"]  # fmt: skip
+    held = []
+    for n in range(count):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(openings[n % 2])
+        held.append(sock)
+    healthy = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5, trust_env=False)
+    deadline, closed = time.monotonic() + 30, 0
+    for sock in held:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        with contextlib.suppress(OSError):
+            if sock.recv(1) == b"":  # the gateway hung up on it, unanswered
+                closed += 1
+        sock.close()
+    return {"healthy_meanwhile": healthy.status_code, "closed": closed, "count": count}
 
 
 def drive(python: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -339,3 +362,10 @@ def test_a_call_running_when_its_session_is_deleted_is_settled(run: Run) -> None
 def test_a_client_that_vanishes_is_settled_at_the_idle_timeout(run: Run) -> None:
     assert run.report["dropped"]["ran"] == ["hang gw-left-drop started"]
     assert run.usage("gw-drop")["hang-one-at-a-time"]["used"] == 0
+
+
+def test_sockets_that_never_finish_a_request_are_closed(run: Run) -> None:
+    # The daemon's guard (service/connections.py) at RATEWARDEN_REQUEST_TIMEOUT_S=1.
+    half_open = run.report["half_open"]
+    assert half_open["healthy_meanwhile"] == 200
+    assert half_open["closed"] == half_open["count"]

@@ -45,6 +45,8 @@ from ratewarden.mcp.guard import Daemon, SessionGuard
 from ratewarden.mcp.identity import Identities
 from ratewarden.mcp.relay import Relay
 from ratewarden.mcp.upstream import SERVER_NAME, Upstream
+from ratewarden.service import connections
+from ratewarden.settings import Settings
 from ratewarden.vocabulary import ClientSettings, fail_mode
 
 __all__ = ["Gateway", "run"]
@@ -254,8 +256,17 @@ async def run(options: argparse.Namespace, identities: Identities) -> None:
         idle_timeout=options.idle_timeout,
     )
     host, port = options.listen
+    # The daemon's guard against sockets that never finish a request, and its cap on open
+    # connections (RATEWARDEN_REQUEST_TIMEOUT_S, RATEWARDEN_MAX_CONNECTIONS).
+    connections.install(Settings())
     config = uvicorn.Config(
-        gateway, host=host, port=port, lifespan="off", log_level="warning", access_log=False
+        gateway,
+        host=host,
+        port=port,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        http=connections.GuardedHttpProtocol,
     )
     try:
         async with gateway.running():
