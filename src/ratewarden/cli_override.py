@@ -14,8 +14,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-EXIT_USAGE, EXIT_UNREACHABLE = 2, 4
-
 
 def add_parser(commands: Any, add_client_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     override = commands.add_parser(
@@ -65,6 +63,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _asking(run: Callable[[Any], int], args: argparse.Namespace) -> int:
     """Run `run(client)`, saying plainly why the daemon did not do it."""
+    from ratewarden.cli import EXIT_UNREACHABLE, EXIT_USAGE
     from ratewarden.client import ClientError, DaemonUnavailable
 
     try:
@@ -81,6 +80,7 @@ def _asking(run: Callable[[Any], int], args: argparse.Namespace) -> int:
 def _set(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from ratewarden.cli import EXIT_USAGE
     from ratewarden.wire import OverrideRequest
 
     fields = ("users", "groups", "rule", "rate", "budget", "concurrency", "burst", "ttl", "until")

@@ -24,7 +24,7 @@ import itertools
 import os
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 # -- the policy's words ------------------------------------------------------------------
 
@@ -94,6 +94,18 @@ ARGS_DIMENSION = "args."  # `per: [args.url]`: a counter per value of one argume
 
 
 _FAIL_MODES = frozenset(FailMode)
+
+
+def hint_flags(source: Mapping[str, Any]) -> dict[str, bool]:
+    """The metadata flags among a tool's hints, under our names or MCP's (`readOnlyHint`):
+    booleans only, anything else ignored. What the MCP relay, the ContextForge plugin and
+    the Strands adapter read from a tool's annotations."""
+    found: dict[str, bool] = {}
+    for key, value in source.items():
+        name = MCP_HINTS.get(key, key)
+        if name in METADATA_FLAGS and isinstance(value, bool):
+            found[name] = value
+    return found
 
 
 def fail_mode(value: object) -> FailMode:

@@ -556,8 +556,8 @@ Reason = Annotated[str, Field(min_length=1, max_length=500), AfterValidator(plai
 MAX_OVERRIDE_NAMES = 100  # users or groups in one override
 
 
-class OverrideRequest(_Body):
-    """One runtime override: the file's `overrides` vocabulary, an expiry, and why."""
+class OverrideLimit(BaseModel):
+    """Who and what an override changes: the file's `overrides` vocabulary."""
 
     users: Annotated[list[Subject], Field(min_length=1, max_length=MAX_OVERRIDE_NAMES)] | None = (
         None
@@ -571,23 +571,20 @@ class OverrideRequest(_Body):
     concurrency: Annotated[int, Field(ge=0, le=1_000_000, strict=True)] | None = None
     burst: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = None
     unlimited: Annotated[bool, Field(strict=True)] = False
+
+
+class OverrideRequest(_Body, OverrideLimit):
+    """One runtime override: the file's `overrides` vocabulary, an expiry, and why."""
+
     ttl: Annotated[str, Field(min_length=1, max_length=32)] | None = None  # "10m", "2h"
     until: AwareDatetime | None = None
     reason: Reason
 
 
-class Override(BaseModel):
+class Override(OverrideLimit):
     """A runtime override as stored and listed."""
 
     id: str
-    users: list[str] | None = None
-    groups: list[str] | None = None
-    rule: str
-    rate: str | None = None
-    budget: str | None = None
-    concurrency: int | None = None
-    burst: int | None = None
-    unlimited: bool = False
     expires_at: AwareDatetime | None = None
     reason: str
     set_by: str

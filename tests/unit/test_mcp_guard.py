@@ -107,7 +107,9 @@ async def test_a_call_holds_its_slot_until_answered(guard: AsyncGuard) -> None:
     busy = await session.check(2, {"name": "slow"}, never_asked)
     assert busy.decision is Decision.REFUSE
     assert session.waiting(1)
-    await session.finished(1, error=True)
+    settle = session.finish(1, error=True)
+    assert settle is not None
+    await settle()
     assert not session.waiting(1)
     assert (await session.check(3, {"name": "slow"}, never_asked)).decision is Decision.FORWARD
 

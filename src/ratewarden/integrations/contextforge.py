@@ -181,11 +181,7 @@ def tool_metadata(tool: Any) -> ToolMetadata | None:
     annotations = getattr(tool, "annotations", None)
     if not isinstance(annotations, Mapping):
         return None
-    found: dict[str, Any] = {}
-    for key, value in annotations.items():
-        name = vocabulary.MCP_HINTS.get(key, key)
-        if name in vocabulary.METADATA_FLAGS and isinstance(value, bool):
-            found[name] = value
+    found = vocabulary.hint_flags(annotations)
     return ToolMetadata(**found) if found else None
 
 

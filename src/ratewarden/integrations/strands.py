@@ -180,13 +180,10 @@ def _annotations(tool: Any) -> Mapping[str, Any]:
 
 def _flags(source: Mapping[str, Any]) -> dict[str, Any]:
     """Boolean hints under our names or MCP's, and valid tags; anything else is ignored."""
-    found: dict[str, Any] = {}
-    for key, value in source.items():
-        name = vocabulary.MCP_HINTS.get(key, key)
-        if name in vocabulary.METADATA_FLAGS and isinstance(value, bool):
-            found[name] = value
-        elif name == "tags" and isinstance(value, list | tuple):
-            found["tags"] = [t for t in value if _valid_tag(t)][: vocabulary.MAX_TAGS]
+    found: dict[str, Any] = vocabulary.hint_flags(source)
+    tags = source.get("tags")
+    if isinstance(tags, list | tuple):
+        found["tags"] = [t for t in tags if _valid_tag(t)][: vocabulary.MAX_TAGS]
     return found
 
 

@@ -44,7 +44,6 @@ from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, ToolMeta
 __all__ = ["Decision", "SessionGuard", "ToolCatalog", "can_elicit", "tool_metadata"]
 
 HOST = "mcp"  # leads a call id when the JSON-RPC id cannot
-HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 log = logging.getLogger("ratewarden.mcp")
 
 Ask = Callable[[str, str], Awaitable[bool]]  # (tool, message) -> the user approved
@@ -57,7 +56,7 @@ def tool_metadata(tool: Mapping[str, Any]) -> ToolMetadata | None:
     annotations = tool.get("annotations")
     if not isinstance(annotations, Mapping):
         return None
-    hints = {name: value for name in HINTS if isinstance(value := annotations.get(name), bool)}
+    hints = vocabulary.hint_flags(annotations)
     return ToolMetadata.model_validate(hints) if hints else None
 
 
@@ -263,12 +262,6 @@ class SessionGuard:
                 done.set()
 
         return settle
-
-    async def finished(self, request_id: RequestId, *, error: bool) -> None:
-        """`finish`, settled at once."""
-        settle = self.finish(request_id, error=error)
-        if settle is not None:
-            await settle()
 
     async def cancel(self, request_id: RequestId) -> None:
         """`notifications/cancelled` for `request_id`: settle it, or drop it once checked."""

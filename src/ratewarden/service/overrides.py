@@ -44,6 +44,7 @@ from ratewarden.wire import (
     ErrorResponse,
     FieldError,
     Override,
+    OverrideLimit,
     OverrideRemoved,
     OverrideRequest,
     OverridesResponse,
@@ -56,7 +57,6 @@ T = TypeVar("T")
 POLL_S = 1.0  # how often a daemon looks at the store's overrides version
 MAX_OVERRIDES = 1000  # stored at once: each is compiled into every daemon's policy
 MAX_TTL = timedelta(days=366)
-LIMIT_FIELDS = ("rate", "budget", "concurrency", "burst", "unlimited")
 
 
 class RuntimeOverrides:
@@ -111,12 +111,9 @@ class RuntimeOverrides:
         live = {i: o for i, o in found.items() if o.expires_at is None or o.expires_at > now}
         # Newest first: of two runtime overrides for one user and rule, the later one wins.
         newest_first = sorted(live.items(), key=lambda item: item[1].set_at, reverse=True)
-        policy = await self.reloader.use_overrides(
+        await self.reloader.use_overrides(
             [(i, spec) for i, o in newest_first if (spec := _stored_spec(i, o)) is not None]
         )
-        for override_id, override in live.items():
-            why = policy.idle_overrides.get(override_id)
-            live[override_id] = override.model_copy(update={"active": why is None, "idle": why})
         self.overrides, self.version = live, version
         expiries = [o.expires_at for o in live.values() if o.expires_at is not None]
         self._next_expiry = min(expiries, default=None)
@@ -168,7 +165,7 @@ class RuntimeOverrides:
         now = self.now()
         override = Override(
             id=f"ovr_{secrets.token_hex(6)}",
-            **request.model_dump(include={"users", "groups", "rule", *LIMIT_FIELDS}),
+            **request.model_dump(include=set(OverrideLimit.model_fields)),
             expires_at=_expiry(request, now),
             reason=request.reason,
             set_by=set_by,
@@ -187,7 +184,7 @@ class RuntimeOverrides:
         await self.refresh()
         self.metrics.override_changes.labels("set").inc()
         admin_change("override_set", **_audited(override))
-        return self.overrides.get(override.id, override)
+        return next((o for o in self.listed() if o.id == override.id), override)
 
     async def remove(self, override_id: str, removed_by: str) -> bool:
         if await self.store.remove_override(override_id) is None:
@@ -232,7 +229,7 @@ class OverrideRefused(ValueError):
 
 def _spec(override: Override) -> OverrideSpec:
     """The file's override for this one (its checks: rate and budget texts, one limit)."""
-    fields = override.model_dump(include={"users", "groups", "rule", *LIMIT_FIELDS})
+    fields = override.model_dump(include=set(OverrideLimit.model_fields))
     try:
         return OverrideSpec.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
@@ -280,7 +277,7 @@ def _expiry(request: OverrideRequest, now: datetime) -> datetime | None:
 def _field_of(why: str) -> str:
     """Which request field an idle reason is about: compile leads it with the field."""
     field, _, _ = why.partition(":")
-    return field if field in {"rule", "groups", "users", *LIMIT_FIELDS} else "rule"
+    return field if field in OverrideLimit.model_fields else "rule"
 
 
 def _audited(override: Override) -> dict[str, Any]:
