@@ -128,11 +128,15 @@ class RuntimeOverrides:
         self._poller = asyncio.create_task(self._poll(), name="ratewarden-overrides")
 
     async def stop(self) -> None:
+        """Let the poller finish the round it is in (each store operation has its
+        deadline) rather than cancel it mid-command: a store client cancelled halfway
+        leaves its connection half-read, never closed."""
         if self._poller is not None:
             self._stopping.set()
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+            try:
+                await asyncio.wait_for(self._poller, 2 * self.store.timeout_s + 1)
+            except TimeoutError:  # wait_for has cancelled it: it is gone either way
+                log.warning("runtime overrides poller cancelled at shutdown")
             self._poller = None
 
     async def _poll(self) -> None:
@@ -199,7 +203,7 @@ class _Deadlined:
     """The store's override operations, each answered within `timeout_s` or StoreError."""
 
     def __init__(self, store: Store, timeout_s: float) -> None:
-        self._store, self._timeout_s = store, timeout_s
+        self._store, self.timeout_s = store, timeout_s
 
     async def overrides_version(self) -> int:
         return await self._within(self._store.overrides_version())
@@ -215,10 +219,10 @@ class _Deadlined:
 
     async def _within(self, operation: Awaitable[T]) -> T:
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(self.timeout_s):
                 return await operation
         except TimeoutError:
-            raise StoreError(f"no answer in {self._timeout_s:g} s") from None
+            raise StoreError(f"no answer in {self.timeout_s:g} s") from None
 
 
 class OverrideRefused(ValueError):
