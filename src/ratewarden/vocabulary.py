@@ -273,6 +273,8 @@ def sendable(value: str) -> bool:
 def _sendable(value: str, limit: int) -> str:
     """The first `limit` characters of `value` that the API takes (reading no further: a
     host may send megabytes)."""
+    if value.isprintable():  # holds neither (the common case, read at C speed)
+        return value[: max(limit, 0)]
     import unicodedata  # not at import: a hook process seldom needs it
 
     kept = (char for char in value if unicodedata.category(char) not in _UNSENDABLE)

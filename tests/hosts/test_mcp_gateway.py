@@ -35,7 +35,8 @@ DEMO_MESSAGE = "Demo mode: destructive tools are off"
 ASK_MESSAGE = "deploy needs a human's approval"
 USERS = [
     "gw-limit", "mcp-demo", "gw-budget", "gw-pass", "gw-ask", "gw-web", "gw-alice", "gw-bob",
-    "gw-delete", "gw-drop", "gw-fresh", "gw-ask-raw",
+    "gw-delete", "gw-drop", "gw-fresh", "gw-ask-raw", "gw-web-budget", "gw-web-pass",
+    "gw-web-delete", "gw-demo-changed", "gw-web-changed",
 ]  # fmt: skip
 IDLE_TIMEOUT_S = 3  # the main gateway's: a client that vanishes is let go this soon
 
@@ -46,6 +47,7 @@ version: 1
 tools:
   demo.terminal: {{label: terminal}}
   demo.slow_paid: {{cost: 0.5}}
+  web.slow_paid: {{cost: 0.5}}
 rules:
   - name: terminal-per-minute
     match: {{tool: demo.terminal}}
@@ -56,22 +58,22 @@ rules:
     per: [user]
     concurrency: 1
   - name: web-per-minute
-    match: {{tool: "web.*"}}
+    match: {{tool: "web.*", user: gw-web}}
     per: [user]
     rate: 2/minute
   - name: demo-mode
-    match: {{user: mcp-demo, destructive: true}}
+    match: {{user: [mcp-demo, gw-demo-changed, gw-web-changed], destructive: true}}
     deny: "{DEMO_MESSAGE}"
   - name: paid-budget
-    match: {{tool: demo.slow_paid}}
+    match: {{tool: [demo.slow_paid, web.slow_paid]}}
     per: [user]
     budget: 100/day
   - name: paid-one-at-a-time
-    match: {{tool: [demo.slow_paid, demo.failing]}}
+    match: {{tool: [demo.slow_paid, demo.failing, web.slow_paid, web.failing]}}
     per: [user]
     concurrency: 1
   - name: hang-one-at-a-time
-    match: {{tool: demo.hang}}
+    match: {{tool: [demo.hang, web.hang]}}
     per: [user]
     concurrency: 1
   - name: deploy-needs-approval
@@ -283,24 +285,51 @@ def test_annotations_drive_an_access_rule_over_http(run: Run) -> None:
     assert access["ran"] == ["read_file gw-README"]
 
 
-def test_budget_is_reserved_and_settled_over_http(run: Run) -> None:
-    budget = run.report["budget"]
-    assert [r["text"] for r in budget["results"][:3]] == [f"bought gw-thing {i}" for i in range(3)]
+# Each upstream kind: a command (stdio, per session) and a URL (the gateway's own client).
+UPSTREAMS = pytest.mark.parametrize("server", ["demo", "web"])
+
+
+def scenario(run: Run, name: str, server: str) -> dict[str, Any]:
+    found: dict[str, Any] = run.report[name if server == "demo" else f"{server}_{name}"]
+    return found
+
+
+@UPSTREAMS
+def test_budget_is_reserved_and_settled_over_http(run: Run, server: str) -> None:
+    budget = scenario(run, "budget", server)
+    user = "gw-budget" if server == "demo" else "gw-web-budget"
+    assert [r["text"] for r in budget["results"][:3]] == [f"bought {user} {i}" for i in range(3)]
     assert budget["results"][3]["is_error"] is True
-    usage = run.usage("gw-budget")
+    assert len(budget["ran"]) == 4
+    usage = run.usage(user)
     assert usage["paid-budget"]["used"] == pytest.approx(1.5)
     assert not usage["paid-budget"]["reserved"]
     assert usage["paid-one-at-a-time"]["used"] == 0
 
 
-def test_progress_elicitation_and_sampling_reach_the_http_client(run: Run) -> None:
-    passed = run.report["passthrough"]
+@UPSTREAMS
+def test_progress_elicitation_and_sampling_reach_the_http_client(run: Run, server: str) -> None:
+    passed = scenario(run, "passthrough", server)
+    topic = "gw-pass-dogs" if server == "demo" else "gw-web-pass-dogs"
     assert passed["resources"] == ["notes://today"]
     assert passed["read"] == ["today's notes"]
     assert passed["progress"] == [[0.5, 1.0, "half way"]]
-    assert passed["seen"] == {"elicit": "Go on with gw-dogs?", "sample": "about gw-dogs"}
+    assert passed["seen"] == {"elicit": f"Go on with {topic}?", "sample": f"about {topic}"}
     assert passed["interactive"] == "elicited accept ok=True; sampled fine"
-    assert passed["ran"] == ["interactive gw-dogs"]
+    assert passed["ran"] == [f"interactive {topic}"]
+
+
+@UPSTREAMS
+def test_a_changed_tool_list_is_read_again_and_drives_the_policy(run: Run, server: str) -> None:
+    # Item 3: the annotations are refreshed on notifications/tools/list_changed.
+    changed = run.report[f"{server}_changed"]
+    user = f"gw-{server}-changed"
+    assert changed["before"] == [{"text": f"shredded {user}-1", "is_error": False}]
+    assert changed["armed"] == [{"text": "armed", "is_error": False}]
+    [after] = changed["after"]
+    assert after["is_error"] is True
+    assert after["text"].startswith(DEMO_MESSAGE)
+    assert changed["ran"] == [f"shred {user}-1"]
 
 
 def test_an_ask_is_put_to_the_http_client_by_elicitation(run: Run) -> None:
@@ -349,18 +378,21 @@ def test_a_session_answers_only_its_own_user_and_server(run: Run) -> None:
 
 def test_a_trusted_proxy_header_names_the_user(run: Run) -> None:
     assert run.report["by_header"]["results"] == [{"text": "ran echo H1", "is_error": False}]
+    assert run.report["by_header"]["forwarded"] == 200  # X-Forwarded-For is not the peer
     assert run.usage("gw-carol")["terminal-per-minute"]["used"] == 1
 
 
-def test_a_call_running_when_its_session_is_deleted_is_settled(run: Run) -> None:
-    deleted = run.report["deleted"]
-    assert deleted["ran"] == ["hang gw-left-delete started"]
+@UPSTREAMS
+def test_a_call_running_when_its_session_is_deleted_is_settled(run: Run, server: str) -> None:
+    deleted = scenario(run, "deleted", server)
+    user = "gw-delete" if server == "demo" else "gw-web-delete"
+    assert deleted["ran"] == [f"hang {user}-left started"]
     assert deleted["deleted"] == 200
-    assert run.usage("gw-delete")["hang-one-at-a-time"]["used"] == 0
+    assert run.usage(user)["hang-one-at-a-time"]["used"] == 0
 
 
 def test_a_client_that_vanishes_is_settled_at_the_idle_timeout(run: Run) -> None:
-    assert run.report["dropped"]["ran"] == ["hang gw-left-drop started"]
+    assert run.report["dropped"]["ran"] == ["hang gw-drop-left started"]
     assert run.usage("gw-drop")["hang-one-at-a-time"]["used"] == 0
 
 

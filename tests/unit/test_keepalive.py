@@ -231,3 +231,45 @@ async def test_the_client_maps_refusals_and_outages_as_it_did_over_httpx() -> No
     with pytest.raises(DaemonUnavailable):
         await client.check(CheckRequest(user="u", tool="t"))
     await client.aclose()
+
+
+async def test_a_streamed_answer_comes_as_it_is_sent_and_its_headers_are_read() -> None:
+    release = asyncio.Event()
+
+    async def events(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader) is not None:
+            head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nMcp-Session-Id: s1\r\n"
+            writer.write(f"{head}transfer-encoding: chunked\r\n\r\n".encode())
+            writer.write(b"6\r\nfirst\n\r\n")
+            await writer.drain()
+            await release.wait()  # the second chunk only once the first was read
+            writer.write(b"7\r\nsecond\n\r\n0\r\n\r\n")
+            await writer.drain()
+            release.clear()
+
+    async with serving(events) as server:
+        wire = KeepAlive(f"http://127.0.0.1:{server.port}", {}, 5)
+        for _ in range(2):
+            async with wire.stream("POST", "/mcp", b"{}", {"accept": "text/event-stream"}) as got:
+                assert got.status == 200
+                assert got.headers["mcp-session-id"] == "s1"  # names in lower case
+                assert await anext(got.body) == b"first\n"
+                release.set()
+                assert [chunk async for chunk in got.body] == [b"second\n"]
+        await wire.aclose()
+    assert server.connections == 1  # read to its end, the connection was reused
+
+
+async def test_a_stream_left_unread_closes_its_connection() -> None:
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nmore\r\n")
+            await writer.drain()
+
+    async with serving(endless) as server:
+        wire = KeepAlive(f"http://127.0.0.1:{server.port}", {}, 5)
+        for _ in range(2):
+            async with wire.stream("GET", "/mcp") as got:
+                assert await anext(got.body) == b"more"
+        await wire.aclose()
+    assert server.connections == 2  # its answer unfinished, a connection is not reused

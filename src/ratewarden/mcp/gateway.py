@@ -266,6 +266,7 @@ async def run(options: argparse.Namespace, identities: Identities) -> None:
         lifespan="off",
         log_level="warning",
         access_log=False,
+        proxy_headers=False,  # a front proxy is trusted by --trusted-proxy, not by uvicorn
         http=connections.GuardedHttpProtocol,
     )
     try:

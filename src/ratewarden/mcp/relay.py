@@ -12,7 +12,9 @@ answered by the relay itself with an `isError` result.
 The relay adds requests of its own, with ids no SDK uses (`ratewarden-…` strings): a
 `tools/list` to the server after `notifications/initialized` and after
 `notifications/tools/list_changed` (its answers are not forwarded), and an
-`elicitation/create` to the client for an `ask`.
+`elicitation/create` to the client for an `ask`. While one of those listings is being
+read, a `tools/call` waits for it (`LISTING_WAIT_S` at most), so that a call made at once
+is checked with the server's annotations, not as unclassified or with stale ones.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ log = logging.getLogger("ratewarden.mcp")
 Incoming = ObjectReceiveStream[SessionMessage | Exception]
 Outgoing = ObjectSendStream[SessionMessage]
 APPROVE = "approve"  # the elicitation form's one field
+LISTING_WAIT_S = 5.0  # the longest a call waits for the server's tools/list to be read
 _ASK_SCHEMA = {
     "type": "object",
     "properties": {APPROVE: {"type": "boolean", "title": "Allow this call", "default": False}},
@@ -63,6 +66,8 @@ class Relay:
         self._progress_token: dict[RequestId, object] = {}  # and back
         self._own_lists: dict[str, list[dict[str, Any]]] = {}  # ours: the pages so far
         self._asks: dict[str, tuple[anyio.Event, list[types.JSONRPCMessage]]] = {}
+        self._listed = anyio.Event()  # set while the catalogue is current (none is listing)
+        self._listed.set()
         self._ids = itertools.count(1)
         self._prefix = f"ratewarden-{os.urandom(4).hex()}"
 
@@ -131,6 +136,10 @@ class Relay:
 
     async def _call(self, item: SessionMessage, message: types.JSONRPCRequest) -> None:
         """Check one `tools/call`: forward it, or answer it with the refusal."""
+        # A call made as soon as the session starts, or the server's list changes, is
+        # checked with the annotations being read, not without or with the old ones.
+        with anyio.move_on_after(LISTING_WAIT_S):
+            await self._listed.wait()
         ask = functools.partial(self._ask, message.id)
         verdict = await self.guard.check(message.id, message.params or {}, ask)
         if verdict.decision is Decision.FORWARD:
@@ -155,14 +164,11 @@ class Relay:
             settle = self._read_answer(message)
         elif isinstance(message, types.JSONRPCNotification):
             item = self._tagged(item, message)
+            if message.method == "notifications/tools/list_changed":
+                await self._list_tools()  # before the client hears: its next call waits for it
         await self._to_client.send(item)
         if settle is not None:  # after the answer left: the daemon's round trip is not in its way
             await settle()
-        if (
-            isinstance(message, types.JSONRPCNotification)
-            and message.method == "notifications/tools/list_changed"
-        ):
-            await self._list_tools()
 
     def _tagged(self, item: SessionMessage, message: types.JSONRPCNotification) -> SessionMessage:
         """A server's progress notification, tagged with the request it reports on: over
@@ -205,6 +211,8 @@ class Relay:
         """Ask the server for its tools (a page), to read their annotations."""
         request_id = self._new_id("tools")
         self._own_lists[request_id] = pages or []
+        if self._listed.is_set():
+            self._listed = anyio.Event()
         params = {"cursor": cursor} if cursor else None
         request = types.JSONRPCRequest(
             jsonrpc="2.0", id=request_id, method="tools/list", params=params
@@ -218,13 +226,13 @@ class Relay:
         pages = self._own_lists.pop(message.id)
         if isinstance(message, types.JSONRPCError):
             log.warning("mcp: the server refused to list its tools: %s", message.error.message)
+        elif isinstance(cursor := message.result.get("nextCursor"), str) and cursor:
+            await self._list_tools(cursor, [*pages, message.result])
             return True
-        pages.append(message.result)
-        cursor = message.result.get("nextCursor")
-        if isinstance(cursor, str) and cursor:
-            await self._list_tools(cursor, pages)
         else:
-            self.guard.catalog.replace(pages)
+            self.guard.catalog.replace([*pages, message.result])
+        if not self._own_lists:
+            self._listed.set()
         return True
 
     async def _ask(self, call: RequestId, tool: str, message: str) -> bool:

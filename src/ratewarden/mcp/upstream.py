@@ -56,8 +56,12 @@ class Upstream:
         from mcp.client.stdio import StdioServerParameters, stdio_client
         from mcp.client.streamable_http import streamable_http_client
 
+        from ratewarden.mcp.streamable import streamable_http
+
         session: AbstractAsyncContextManager[tuple[Incoming, Outgoing]]
-        if self.url is not None:
+        if self.url is not None and self.url.startswith("http://"):
+            session = streamable_http(self.url)  # the SDK's client costs a call 1.5 ms
+        elif self.url is not None:
             session = streamable_http_client(self.url)
         else:
             # The whole environment, as for the stdio proxy (the SDK's default passes few).

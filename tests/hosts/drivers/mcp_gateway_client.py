@@ -97,16 +97,16 @@ async def access() -> dict[str, Any]:
     return {**report, "ran": ran("demo", "gw-")}
 
 
-async def budget() -> dict[str, Any]:
+async def budget(server: str = "demo", user: str = "gw-budget") -> dict[str, Any]:
     async def scenario(client: ClientSession) -> Any:
-        bought = await calls(client, "slow_paid", [{"item": f"gw-thing {i}"} for i in range(3)])
-        return bought + await calls(client, "failing", [{"reason": "gw-boom"}])
+        bought = await calls(client, "slow_paid", [{"item": f"{user} {i}"} for i in range(3)])
+        return bought + await calls(client, "failing", [{"reason": f"{user}-boom"}])
 
-    results = await session("demo", bearer("gw-budget"), scenario)
-    return {"results": results, "ran": ran("demo", "gw-thing") + ran("demo", "gw-boom")}
+    results = await session(server, bearer(user), scenario)
+    return {"results": results, "ran": ran(server, f"{user} ") + ran(server, f"{user}-boom")}
 
 
-async def passthrough() -> dict[str, Any]:
+async def passthrough(server: str = "demo", user: str = "gw-pass") -> dict[str, Any]:
     """What a server asks of its client (progress, elicitation, sampling) over HTTP."""
     seen: dict[str, Any] = {}
     progress: list[Any] = []
@@ -129,7 +129,7 @@ async def passthrough() -> dict[str, Any]:
         resources = await client.list_resources()
         read = await client.read_resource("notes://today")
         result = await client.call_tool(
-            "interactive", {"topic": "gw-dogs"}, progress_callback=on_progress
+            "interactive", {"topic": f"{user}-dogs"}, progress_callback=on_progress
         )
         return {
             "resources": [str(r.uri) for r in resources.resources],
@@ -138,13 +138,34 @@ async def passthrough() -> dict[str, Any]:
         }
 
     report = await session(
-        "demo",
-        bearer("gw-pass"),
+        server,
+        bearer(user),
         scenario,
         elicitation_callback=on_elicit,
         sampling_callback=on_sample,
     )
-    return {**report, "seen": seen, "progress": progress, "ran": ran("demo", "gw-dogs")}
+    return {**report, "seen": seen, "progress": progress, "ran": ran(server, f"{user}-dogs")}
+
+
+async def changed(server: str, user: str) -> dict[str, Any]:
+    """The server marks `shred` destructive mid-session and says its list changed: the
+    gateway reads the list again, and the next call meets the demo-mode rule."""
+    notified = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(getattr(message, "root", message), types.ToolListChangedNotification):
+            notified.set()
+
+    async def scenario(client: ClientSession) -> Any:
+        before = await calls(client, "shred", [{"paper": f"{user}-1"}])
+        armed = await calls(client, "arm", [{}])
+        await asyncio.wait_for(notified.wait(), 30)
+        await asyncio.sleep(0.5)  # the gateway's own tools/list, sent as it relayed the news
+        after = await calls(client, "shred", [{"paper": f"{user}-2"}])
+        return {"before": before, "armed": armed, "after": after}
+
+    report = await session(server, bearer(user), scenario, message_handler=on_message)
+    return {**report, "ran": ran(server, f"shred {user}")}
 
 
 async def ask_accepted() -> dict[str, Any]:
@@ -298,16 +319,34 @@ async def by_header() -> dict[str, Any]:
         lambda c: calls(c, "terminal", args),
         base=CONFIG["header_gateway"],
     )
-    return {"results": results, "ran": ran("demo", "echo H1")}
+    # The peer is the socket's: an X-Forwarded-For header does not make the loopback
+    # proxy someone else (were it believed, a peer could pose as a trusted proxy).
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        forwarded = await http.post(
+            f"{CONFIG['header_gateway']}/demo/mcp",
+            json=init,
+            headers={**ACCEPT, "X-User": "gw-carol", "X-Forwarded-For": "203.0.113.9"},
+        )
+        if "mcp-session-id" in forwarded.headers:
+            await http.delete(
+                f"{CONFIG['header_gateway']}/demo/mcp",
+                headers={
+                    "X-User": "gw-carol",
+                    "mcp-session-id": forwarded.headers["mcp-session-id"],
+                },
+            )
+    return {"results": results, "ran": ran("demo", "echo H1"), "forwarded": forwarded.status_code}
 
 
-async def left(how: str) -> dict[str, Any]:
+async def left(how: str, server: str = "demo") -> dict[str, Any]:
     """A client whose call is running when it goes: `delete` ends its session (DELETE),
     `drop` just disconnects (the session ends at the gateway's idle timeout). Raw HTTP,
     so that no SDK session sends its courtesy cancel first."""
-    url = f"{CONFIG['gateway']}/demo/mcp"
-    headers = {**ACCEPT, **bearer(f"gw-{how}")}
-    label = f"gw-left-{how}"
+    url = f"{CONFIG['gateway']}/{server}/mcp"
+    user = f"gw-{how}" if server == "demo" else f"gw-{server}-{how}"
+    headers = {**ACCEPT, **bearer(user)}
+    label = f"{user}-left"
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=120)) as http:
         opened = await http.post(
             url,
@@ -334,14 +373,14 @@ async def left(how: str) -> dict[str, Any]:
                     pass
 
         task = asyncio.create_task(post_call())
-        while not ran("demo", label):  # the call reached the tool: it is in flight
+        while not ran(server, label):  # the call reached the tool: it is in flight
             await asyncio.sleep(0.05)
         task.cancel()  # the client stops reading: the connection goes
         await asyncio.gather(task, return_exceptions=True)
         if how == "delete":
             deleted = await http.delete(url, headers=headers)
-            return {"deleted": deleted.status_code, "ran": ran("demo", label)}
-    return {"ran": ran("demo", label)}
+            return {"deleted": deleted.status_code, "ran": ran(server, label)}
+    return {"ran": ran(server, label)}
 
 
 async def main() -> None:
@@ -356,6 +395,13 @@ async def main() -> None:
             "ask_accepted": await ask_accepted(),
             "ask_on_the_call_stream": await ask_on_the_call_stream(),
             "web": await web(),
+            # The URL upstream, on the gateway's own streamable HTTP client, carries all
+            # that the command upstream does.
+            "web_budget": await budget("web", "gw-web-budget"),
+            "web_passthrough": await passthrough("web", "gw-web-pass"),
+            "web_deleted": await left("delete", "web"),
+            "demo_changed": await changed("demo", "gw-demo-changed"),
+            "web_changed": await changed("web", "gw-web-changed"),
             "unidentified": await unidentified(),
             "hijack": await hijack(),
             "by_header": await by_header(),

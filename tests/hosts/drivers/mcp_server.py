@@ -3,8 +3,9 @@
 Each tool appends a line to `$MCP_RAN` when it runs, so the tests count what really ran.
 `read_file` is annotated read-only, `drop_table` destructive; `terminal` and the others
 are unannotated. `interactive` uses what a server asks of its client through the proxy:
-progress, an elicitation, and sampling. Over stdio by default; `--http PORT` serves
-streamable HTTP at `http://127.0.0.1:PORT/mcp` (the gateway's URL upstream).
+progress, an elicitation, and sampling. `shred` starts marked not destructive; `arm`
+marks it destructive and tells the client the list changed. Over stdio by default;
+`--http PORT` serves streamable HTTP at `http://127.0.0.1:PORT/mcp` (the gateway's URL upstream).
 """
 
 from __future__ import annotations
@@ -74,6 +75,24 @@ async def hang(label: str) -> str:
     ran(f"hang {label} started")
     await asyncio.sleep(60)
     return "never"
+
+
+def shred(paper: str) -> str:
+    """Not destructive until `arm` runs."""
+    ran(f"shred {paper}")
+    return f"shredded {paper}"
+
+
+server.add_tool(shred, annotations=ToolAnnotations(destructiveHint=False))
+
+
+@server.tool(annotations=ToolAnnotations(destructiveHint=False))
+async def arm(ctx: Context) -> str:
+    """Marks `shred` destructive (for every session of this server) and says so."""
+    server.remove_tool("shred")
+    server.add_tool(shred, annotations=ToolAnnotations(destructiveHint=True))
+    await ctx.session.send_tool_list_changed()
+    return "armed"
 
 
 class Confirm(BaseModel):
