@@ -3,7 +3,7 @@
 `Client`/`AsyncClient` raise on trouble (the CLI wants to know); `Guard`/`AsyncGuard`
 never raise for an outage and answer by their fail mode instead (a tool call must get
 an answer). Only `ratewarden.wire`, `ratewarden.vocabulary` and the async clients' transport
-(`ratewarden.keepalive`, on h11) are imported, so a host agent loads this without FastAPI
+(`ratewarden.keepalive`, on httptools) are imported, so a host agent loads this without FastAPI
 or Redis.
 """
 

@@ -1,12 +1,14 @@
-"""HTTP/1.1 to one server on kept-alive asyncio connections, framed by h11: what the
-async clients send their checks and settles to the daemon on, and the MCP gateway its
-messages to a plain http:// upstream (`ratewarden.mcp.streamable`).
+"""HTTP/1.1 to one server on kept-alive asyncio connections: what the async clients send
+their checks and settles to the daemon on, and the MCP gateway its messages to a plain
+http:// upstream (`ratewarden.mcp.streamable`).
 
 Why not httpx here: a guard asks the daemon before every tool call, and an httpx async
 request costs about 0.8 ms of CPU on this project's machines (its transport on anyio, its
 URL and model objects), against 0.2 ms for the whole round trip on a bare asyncio
-connection; the MCP proxy pays it twice per call (bench/mcp_overhead.py). h11 (what
-httpx's own transport frames HTTP/1.1 with) still reads and writes every message. The
+connection; the MCP proxy pays it twice per call (bench/mcp_overhead.py). Answers are
+read by httptools (llhttp, the C parser uvicorn reads requests with, installed with it):
+a round trip costs 13 us of client CPU here, against 86 us framed by h11. A request's
+head is a few formatted lines, its header values refused if they could split it. The
 clients keep httpx for what this does not do: `https://`, proxies, in-process transports.
 
 A connection carries one request at a time; idle ones are reused, most recent first. One
@@ -23,82 +25,133 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-import h11
+import httptools
 
 __all__ = ["KeepAlive", "Streamed", "Unreachable"]
 
 MAX_IDLE = 16  # connections kept for reuse; more are closed when returned
 READ_SIZE = 65536
+_SPLITTERS = ("\r", "\n", "\0")  # what would end a header line early (a smuggled header)
 
 
 class Unreachable(Exception):
-    """No answer: the daemon could not be reached, broke off, or did not answer in time."""
+    """No answer: the server could not be reached, broke off, or did not answer in time."""
 
 
 class _Stale(Exception):
-    """The connection was closed before the daemon answered anything."""
+    """The connection was closed before the server answered anything."""
+
+
+class _Answer:
+    """What the parser has read of the answer under way (httptools' callbacks)."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.reset()
+
+    def reset(self) -> None:
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.head = self.done = self.keep_alive = False
+        self.messages = 0  # begun since the request: more than one, and it is not reused
+
+    def on_message_begin(self) -> None:
+        self.messages += 1
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        if self.parser.get_status_code() < 200:  # an informational head: the answer follows
+            self.headers = {}
+        else:
+            self.head = True
+            self.keep_alive = self.parser.should_keep_alive()  # (read while in its head)
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = self.head
+
+    def delimited(self) -> bool:
+        """Whether the answer says where its body ends (else the server's close ends it)."""
+        return "content-length" in self.headers or "transfer-encoding" in self.headers
 
 
 class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.answer = _Answer()
+        self.closed_by_server = False
 
-    async def start(self, request: bytes) -> h11.Response:
-        """Send one encoded request and read its answer's head."""
+    async def start(self, request: bytes) -> int:
+        """Send one encoded request and read its answer's head: its status."""
+        self.answer.reset()
         try:
             self.writer.write(request)
             await self.writer.drain()
         except ConnectionError:
             raise _Stale from None
-        while True:
-            event = await self._next(answered=False)
-            if isinstance(event, h11.Response):
-                return event  # (an informational 1xx head is passed over)
+        while not self.answer.head:
+            if not await self._read():
+                raise _Stale
+        return self.answer.parser.get_status_code()
 
     async def body(self) -> AsyncIterator[bytes]:
         """The answer's body, chunk by chunk as it arrives, to its end."""
+        answer = self.answer
         while True:
-            event = await self._next(answered=True)
-            if isinstance(event, h11.Data):
-                yield bytes(event.data)
-            elif isinstance(event, h11.EndOfMessage):
+            if answer.chunks:
+                chunks, answer.chunks = answer.chunks, []
+                for chunk in chunks:
+                    yield chunk
+            if answer.done:
                 return
+            if not await self._read():
+                if answer.delimited():
+                    raise Unreachable("the server closed the connection mid-answer")
+                answer.done = self.closed_by_server = True  # its close was the body's end
 
-    async def _next(self, *, answered: bool) -> h11.Event:
-        while (event := self.h11.next_event()) is h11.NEED_DATA:
-            try:
-                data = await self.reader.read(READ_SIZE)
-            except ConnectionError:
-                data = b""
-            if not data and not answered:
-                raise _Stale
-            self.h11.receive_data(data)
-        if isinstance(event, h11.ConnectionClosed):
-            raise Unreachable("the server closed the connection mid-answer")
-        if event is h11.PAUSED:  # (only after an answer's end, which ends every read)
-            raise Unreachable("the server sent more than its answer")
-        return event  # type: ignore[return-value]  # (NEED_DATA and PAUSED are handled)
-
-    def encode(
-        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes
-    ) -> bytes:
-        head = h11.Request(method=method, target=target, headers=headers)
-        parts = [self.h11.send(head), self.h11.send(h11.Data(data=body)) if body else None]
-        return b"".join(part for part in [*parts, self.h11.send(h11.EndOfMessage())] if part)
+    async def _read(self) -> bool:
+        """Feed the parser what has arrived; False when the server has closed."""
+        try:
+            data = await self.reader.read(READ_SIZE)
+        except ConnectionError:
+            data = b""
+        if not data:
+            return False
+        try:
+            self.answer.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            raise Unreachable(f"a malformed answer: {exc}") from None
+        return True
 
     def reusable(self) -> bool:
-        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
-            self.h11.start_next_cycle()
-            return True
-        return False
+        answer = self.answer
+        return (
+            answer.done and answer.keep_alive and answer.messages == 1 and not self.closed_by_server
+        )
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _encode(method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", *(f"{name}: {value}" for name, value in headers)]
+    return "\r\n".join([*lines, "", ""]).encode("latin-1") + body
+
+
+def _checked(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """`headers` as sent; ValueError for a value that would end its line (or the head)."""
+    for name, value in headers.items():
+        if any(splitter in name or splitter in value for splitter in _SPLITTERS):
+            raise ValueError(f"header {name!r}: a value holding CR, LF or NUL")
+    return list(headers.items())
 
 
 class Streamed(NamedTuple):
@@ -110,7 +163,7 @@ class Streamed(NamedTuple):
 
 
 class KeepAlive:
-    """Requests to the `http://` daemon at `url` (a path in it prefixes every target),
+    """Requests to the `http://` server at `url` (a path in it prefixes every target),
     each with `headers`, answered within `timeout` seconds. Bound to the event loop that
     first uses it, as asyncio connections are."""
 
@@ -120,8 +173,7 @@ class KeepAlive:
             raise ValueError(f"KeepAlive speaks plain http://host[:port] only, not {url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
         self.prefix = parts.path.rstrip("/")
-        host = parts.netloc.rpartition("@")[2]
-        self.headers = [("host", host), *headers.items()]
+        self.headers = _checked({"host": parts.netloc.rpartition("@")[2], **headers})
         self.timeout = timeout
         self._idle: list[_Connection] = []
 
@@ -134,7 +186,7 @@ class KeepAlive:
             headers.append(("content-type", content_type))
         try:
             async with asyncio.timeout(self.timeout):
-                return await self._send(method, self.prefix + target, headers, body)
+                return await self._send(_encode(method, self.prefix + target, headers, body))
         except TimeoutError:
             raise self._timed_out() from None
 
@@ -143,55 +195,43 @@ class KeepAlive:
         self, method: str, target: str, body: bytes = b"", headers: Mapping[str, str] | None = None
     ) -> AsyncIterator[Streamed]:
         """One request whose answer is read as it comes: its head within the timeout, its
-        body for as long as it lasts. Unreachable when there is no answer."""
-        sent = [*self.headers, *(headers or {}).items(), ("content-length", str(len(body)))]
+        body for as long as it lasts. Unreachable when there is no answer; ValueError for
+        a header value holding CR, LF or NUL."""
+        sent = [*self.headers, *_checked(headers or {}), ("content-length", str(len(body)))]
+        request = _encode(method, self.prefix + target, sent, body)
         try:
             async with asyncio.timeout(self.timeout):
-                connection, head = await self._open(method, self.prefix + target, sent, body)
+                connection, status = await self._open(request)
         except TimeoutError:
             raise self._timed_out() from None
-        fields = {
-            name.decode("latin-1").lower(): value.decode("latin-1") for name, value in head.headers
-        }
         try:
-            yield Streamed(head.status_code, fields, self._guarded(connection.body()))
+            yield Streamed(status, connection.answer.headers, connection.body())
         except BaseException:
             connection.close()  # its answer unread: the connection is of no further use
             raise
         self._release(connection)
 
-    async def _send(
-        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes
-    ) -> tuple[int, bytes]:
-        connection, head = await self._open(method, target, headers, body)
+    async def _send(self, request: bytes) -> tuple[int, bytes]:
+        connection, status = await self._open(request)
         try:
-            chunks = [chunk async for chunk in self._guarded(connection.body())]
+            chunks = [chunk async for chunk in connection.body()]
         except BaseException:
             connection.close()
             raise
         self._release(connection)
-        return head.status_code, b"".join(chunks)
+        return status, b"".join(chunks)
 
-    async def _open(
-        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes
-    ) -> tuple[_Connection, h11.Response]:
-        """A connection with the request sent on it and its answer's head read."""
+    async def _open(self, request: bytes) -> tuple[_Connection, int]:
+        """A connection with `request` sent on it and its answer's head read."""
         reused = bool(self._idle)
         connection = self._idle.pop() if reused else await self._connect()
         try:
-            return connection, await self._exchange(connection, method, target, headers, body)
+            return connection, await self._start(connection, request)
         except _Stale:
             if not reused:
                 raise Unreachable("the server closed the connection without answering") from None
             connection = await self._connect()  # once more, on a new connection
-            return connection, await self._exchange(connection, method, target, headers, body)
-
-    async def _guarded(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in body:
-                yield chunk
-        except (OSError, h11.ProtocolError) as exc:
-            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+            return connection, await self._start(connection, request)
 
     def _release(self, connection: _Connection) -> None:
         if connection.reusable() and len(self._idle) < MAX_IDLE:
@@ -202,20 +242,13 @@ class KeepAlive:
     def _timed_out(self) -> Unreachable:
         return Unreachable(f"no answer from {self.host}:{self.port} in {self.timeout} s")
 
-    async def _exchange(
-        self,
-        connection: _Connection,
-        method: str,
-        target: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-    ) -> h11.Response:
+    async def _start(self, connection: _Connection, request: bytes) -> int:
         try:
-            return await connection.start(connection.encode(method, target, headers, body))
+            return await connection.start(request)
         except _Stale:
             connection.close()
             raise
-        except (OSError, h11.ProtocolError) as exc:
+        except OSError as exc:
             connection.close()
             raise Unreachable(f"{type(exc).__name__}: {exc}") from None
         except BaseException:  # cancelled or timed out mid-request: its state is unknown

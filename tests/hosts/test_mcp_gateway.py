@@ -33,10 +33,11 @@ RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
 WEB_MESSAGE = "Rate limit: max 2 web.terminal calls per minute"
 DEMO_MESSAGE = "Demo mode: destructive tools are off"
 ASK_MESSAGE = "deploy needs a human's approval"
+ARGS_MESSAGE = "Refusing destructive root delete"
 USERS = [
     "gw-limit", "mcp-demo", "gw-budget", "gw-pass", "gw-ask", "gw-web", "gw-alice", "gw-bob",
     "gw-delete", "gw-drop", "gw-fresh", "gw-ask-raw", "gw-web-budget", "gw-web-pass",
-    "gw-web-delete", "gw-demo-changed", "gw-web-changed",
+    "gw-web-delete", "gw-demo-changed", "gw-web-changed", "gw-demo-args", "gw-web-args",
 ]  # fmt: skip
 IDLE_TIMEOUT_S = 3  # the main gateway's: a client that vanishes is let go this soon
 
@@ -76,6 +77,9 @@ rules:
     match: {{tool: [demo.hang, web.hang]}}
     per: [user]
     concurrency: 1
+  - name: no-root-delete
+    match: {{tool: [demo.terminal, web.terminal], args: {{command: {{contains: "rm -rf /"}}}}}}
+    deny: "{ARGS_MESSAGE}"
   - name: deploy-needs-approval
     match: {{tool: demo.deploy}}
     ask: "{ASK_MESSAGE}"
@@ -380,6 +384,17 @@ def test_a_trusted_proxy_header_names_the_user(run: Run) -> None:
     assert run.report["by_header"]["results"] == [{"text": "ran echo H1", "is_error": False}]
     assert run.report["by_header"]["forwarded"] == 200  # X-Forwarded-For is not the peer
     assert run.usage("gw-carol")["terminal-per-minute"]["used"] == 1
+
+
+@UPSTREAMS
+def test_the_arguments_reach_an_args_rule(run: Run, server: str) -> None:
+    # Item 3: the call's arguments go with the check, as the policy reads them.
+    argued = run.report[f"{server}_args"]
+    refused, listed = argued["results"]
+    assert refused["is_error"] is True
+    assert refused["text"].startswith(ARGS_MESSAGE)
+    assert listed == {"text": f"ran ls /gw-{server}-args", "is_error": False}
+    assert argued["ran"] == [f"terminal ls /gw-{server}-args"]
 
 
 @UPSTREAMS

@@ -273,3 +273,55 @@ async def test_a_stream_left_unread_closes_its_connection() -> None:
                 assert await anext(got.body) == b"more"
         await wire.aclose()
     assert server.connections == 2  # its answer unfinished, a connection is not reused
+
+
+async def test_a_header_value_that_would_split_the_request_is_refused() -> None:
+    with pytest.raises(ValueError, match="'authorization'"):
+        KeepAlive("http://127.0.0.1:1", {"authorization": "Bearer t\r\nx-admin: 1"}, 5)
+    async with serving(echo_forever) as server:
+        wire = KeepAlive(f"http://127.0.0.1:{server.port}", {}, 5)
+        for smuggled in ("s1\nx-admin: 1", "s1\r", "s\x001"):
+            with pytest.raises(ValueError, match="'mcp-session-id'"):
+                async with wire.stream("POST", "/mcp", b"{}", {"mcp-session-id": smuggled}):
+                    pass
+        await wire.aclose()
+    assert server.connections == 0  # nothing was sent
+
+
+async def test_an_answer_ended_by_the_close_is_read_whole_and_not_reused() -> None:
+    async def close_delimited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\npart one, part two")
+            await writer.drain()
+
+    async with serving(close_delimited) as server:
+        wire = KeepAlive(f"http://127.0.0.1:{server.port}", {}, 5)
+        for _ in range(2):
+            assert await wire.request("GET", "/") == (200, b"part one, part two")
+        await wire.aclose()
+    assert server.connections == 2
+
+
+async def test_an_informational_head_is_passed_over_and_garbage_is_unreachable() -> None:
+    async def early_hints(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n")
+            writer.write(answer(b'{"ok": true}'))
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n")
+            await writer.drain()
+
+    async with serving(early_hints) as server:
+        wire = KeepAlive(f"http://127.0.0.1:{server.port}", {}, 5)
+        async with wire.stream("GET", "/") as got:
+            assert got.status == 200
+            assert "link" not in got.headers
+            assert [chunk async for chunk in got.body] == [b'{"ok": true}']
+        await wire.aclose()
+    async with serving(garbage) as server:
+        wire = KeepAlive(f"http://127.0.0.1:{server.port}", {}, 5)
+        with pytest.raises(Unreachable, match="malformed"):
+            await wire.request("GET", "/")
+        await wire.aclose()

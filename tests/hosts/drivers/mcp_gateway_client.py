@@ -244,6 +244,14 @@ async def web() -> dict[str, Any]:
     return {"results": results, "ran": ran("web", "echo W")}
 
 
+async def arguments(server: str) -> dict[str, Any]:
+    """A call an args rule refuses by its arguments, and one it lets through."""
+    user = f"gw-{server}-args"
+    args = [{"command": "rm -rf / --no-preserve-root"}, {"command": f"ls /{user}"}]
+    results = await session(server, bearer(user), lambda c: calls(c, "terminal", args))
+    return {"results": results, "ran": ran(server, user) + ran(server, "rm -rf")}
+
+
 async def unidentified() -> dict[str, Any]:
     """Requests with no user are refused before any server sees them."""
     report: dict[str, Any] = {}
@@ -402,6 +410,8 @@ async def main() -> None:
             "web_deleted": await left("delete", "web"),
             "demo_changed": await changed("demo", "gw-demo-changed"),
             "web_changed": await changed("web", "gw-web-changed"),
+            "demo_args": await arguments("demo"),
+            "web_args": await arguments("web"),
             "unidentified": await unidentified(),
             "hijack": await hijack(),
             "by_header": await by_header(),
