@@ -77,12 +77,20 @@ def _by_attribute(
     """Serialise a `cls` as the wire `model`: its fields, read by attribute."""
     names = list(model.model_fields)
     fields = [
-        core_schema.dataclass_field(name, (nested or {}).get(name, core_schema.any_schema()))
+        core_schema.dataclass_field(name, (nested or {}).get(name, _plain(model, name)))
         for name in names
     ]
     return core_schema.dataclass_schema(
         cls, core_schema.dataclass_args_schema(cls.__name__, fields), names
     )
+
+
+def _plain(model: type[BaseModel], name: str) -> CoreSchema:
+    """A field's serializer: as text when the wire says `str` (a verdict's kind is a
+    `RuleKind`, which the inferring serializer writes by a Python call per verdict: 0.8 us
+    of a decision's 100), else inferred from the value."""
+    is_text = model.model_fields[name].annotation is str
+    return core_schema.str_schema() if is_text else core_schema.any_schema()
 
 
 def _verdicts(model: type[BaseModel]) -> CoreSchema:
