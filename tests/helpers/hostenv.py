@@ -26,9 +26,10 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from tests.helpers.daemon import START_TIMEOUT_S, Daemon, clean_environment
 from tests.helpers.daemon import running_daemon as serving
@@ -199,3 +200,29 @@ rules:
     per: [user]
     rate: 10/minute
 """
+
+
+def run_driver(
+    python: Path,
+    driver: Path,
+    config: Mapping[str, Any] | None = None,
+    *,
+    timeout: float = 120,
+    env: Mapping[str, str] | None = None,
+    stdin: str | None = None,
+) -> dict[str, Any]:
+    """Run `driver` with a host's `python`, `config` as its one JSON argument: the report
+    it prints as its last line. A driver that fails fails the test, showing its output."""
+    command = [str(python), str(driver), *([json.dumps(config)] if config is not None else [])]
+    done = subprocess.run(
+        command,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(env) if env is not None else clean_environment(),
+        check=False,
+    )
+    assert done.returncode == 0, f"{driver.name} failed:\n{done.stdout}\n{done.stderr}"
+    report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return report

@@ -34,7 +34,7 @@ import pytest
 from tests.helpers.daemon import Daemon, clean_environment
 from tests.helpers.daemon import running_daemon as serving
 from tests.helpers.fake_anthropic import fake_messages_api
-from tests.helpers.hostenv import host_python
+from tests.helpers.hostenv import host_python, run_driver
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds the host venvs
 
@@ -283,16 +283,9 @@ def run_framework(host: str, work: Path, daemon: Daemon, *plan: str) -> tuple[st
     user = new_user(host)
     work.mkdir(parents=True, exist_ok=True)
     config = {"host": host, "user": user, "commands": list(plan), "work": str(work)}
-    done = subprocess.run(
-        [str(python), str(DRIVERS / "args_agents.py"), json.dumps(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=clean_environment(RATEWARDEN_URL=daemon.url),
-        check=False,
+    report: dict[str, Any] = run_driver(
+        python, DRIVERS / "args_agents.py", config, env=clean_environment(RATEWARDEN_URL=daemon.url)
     )
-    assert done.returncode == 0, f"driver failed:\n{done.stdout}\n{done.stderr}"
-    report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return user, report
 
 

@@ -13,7 +13,6 @@ issued for admin@example.com.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -25,7 +24,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_python, running_daemon
+from tests.helpers.hostenv import (
+    TERMINAL_POLICY,
+    clean_environment,
+    host_python,
+    run_driver,
+    running_daemon,
+)
 from tests.helpers.redis_server import free_port
 
 DRIVERS = Path(__file__).parent / "drivers"
@@ -170,16 +175,7 @@ class Gateway:
             "token": token or self.token,
             "calls": [list(c) for c in calls],
         }
-        done = subprocess.run(
-            [str(self.python), str(CLIENT), json.dumps(config)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=clean_environment(),
-            check=False,
-        )
-        assert done.returncode == 0, f"client failed:\n{done.stdout}\n{done.stderr}"
-        report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+        report: dict[str, Any] = run_driver(self.python, CLIENT, config)
         return report
 
     def ran(self, server: str) -> list[str]:

@@ -10,9 +10,7 @@ what it counted.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_python, running_daemon
+from tests.helpers.hostenv import (
+    TERMINAL_POLICY,
+    clean_environment,
+    host_python,
+    run_driver,
+    running_daemon,
+)
 from tests.helpers.redis_server import free_port
 
 DRIVER = Path(__file__).parent / "drivers" / "crewai_agent.py"
@@ -87,17 +91,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             RATEWARDEN_USER=ENV_USER,
             OPENAI_API_KEY="sk-fake",
         )
-        done = subprocess.run(
-            [str(python), str(DRIVER), json.dumps(config)],
-            input="approve\nno\n",  # CrewAI's console prompt: the two console scenarios
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=environment,
-            check=False,
+        # CrewAI's console prompt: the two console scenarios
+        yield Run(
+            daemon.url,
+            run_driver(python, DRIVER, config, timeout=300, env=environment, stdin="approve\nno\n"),
         )
-        assert done.returncode == 0, f"driver failed:\n{done.stdout}\n{done.stderr}"
-        yield Run(daemon.url, json.loads(done.stdout.splitlines()[-1]))
 
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds the host venv (about 1 GB)

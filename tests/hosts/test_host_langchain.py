@@ -10,7 +10,6 @@ scripted `GenericFakeChatModel` and real `@tool` tools, through `invoke`
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,12 @@ import httpx
 import pytest
 
 from ratewarden.vocabulary import APPROVAL_NEEDED
-from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_python, running_daemon
+from tests.helpers.hostenv import (
+    TERMINAL_POLICY,
+    host_python,
+    run_driver,
+    running_daemon,
+)
 from tests.helpers.redis_server import free_port
 
 DRIVER = Path(__file__).parent / "drivers" / "langchain_agent.py"
@@ -80,16 +84,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "dead_url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
             "work": str(work),
         }
-        done = subprocess.run(
-            [str(python), str(DRIVER), json.dumps(config)],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            env=clean_environment(),
-            check=False,
-        )
-        assert done.returncode == 0, f"driver failed:\n{done.stdout}\n{done.stderr}"
-        yield Run(daemon.url, json.loads(done.stdout.splitlines()[-1]))
+        yield Run(daemon.url, run_driver(python, DRIVER, config, timeout=180))
 
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds the host venv

@@ -10,8 +10,6 @@ it counted.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_python, running_daemon
+from tests.helpers.hostenv import (
+    TERMINAL_POLICY,
+    host_python,
+    run_driver,
+    running_daemon,
+)
 from tests.helpers.redis_server import free_port
 
 DRIVER = Path(__file__).parent / "drivers" / "pydantic_ai_agent.py"
@@ -77,16 +80,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "dead_url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
             "work": str(work),
         }
-        done = subprocess.run(
-            [str(python), str(DRIVER), json.dumps(config)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=clean_environment(),
-            check=False,
-        )
-        assert done.returncode == 0, f"driver failed:\n{done.stdout}\n{done.stderr}"
-        yield Run(daemon.url, json.loads(done.stdout.splitlines()[-1]))
+        yield Run(daemon.url, run_driver(python, DRIVER, config))
 
 
 pytestmark = pytest.mark.timeout(600)  # the first run builds the host venv

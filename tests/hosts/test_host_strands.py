@@ -10,9 +10,7 @@ work without strands.
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,7 +22,13 @@ import pytest
 from ratewarden.client import ClientError, Guard
 from ratewarden.integrations.strands import RatewardenHook
 from ratewarden.wire import CheckRequest, CheckResponse
-from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_python, running_daemon
+from tests.helpers.hostenv import (
+    TERMINAL_POLICY,
+    clean_environment,
+    host_python,
+    run_driver,
+    running_daemon,
+)
 from tests.helpers.redis_server import free_port
 
 DRIVER = Path(__file__).parent / "drivers" / "strands_agent.py"
@@ -69,16 +73,13 @@ def strands_python() -> Path:
 def drive(python: Path, url: str, work: Path, **config: Any) -> dict[str, Any]:
     """Run the driver once; its report, with what the model received."""
     work.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [str(python), str(DRIVER), json.dumps({**config, "work": str(work)})],
-        capture_output=True,
-        text=True,
+    report: dict[str, Any] = run_driver(
+        python,
+        DRIVER,
+        {**config, "work": str(work)},
         timeout=90,
         env=clean_environment(RATEWARDEN_URL=url),
-        check=False,
     )
-    assert done.returncode == 0, f"driver failed:\n{done.stdout}\n{done.stderr}"
-    report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return report
 
 

@@ -12,7 +12,6 @@ clients received; the tests read that, what the tools wrote, and what the daemon
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import socket
 import subprocess
@@ -25,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers.hostenv import clean_environment, host_python, running_daemon
+from tests.helpers.hostenv import clean_environment, host_python, run_driver, running_daemon
 from tests.helpers.redis_server import free_port, running_redis
 
 DRIVERS = Path(__file__).parent / "drivers"
@@ -222,16 +221,9 @@ def half_open(port: int, count: int = 20) -> dict[str, Any]:
 
 
 def drive(python: Path, config: dict[str, Any]) -> dict[str, Any]:
-    done = subprocess.run(
-        [str(python), str(DRIVERS / "mcp_gateway_client.py"), json.dumps(config)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=clean_environment(),
-        check=False,
+    report: dict[str, Any] = run_driver(
+        python, DRIVERS / "mcp_gateway_client.py", config, timeout=300
     )
-    assert done.returncode == 0, f"driver failed:\n{done.stdout}\n{done.stderr}"
-    report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return report
 
 

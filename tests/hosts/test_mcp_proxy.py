@@ -24,7 +24,12 @@ import pytest
 
 from tests.helpers import fake_anthropic
 from tests.helpers.fake_anthropic import FakeModel
-from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_python, running_daemon
+from tests.helpers.hostenv import (
+    TERMINAL_POLICY,
+    host_python,
+    run_driver,
+    running_daemon,
+)
 from tests.helpers.redis_server import free_port
 
 DRIVERS = Path(__file__).parent / "drivers"
@@ -93,16 +98,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "dead_url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
             "work": str(work),
         }
-        done = subprocess.run(
-            [str(python), str(DRIVERS / "mcp_client.py"), json.dumps(config)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=clean_environment(),
-            check=False,
-        )
-        assert done.returncode == 0, f"driver failed:\n{done.stdout}\n{done.stderr}"
-        yield Run(daemon.url, json.loads(done.stdout.splitlines()[-1]))
+        yield Run(daemon.url, run_driver(python, DRIVERS / "mcp_client.py", config, timeout=300))
 
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds the host venv

@@ -8,14 +8,12 @@ mcp venv, where the SDK's types parse the messages)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.hostenv import clean_environment, host_python
+from tests.helpers.hostenv import host_python, run_driver
 
 DRIVER = Path(__file__).parent / "drivers" / "mcp_streamable_upstreams.py"
 CALL_RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}
@@ -23,17 +21,7 @@ CALL_RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
-    done = subprocess.run(
-        [str(host_python("mcp")), str(DRIVER)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=clean_environment(),
-        check=False,
-    )
-    assert done.returncode == 0, f"driver failed:\n{done.stdout}\n{done.stderr}"
-    found: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return found
+    return run_driver(host_python("mcp"), DRIVER)
 
 
 def answer_to_the_call(report: dict[str, Any], case: str) -> dict[str, Any]:

@@ -16,8 +16,6 @@ Both surfaces' tools cost 0.25 in the policy's catalogue and share one `budget:
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,9 +26,9 @@ import pytest
 
 from tests.helpers.hostenv import (
     Daemon,
-    clean_environment,
     host_node_modules,
     host_python,
+    run_driver,
     running_daemon,
 )
 from tests.hosts.drivers.codex_responses import FakeModel, fake_responses_api
@@ -89,16 +87,7 @@ def langchain_service(python: Path, daemon: Daemon, work: Path, user: str, calls
     """A LangChain agent run of `user` asking for `terminal` `calls` times; its report."""
     work.mkdir(exist_ok=True)
     config = {"url": daemon.url, "work": str(work), "user": user, "calls": calls}
-    done = subprocess.run(
-        [str(python), str(DRIVER), json.dumps(config)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=clean_environment(),
-        check=False,
-    )
-    assert done.returncode == 0, f"driver failed:\n{done.stdout}\n{done.stderr}"
-    return json.loads(done.stdout.splitlines()[-1])
+    return run_driver(python, DRIVER, config, timeout=180)
 
 
 def codex_session(codex: Path, daemon: Daemon, tmp_path: Path, user: str, ran: Path) -> str:
