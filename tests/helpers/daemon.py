@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -110,3 +111,20 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def read_usage(url: str, user: str, tool: str | None = None) -> dict[str, dict[str, Any]]:
+    """GET /v1/usage on the daemon at `url`: `user`'s counters (for `tool`), by rule."""
+    params = {"user": user} if tool is None else {"user": user, "tool": tool}
+    with httpx.Client(trust_env=False, timeout=10) as http:
+        found = http.get(f"{url}/v1/usage", params=params).raise_for_status().json()
+    return {item["rule"]: item for item in found["limits"]}
+
+
+def read_denials(url: str, user: str | None = None) -> list[dict[str, Any]]:
+    """GET /v1/denials on the daemon at `url`: the refusals (of `user`), newest first."""
+    params = {} if user is None else {"user": user}
+    with httpx.Client(trust_env=False, timeout=10) as http:
+        found = http.get(f"{url}/v1/denials", params=params).raise_for_status().json()
+    entries: list[dict[str, Any]] = found["denials"]
+    return entries

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.daemon import Daemon, clean_environment
+from tests.helpers.daemon import Daemon, clean_environment, read_denials
 from tests.helpers.daemon import running_daemon as serving
 from tests.helpers.fake_anthropic import fake_messages_api
 from tests.helpers.hostenv import host_python, run_driver
@@ -110,10 +110,7 @@ def new_user(host: str) -> str:
 
 def denials(daemon: Daemon, user: str) -> list[dict[str, Any]]:
     """The daemon's audit entries for `user`, newest first."""
-    with httpx.Client(trust_env=False) as http:
-        answer = http.get(f"{daemon.url}/v1/denials", params={"user": user})
-    entries: list[dict[str, Any]] = answer.raise_for_status().json()["denials"]
-    return entries
+    return read_denials(daemon.url, user)
 
 
 def commands(tmp_path: Path) -> tuple[str, str, Path]:

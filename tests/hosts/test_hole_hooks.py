@@ -29,7 +29,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -37,6 +36,7 @@ from pydantic import TypeAdapter
 
 from ratewarden.client import AsyncGuard, Guard
 from ratewarden.wire import CallId, CheckRequest, Subject
+from tests.helpers.daemon import read_denials
 from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
 
 RATEWARDEN = Path(sys.executable).with_name("ratewarden")  # the installed console script
@@ -72,9 +72,7 @@ def new_user(prefix: str) -> str:
 
 
 def denials(daemon: Daemon, user: str) -> list[dict[str, Any]]:
-    answer = httpx.get(f"{daemon.url}/v1/denials", params={"user": user}, timeout=5)
-    entries: list[dict[str, Any]] = answer.raise_for_status().json()["denials"]
-    return entries
+    return read_denials(daemon.url, user)
 
 
 # -- the hooks, as their hosts run them -----------------------------------------------------

@@ -26,6 +26,7 @@ import pytest
 from ratewarden.hooks.command import HookOptions, run
 from ratewarden.hooks.hosts import HOSTS
 from ratewarden.integrations import names
+from tests.helpers.daemon import read_denials
 from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
 from tests.helpers.redis_server import free_port
 
@@ -158,9 +159,7 @@ def used(daemon: Daemon, user: str, tool: str, rule: str) -> int | float:
 
 
 def denials(daemon: Daemon, user: str) -> list[dict[str, Any]]:
-    answer = httpx.get(f"{daemon.url}/v1/denials", params={"user": user}, timeout=5).json()
-    entries: list[dict[str, Any]] = answer["denials"]
-    return entries
+    return read_denials(daemon.url, user)
 
 
 def nowhere() -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.daemon import read_usage
 from tests.helpers.hostenv import Daemon, clean_environment, host_node_modules, running_daemon
 from tests.helpers.redis_server import free_port
 from tests.hosts.drivers.codex_responses import fake_responses_api
@@ -137,8 +138,7 @@ def lines(path: Path) -> int:
 
 
 def usage_of(daemon: Daemon, user: str) -> dict[str, int]:
-    answer = httpx.get(f"{daemon.url}/v1/usage", params={"user": user, "tool": "Bash"})
-    return {item["rule"]: item["used"] for item in answer.json()["limits"]}
+    return {rule: item["used"] for rule, item in read_usage(daemon.url, user, "Bash").items()}
 
 
 def appending(ran: Path) -> str:

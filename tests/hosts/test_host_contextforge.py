@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers.daemon import read_usage
 from tests.helpers.hostenv import (
     TERMINAL_POLICY,
     clean_environment,
@@ -184,9 +185,7 @@ class Gateway:
         return path.read_text().splitlines() if path.exists() else []
 
     def usage(self, user: str) -> dict[str, dict[str, Any]]:
-        with httpx.Client(trust_env=False) as http:
-            found = http.get(f"{self.daemon_url}/v1/usage", params={"user": user})
-        return {item["rule"]: item for item in found.raise_for_status().json()["limits"]}
+        return read_usage(self.daemon_url, user)
 
 
 def issue_token(python: Path, env: dict[str, str], work: Path, user: str = USER) -> str:

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.helpers.daemon import read_usage
 from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
 from tests.helpers.redis_server import free_port
 from tests.hosts.drivers.cursor_runner import Answer, Session
@@ -71,8 +71,7 @@ def lines(path: Path) -> int:
 
 
 def usage_of(daemon: Daemon, user: str) -> dict[str, int]:
-    answer = httpx.get(f"{daemon.url}/v1/usage", params={"user": user, "tool": "Shell"})
-    return {item["rule"]: item["used"] for item in answer.json()["limits"]}
+    return {rule: item["used"] for rule, item in read_usage(daemon.url, user, "Shell").items()}
 
 
 def test_cursor_hook_stops_the_11th_shell_call_of_the_signed_in_user(

@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.helpers.daemon import read_usage
 from tests.helpers.hostenv import Daemon, clean_environment, host_python, running_daemon
 from tests.helpers.redis_server import free_port
 
@@ -98,8 +98,7 @@ def test_hermes_shell_hook_blocks_the_11th_terminal_call(
 
 
 def usage_of(daemon: Daemon, user: str) -> dict[str, Any]:
-    answer = httpx.get(f"{daemon.url}/v1/usage", params={"user": user, "tool": "terminal"})
-    return {item["rule"]: item["used"] for item in answer.json()["limits"]}
+    return {rule: item["used"] for rule, item in read_usage(daemon.url, user, "terminal").items()}
 
 
 def test_hermes_shell_hook_with_the_daemon_down(hermes_python: Path, tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.helpers.daemon import read_usage
 from tests.helpers.hostenv import (
     TERMINAL_POLICY,
     host_python,
@@ -54,9 +54,7 @@ class Run:
         self.report = report
 
     def usage(self, user: str) -> dict[str, dict[str, Any]]:
-        with httpx.Client(trust_env=False) as http:
-            found = http.get(f"{self.url}/v1/usage", params={"user": user})
-        return {item["rule"]: item for item in found.raise_for_status().json()["limits"]}
+        return read_usage(self.url, user)
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import pytest
 
 from ratewarden.client import ClientError, Guard
 from ratewarden.integrations.strands import RatewardenHook
 from ratewarden.wire import CheckRequest, CheckResponse
+from tests.helpers.daemon import read_usage
 from tests.helpers.hostenv import (
     TERMINAL_POLICY,
     clean_environment,
@@ -84,9 +84,7 @@ def drive(python: Path, url: str, work: Path, **config: Any) -> dict[str, Any]:
 
 
 def usage(url: str, user: str) -> dict[str, dict[str, Any]]:
-    with httpx.Client(trust_env=False) as http:
-        found = http.get(f"{url}/v1/usage", params={"user": user}).raise_for_status().json()
-    return {item["rule"]: item for item in found["limits"]}
+    return read_usage(url, user)
 
 
 # -- the host proofs ---------------------------------------------------------------------

@@ -24,6 +24,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.helpers.daemon import read_denials, read_usage
 from tests.helpers.hostenv import clean_environment, host_python, run_driver, running_daemon
 from tests.helpers.redis_server import free_port, running_redis
 
@@ -117,13 +118,10 @@ class Run:
         self.daemons, self.report, self.after = daemons, report, after
 
     def usage(self, user: str) -> dict[str, dict[str, Any]]:
-        found = httpx.get(f"{self.daemons[-1]}/v1/usage", params={"user": user}, trust_env=False)
-        return {item["rule"]: item for item in found.raise_for_status().json()["limits"]}
+        return read_usage(self.daemons[-1], user)
 
     def denials(self, user: str) -> list[dict[str, Any]]:
-        found = httpx.get(f"{self.daemons[-1]}/v1/denials", params={"user": user}, trust_env=False)
-        entries: list[dict[str, Any]] = found.raise_for_status().json()["denials"]
-        return entries
+        return read_denials(self.daemons[-1], user)
 
 
 def checks_decided(daemon: str) -> float:

@@ -19,10 +19,10 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.helpers import fake_anthropic
+from tests.helpers.daemon import read_denials, read_usage
 from tests.helpers.fake_anthropic import FakeModel
 from tests.helpers.hostenv import (
     TERMINAL_POLICY,
@@ -74,15 +74,10 @@ class Run:
         self.report = report
 
     def usage(self, user: str) -> dict[str, dict[str, Any]]:
-        with httpx.Client(trust_env=False) as http:
-            found = http.get(f"{self.url}/v1/usage", params={"user": user})
-        return {item["rule"]: item for item in found.raise_for_status().json()["limits"]}
+        return read_usage(self.url, user)
 
     def denials(self, user: str) -> list[dict[str, Any]]:
-        with httpx.Client(trust_env=False) as http:
-            found = http.get(f"{self.url}/v1/denials", params={"user": user})
-        entries: list[dict[str, Any]] = found.raise_for_status().json()["denials"]
-        return entries
+        return read_denials(self.url, user)
 
 
 @pytest.fixture(scope="module")
