@@ -58,6 +58,7 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
         assert spent["server"] > 0, (name, spent)
         assert spent["load generator"] > 0, (name, spent)
         assert spent["redis"] > 0 or name in NO_REDIS, (name, spent)
+        assert run.get("degraded_decisions", 0) == 0, (name, run)  # none by the fail mode
     assert 0 < results["two_worker_ceiling"] <= 2
 
     peers = results["peers"]
