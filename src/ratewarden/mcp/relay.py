@@ -138,8 +138,9 @@ class Relay:
         """Check one `tools/call`: forward it, or answer it with the refusal."""
         # A call made as soon as the session starts, or the server's list changes, is
         # checked with the annotations being read, not without or with the old ones.
-        with anyio.move_on_after(LISTING_WAIT_S):
-            await self._listed.wait()
+        if not self._listed.is_set():  # (no cancel scope per call when none is under way)
+            with anyio.move_on_after(LISTING_WAIT_S):
+                await self._listed.wait()
         ask = functools.partial(self._ask, message.id)
         verdict = await self.guard.check(message.id, message.params or {}, ask)
         if verdict.decision is Decision.FORWARD:

@@ -44,7 +44,6 @@ SESSION_ID = "mcp-session-id"
 PROTOCOL_VERSION = "mcp-protocol-version"
 ACCEPT = "application/json, text/event-stream"
 HEAD_TIMEOUT_S = 30.0  # for an answer's head; its body (a tool's run) may take any time
-MAX_MESSAGE_BYTES = MAX_EVENT_BYTES  # a JSON answer's bound: an event's
 GET_RETRY_S = 1.0  # before reopening the GET stream, unless the server says otherwise
 GET_ATTEMPTS = 2  # consecutive failures to open it before giving up
 DRAIN_S = 1.0  # after a call's response, for its stream to end (then its connection is reused)
@@ -88,8 +87,10 @@ class _Session:
             async for item in messages:
                 message = item.message
                 tasks.start_soon(self._post, message)
-                initialized = getattr(message, "method", None) == "notifications/initialized"
-                if initialized and isinstance(message, types.JSONRPCNotification):
+                if (
+                    isinstance(message, types.JSONRPCNotification)
+                    and message.method == "notifications/initialized"
+                ):
                     tasks.start_soon(self._listen)
 
     async def close(self) -> None:
@@ -228,8 +229,8 @@ async def _whole(body: AsyncIterator[bytes]) -> bytes:
     chunks, size = [], 0
     async for chunk in body:
         size += len(chunk)
-        if size > MAX_MESSAGE_BYTES:
-            raise ValueError(f"an answer longer than {MAX_MESSAGE_BYTES} bytes")
+        if size > MAX_EVENT_BYTES:
+            raise ValueError(f"an answer longer than {MAX_EVENT_BYTES} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
