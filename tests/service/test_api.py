@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from ratewarden.clock import FakeClock
 from ratewarden.policy import parse_policy
-from ratewarden.store import Store, store_from_url
+from ratewarden.store import MemoryStore, Store, store_from_url
 from ratewarden.store.keys import all_keys_pattern, record_key
 from tests.helpers.app import assert_error_shape, build_app, serving
 from tests.helpers.redis_server import RedisServer, free_port, start_redis
@@ -95,6 +95,26 @@ async def test_the_heap_built_at_start_up_is_frozen_while_serving(clock: FakeClo
     async with serving(build_app(POLICY, clock=clock)) as http:
         assert gc.get_freeze_count() > 10_000
         assert (await http.post("/v1/check", json={"user": "a", "tool": "t"})).status_code == 200
+    assert gc.get_freeze_count() == 0
+
+
+class ClosingStore(MemoryStore):
+    closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+        await super().close()
+
+
+async def test_shutdown_runs_when_the_server_stops_on_an_error(clock: FakeClock) -> None:
+    """Its store closed and its heap given back even when the context serving it ends with
+    an exception (a test's failed assertion left a Redis socket open for the next test)."""
+    gc.unfreeze()
+    store = ClosingStore(clock)
+    with pytest.raises(RuntimeError, match="stopped mid-request"):
+        async with serving(build_app(POLICY, store=store)):
+            raise RuntimeError("stopped mid-request")
+    assert store.closed
     assert gc.get_freeze_count() == 0
 
 

@@ -197,11 +197,19 @@ async def test_every_decision_kind_is_counted_exactly(
         assert r.series("ratewarden_degraded_decisions_total") == {}
         assert r.series("ratewarden_store_errors_total") == {}
         # One round trip per check that has rules; `zzz` has none and never reaches the store.
-        assert r.series("ratewarden_store_duration_seconds_count") == {
+        assert decision_store_operations(r) == {
             "operation=start": 1,
             "operation=evaluate": 16,
         }
         await settle_and_count(r, search, browser)
+
+
+def decision_store_operations(r: Rig) -> dict[str, float]:
+    """Store operations counted, but the audit trail's: it pushes the recent denials on a
+    timer of its own (every 0.2 s), so whether a push has happened yet depends on how fast
+    the machine runs the test, not on what the test did."""
+    operations = r.series("ratewarden_store_duration_seconds_count")
+    return {name: n for name, n in operations.items() if name != "operation=push_denials"}
 
 
 async def settle_and_count(
@@ -221,7 +229,7 @@ async def settle_and_count(
         "outcome=already_settled": 1,
         "outcome=unknown": 1,
     }
-    assert r.series("ratewarden_store_duration_seconds_count") == {
+    assert decision_store_operations(r) == {
         "operation=start": 1,
         "operation=evaluate": 16,
         "operation=read_holds": 5,

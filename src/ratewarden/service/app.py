@@ -6,6 +6,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -66,49 +67,14 @@ def create_app(
         timeout_s=max(1.0, settings.store_timeout_ms / 1000),
     )
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        try:
-            await timed.start()
-        except StoreError as exc:
-            # Keep serving: decisions follow the fail mode and /readyz says 503 until the
-            # store answers; the script is loaded again on first use.
-            log.warning("store not reachable at start-up (%s); will retry on use", exc)
-        metrics.policy_loaded(policy)
-        audit.start()
-        reloader.start()
-        await runtime.start()  # applies the store's overrides, then polls their version
-        console_stats.start()  # reads the counters every few seconds, off the hot path
-        log.info(
-            "ratewarden %s ready on http://%s:%s | %s | store %s | policy %s "
-            "(version %s, %d rules)",
-            __version__,
-            settings.host,
-            settings.port,
-            auth.describe(settings),
-            raw_store.description,
-            policy.source,
-            policy.version,
-            len(policy.rules),
-        )
-        # What exists now (modules, FastAPI, pydantic, the policy) lives as long as the
-        # process. Left to the collector, every full collection walked all of it: a 25-80 ms
-        # stall of every request in flight (docs/benchmarks.md). Frozen, it is skipped.
-        gc.collect()
-        gc.freeze()
-        yield
-        gc.unfreeze()  # collectable again: in a test process, this app is now garbage
-        await console_stats.stop()
-        await runtime.stop()
-        await reloader.stop()
-        await audit.stop()
-        await timed.close()
-
+    services = _Services(
+        settings, policy, raw_store, timed, metrics, audit, reloader, runtime, console_stats
+    )
     app = Daemon(
         title="ratewarden",
         version=__version__,
         summary="Rate limits, concurrency caps and cost budgets for AI-agent tool calls.",
-        lifespan=lifespan,
+        lifespan=services.lifespan,
     )
     app.state.engine = engine
     app.state.settings = settings
@@ -133,6 +99,68 @@ def create_app(
     app.front = auth.AuthMiddleware(capped, tokens=tokens, insecure=settings.insecure_no_auth)
     auth.document(app)
     return app
+
+
+@dataclass(frozen=True)
+class _Services:
+    """What runs beside the requests: started before the first, stopped after the last."""
+
+    settings: Settings
+    policy: Policy
+    store: Store  # the bare store, for its description
+    timed: TimedStore
+    metrics: Metrics
+    audit: AuditTrail
+    reloader: PolicyReloader
+    runtime: overrides.RuntimeOverrides
+    stats: console.StatsSampler
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        await self.start()
+        try:
+            yield
+        finally:  # also when the server's context ends with an error: nothing left open
+            await self.stop()
+
+    async def start(self) -> None:
+        try:
+            await self.timed.start()
+        except StoreError as exc:
+            # Keep serving: decisions follow the fail mode and /readyz says 503 until the
+            # store answers; the script is loaded again on first use.
+            log.warning("store not reachable at start-up (%s); will retry on use", exc)
+        self.metrics.policy_loaded(self.policy)
+        self.audit.start()
+        self.reloader.start()
+        await self.runtime.start()  # applies the store's overrides, then polls their version
+        self.stats.start()  # reads the counters every few seconds, off the hot path
+        settings, policy = self.settings, self.policy
+        log.info(
+            "ratewarden %s ready on http://%s:%s | %s | store %s | policy %s "
+            "(version %s, %d rules)",
+            __version__,
+            settings.host,
+            settings.port,
+            auth.describe(settings),
+            self.store.description,
+            policy.source,
+            policy.version,
+            len(policy.rules),
+        )
+        # What exists now (modules, FastAPI, pydantic, the policy) lives as long as the
+        # process. Left to the collector, every full collection walked all of it: a 25-80 ms
+        # stall of every request in flight (docs/benchmarks.md). Frozen, it is skipped.
+        gc.collect()
+        gc.freeze()
+
+    async def stop(self) -> None:
+        gc.unfreeze()  # collectable again: in a test process, this app is now garbage
+        await self.stats.stop()
+        await self.runtime.stop()
+        await self.reloader.stop()
+        await self.audit.stop()
+        await self.timed.close()
 
 
 def _guarded(
