@@ -34,7 +34,7 @@ from ratewarden.calls import Call
 from ratewarden.engine import Decision, Settlement, Verdict
 from ratewarden.policy import Policy
 from ratewarden.store import Store, StoreError
-from ratewarden.store.base import Layer
+from ratewarden.store.base import Args, Layer
 from ratewarden.store.breaker import STATES as CIRCUIT_STATES
 
 # Sub-millisecond to a second: a check normally takes well under 5 ms.
@@ -243,10 +243,12 @@ class TimedStore(Layer):
         super().__init__(store)
         self._metrics = metrics
 
-    async def around(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def around(
+        self, operation: str, function: Callable[[*Args], Awaitable[T]], *args: *Args
+    ) -> T:
         started = time.perf_counter()
         try:
-            return await call()
+            return await function(*args)
         except StoreError:
             self._metrics.store_errors.labels(operation).inc()
             raise

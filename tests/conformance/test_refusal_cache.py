@@ -29,7 +29,7 @@ from ratewarden.metrics import Metrics
 from ratewarden.policy import Policy, parse_policy
 from ratewarden.service.observer import Observer
 from ratewarden.store import MemoryStore, Store, StoreError
-from ratewarden.store.base import Layer
+from ratewarden.store.base import Args, Layer
 from ratewarden.store.redis_store import RedisStore
 from tests.helpers.fakeredis_time import follow
 
@@ -46,12 +46,14 @@ class Counted(Layer):
         self.evaluations = 0
         self.down = False
 
-    async def around(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def around(
+        self, operation: str, function: Callable[[*Args], Awaitable[T]], *args: *Args
+    ) -> T:
         if operation == "evaluate":
             self.evaluations += 1
         if self.down:
             raise StoreError("the test took the store down")
-        return await call()
+        return await function(*args)
 
 
 @pytest.fixture(params=["memory", "fakeredis"])

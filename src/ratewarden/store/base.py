@@ -6,13 +6,15 @@
 
 A `Layer` is a store around a store; each operation passes through its `around`, so a
 wrapper (the deadline and breaker in breaker.py, the timer in metrics.py) states what it
-adds once, not the interface again.
+adds once, not the interface again. `around` gets the inner operation and its arguments,
+not a closure over them: every decision passes two layers, and a closure each was made
+and called for nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, TypeVarTuple
 
 from ratewarden.clock import Clock
 from ratewarden.errors import RatewardenError
@@ -20,6 +22,7 @@ from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
 from ratewarden.limiter.script import SettleStatus
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 
 class StoreError(RatewardenError):
@@ -110,9 +113,12 @@ class Layer:
     def __init__(self, inner: Store) -> None:
         self.inner = inner
 
-    async def around(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
-        """Run one operation (`call` makes its coroutine); a layer adds its part here."""
-        return await call()
+    async def around(
+        self, operation: str, function: Callable[[*Args], Awaitable[T]], *args: *Args
+    ) -> T:
+        """Run one operation (`function(*args)` makes its coroutine); a layer adds its part
+        here."""
+        return await function(*args)
 
     @property
     def description(self) -> str:
@@ -128,26 +134,24 @@ class Layer:
     async def evaluate(
         self, ops: Sequence[CounterOp], record: CallRecord | None = None, dry_run: bool = False
     ) -> Evaluation:
-        return await self.around("evaluate", lambda: self.inner.evaluate(ops, record, dry_run))
+        return await self.around("evaluate", self.inner.evaluate, ops, record, dry_run)
 
     async def read_holds(self, record_key: str) -> list[Hold] | None:
-        return await self.around("read_holds", lambda: self.inner.read_holds(record_key))
+        return await self.around("read_holds", self.inner.read_holds, record_key)
 
     async def settle(
         self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
     ) -> tuple[SettleStatus, list[int]]:
-        return await self.around(
-            "settle", lambda: self.inner.settle(record_key, call_id, actual, holds)
-        )
+        return await self.around("settle", self.inner.settle, record_key, call_id, actual, holds)
 
     async def reset(self, pattern: str) -> int:
-        return await self.around("reset", lambda: self.inner.reset(pattern))
+        return await self.around("reset", self.inner.reset, pattern)
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
-        await self.around("push_denials", lambda: self.inner.push_denials(entries, keep))
+        await self.around("push_denials", self.inner.push_denials, entries, keep)
 
     async def recent_denials(self, count: int) -> list[str]:
-        return await self.around("recent_denials", lambda: self.inner.recent_denials(count))
+        return await self.around("recent_denials", self.inner.recent_denials, count)
 
     async def overrides_version(self) -> int:
         return await self.around("overrides_version", self.inner.overrides_version)
@@ -156,12 +160,10 @@ class Layer:
         return await self.around("read_overrides", self.inner.read_overrides)
 
     async def put_override(self, override_id: str, document: str) -> int:
-        return await self.around(
-            "put_override", lambda: self.inner.put_override(override_id, document)
-        )
+        return await self.around("put_override", self.inner.put_override, override_id, document)
 
     async def remove_override(self, override_id: str) -> int | None:
-        return await self.around("remove_override", lambda: self.inner.remove_override(override_id))
+        return await self.around("remove_override", self.inner.remove_override, override_id)
 
     async def ping(self) -> None:
         await self.around("ping", self.inner.ping)

@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
-from ratewarden.store.base import Layer, Store, StoreError
+from ratewarden.store.base import Args, Layer, Store, StoreError
 from ratewarden.store.deadlines import Deadlines
 
 log = logging.getLogger("ratewarden.store")
@@ -181,15 +181,17 @@ class GuardedStore(Layer):
         self._deadlines = Deadlines(self.timeout_s)
         self.breaker = breaker or CircuitBreaker(failures=0)
 
-    async def around(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def around(
+        self, operation: str, function: Callable[[*Args], Awaitable[T]], *args: *Args
+    ) -> T:
         # The coroutine is made only once admitted: a refused call creates nothing to await.
         probe = self.breaker.admit()
         try:
             if operation != "reset":  # see the class docstring
                 async with self._deadlines():
-                    result = await call()
+                    result = await function(*args)
             else:
-                result = await call()
+                result = await function(*args)
         except TimeoutError as exc:  # the deadline (the store's own errors are StoreErrors)
             error = StoreError(f"{operation} timed out after {self.timeout_s * 1000:g} ms")
             self.breaker.failed(probe, error)

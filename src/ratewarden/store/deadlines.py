@@ -43,8 +43,7 @@ class Deadlines:
     def __call__(self) -> Deadline:
         return Deadline(self)
 
-    def _begin(self, block: Deadline) -> float:
-        loop = asyncio.get_running_loop()
+    def _begin(self, block: Deadline, loop: asyncio.AbstractEventLoop) -> float:
         if loop is not self._loop:  # a new loop (tests run many): the old one's timer is dead
             self._loop, self._timer = loop, None
             self._running.clear()
@@ -88,7 +87,8 @@ class Deadline:
             raise RuntimeError("a deadline must be entered inside a task")
         self._task = task
         self._cancelling = task.cancelling()
-        self.due = self._owner._begin(self)
+        # The task's loop, not get_running_loop(): on 3.11 that is a getpid() system call.
+        self.due = self._owner._begin(self, task.get_loop())
         return self
 
     async def __aexit__(
