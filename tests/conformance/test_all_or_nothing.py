@@ -127,7 +127,7 @@ async def test_raw_ops_blocked_by_one_enforcing_op(store: Store, clock: FakeCloc
         return CounterOp(f"rw:{{aon-{key}}}:x", kind, role, limit, minute, limit)
 
     def record(call_id: str) -> CallRecord:
-        return CallRecord(record_key(call_id), call_id, "u|t", 3_600_000, keep=True)
+        return CallRecord(record_key(call_id), call_id, "u|t", 3_600_000, named=True)
 
     shadow = op("shadow", Kind.SLIDING_WINDOW, 3, Role.SHADOW)
     forced = op("forced", Kind.TOKEN_BUCKET, 3, Role.FORCED)
@@ -161,7 +161,7 @@ async def test_dry_run_consumes_nothing(store: Store, clock: FakeClock) -> None:
         for k in (Kind.SLIDING_WINDOW, Kind.TOKEN_BUCKET, Kind.FIXED_WINDOW)
     ]
     # Even with a record the caller would keep: a dry run records nothing.
-    record = CallRecord(record_key("dry"), "dry", "u|t", 3_600_000, keep=True)
+    record = CallRecord(record_key("dry"), "dry", "u|t", 3_600_000, named=True)
     for _ in range(5):
         results = (await store.evaluate(ops, record, dry_run=True)).results
         assert [(r.admitted, r.used, r.remaining) for r in results] == [(True, 0, 2)] * 3

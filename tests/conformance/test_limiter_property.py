@@ -587,7 +587,7 @@ class CheckStep:
     picks: tuple[tuple[int, Role, int], ...]  # (counter, role, cost for budgets)
     call: int  # the call_id's number: an earlier one makes a repeated check
     user: int  # the fingerprint: an earlier call_id with another user is a conflict
-    keep: bool  # the caller chose the call_id: record the call even without holds
+    named: bool  # the caller chose the call_id: replays read, recorded even without holds
     dry_run: bool
     lag: int  # the daemon computed the budget period this long ago (its clock lags)
 
@@ -746,7 +746,7 @@ def test_memory_and_lua_agree_on_every_field(
                     for i, role, cost in step.picks
                 ]
                 record = CallRecord(
-                    record_key(call_id), call_id, f"user{step.user}|t", RECORD_TTL, step.keep
+                    record_key(call_id), call_id, f"user{step.user}|t", RECORD_TTL, step.named
                 )
                 out.append(await store.evaluate(ops, record, step.dry_run))
 
@@ -778,7 +778,7 @@ def test_amounts_of_a_hundred_million_and_more_survive_the_lua_twin(
 
         async def body(store: Store, clock: FakeClock) -> None:
             call_id = f"{namespace}-call"
-            record = CallRecord(record_key(call_id), call_id, "u|t", RECORD_TTL, keep=True)
+            record = CallRecord(record_key(call_id), call_id, "u|t", RECORD_TTL, named=True)
             out.append(await store.evaluate([op], record))
             out.append(await store.evaluate([op], record))  # answered from the record
             holds = [replace(h, period=period) for h in await store.read_holds(record.key) or []]

@@ -7,7 +7,7 @@ separate connection delimit each measurement.
 
 The one EVALSHA runs the counters script in `decide` mode: KEYS[1] is the call's record and
 one counter key per rule follows; ARGV is 'decide', now, dry, call_id, fingerprint,
-record TTL, keep, then ten values per rule (see the script's header).
+record TTL, named, then ten values per rule (see the script's header).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ rules:
 """
 # Each rule's kind, in policy order, as ARGV names it.
 KINDS = {"t1": ["sw"], "t3": ["sw", "tb", "fw"], "t6": ["sw", "tb", "fw", "sw", "tb", "fw"]}
-HEADER = 7  # 'decide', now, dry, call_id, fingerprint, record TTL, keep
+HEADER = 7  # 'decide', now, dry, call_id, fingerprint, record TTL, named
 PER_OP = 10
 
 
@@ -89,8 +89,9 @@ class Monitor:
         self._marker.echo(marker)
         return marker
 
-    def between(self, begin: str, end: str) -> list[Command]:
-        """Client commands after ECHO `begin` and before ECHO `end`, script lines left out."""
+    def between(self, begin: str, end: str, scripts: bool = False) -> list[Command]:
+        """Client commands after ECHO `begin` and before ECHO `end`, and with `scripts` the
+        commands the scripts ran (else left out)."""
         commands: list[Command] = []
         started = False
         while True:
@@ -103,7 +104,7 @@ class Monitor:
             elif name == "ECHO" and args == [end]:
                 assert started, "end marker before begin marker"
                 return commands
-            elif started and not client.endswith("lua"):
+            elif started and (scripts or not client.endswith("lua")):
                 commands.append(parsed)
 
     def close(self) -> None:
@@ -121,12 +122,13 @@ def monitor(redis_server: RedisServer, redis_url: str) -> Iterator[Monitor]:
 
 
 @contextmanager
-def recording(monitor: Monitor) -> Iterator[list[Command]]:
-    """Collect the commands sent inside the `with` block (filled in on exit)."""
+def recording(monitor: Monitor, scripts: bool = False) -> Iterator[list[Command]]:
+    """Collect the commands sent inside the `with` block (filled in on exit); with
+    `scripts`, the commands the scripts ran too."""
     found: list[Command] = []
     begin = monitor.mark()
     yield found
-    found.extend(monitor.between(begin, monitor.mark()))
+    found.extend(monitor.between(begin, monitor.mark(), scripts))
 
 
 async def started_store(url: str, cls: type[RedisStore] = RedisStore) -> RedisStore:
@@ -171,6 +173,29 @@ async def test_one_evalsha_per_decision(
         assert argv[:HEADER] == ["decide", "", "0", str(i), f"u|{tool}", "3600000", "1"]
         assert len(argv) == HEADER + PER_OP * rules
         assert argv[HEADER::PER_OP] == KINDS[tool]
+
+
+async def test_only_a_named_call_has_its_record_read(monitor: Monitor, redis_url: str) -> None:
+    """A check of a call_id the caller chose may be a replay: the script reads its record
+    first. An id the daemon made up is new by construction: the script reads nothing but
+    the counters (and records nothing for a call that holds nothing)."""
+    store = await started_store(redis_url)
+    try:
+        engine = Engine(parse_policy(POLICY), store, remember_refusals=False)
+        with recording(monitor, scripts=True) as named:
+            await engine.check(Call(user="u", tool="t1", call_id="mine"))
+        with recording(monitor, scripts=True) as unnamed:
+            made_up = await engine.check(Call(user="u", tool="t1", call_id="rw-1", named=False))
+    finally:
+        await store.close()
+    assert made_up.decision == "allow"
+    in_script = [(c[1], c[2]) for c in named if c[0].endswith("lua") and c[1] != "TIME"]
+    assert ("HMGET", record_key("mine")) in in_script
+    assert ("HSET", record_key("mine")) in in_script  # recorded for its replays
+    touched = {c[2] for c in unnamed if c[0].endswith("lua") and c[1] != "TIME"}
+    assert record_key("rw-1") not in touched
+    assert touched  # its counter, and nothing else:
+    assert all(key.startswith("rw:{") for key in touched)
 
 
 async def test_usage_and_unmatched_calls(monitor: Monitor, redis_url: str) -> None:

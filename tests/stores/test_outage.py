@@ -653,7 +653,7 @@ async def test_redis_py_retries_do_not_multiply_the_timeout() -> None:
 
 
 def record(call_id: str) -> CallRecord:
-    return CallRecord(f"rw:call:{{{call_id}}}", call_id, "u|t", 60_000, keep=True)
+    return CallRecord(f"rw:call:{{{call_id}}}", call_id, "u|t", 60_000, named=True)
 
 
 @pytest.mark.redis

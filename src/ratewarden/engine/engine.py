@@ -210,7 +210,7 @@ class Engine:
             call.call_id,
             fingerprint(call),
             max([policy.call_ttl_ms, *held]),
-            keep=call.named,
+            named=call.named,
         )
 
     def _counted(

@@ -27,13 +27,13 @@ end
 
 local function record()
   local nonce, fingerprint, numbers, holds = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-  local ttl, keep = tonumber(ARGV[7]), ARGV[8] == '1'
+  local ttl, named = tonumber(ARGV[7]), ARGV[8] == '1'
   local found = redis.call('HMGET', KEYS[1], 'f', 'r', 's', 'p')
   if found[1] and found[4] ~= nonce then  -- our claim expired and another check took it
     if found[3] == 'pending' then return {4} end
     return recorded_numbers({2}, found[2])
   end
-  if not keep and holds == '' then
+  if not named and holds == '' then
     if found[1] then redis.call('DEL', KEYS[1]) end
     return {0}
   end

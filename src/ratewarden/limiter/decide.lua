@@ -45,8 +45,8 @@ end
 
 local function decide()
   local dry, call_id, fingerprint = ARGV[3] == '1', ARGV[4], ARGV[5]
-  local record_ttl, keep = tonumber(ARGV[6]), ARGV[7] == '1'
-  if not dry then
+  local record_ttl, named = tonumber(ARGV[6]), ARGV[7] == '1'
+  if named and not dry then  -- an id the daemon made up is new: no record to read
     local answered = answer_from_record(fingerprint)
     if answered then return answered end
   end
@@ -60,7 +60,7 @@ local function decide()
   end
   local commit = not dry and not blocked
   local numbers, holds = apply(checks, commit)
-  if commit and call_id ~= '' and (keep or #holds > 0) then
+  if commit and call_id ~= '' and (named or #holds > 0) then
     local stored = {}
     for i, v in ipairs(numbers) do stored[i] = int(v) end
     redis.call('HSET', KEYS[1], 'f', fingerprint, 'r', table.concat(stored, ','),

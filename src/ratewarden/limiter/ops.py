@@ -82,7 +82,10 @@ class CallRecord:
     call_id: str
     fingerprint: str  # what shapes the decision: a call_id reused for another call is refused
     ttl_ms: int
-    keep: bool  # record even without held ops (the caller chose the call_id)
+    # The caller chose the call_id (an idempotency key): a check of it may be a replay, so
+    # its record is read first, and the call is recorded even without held ops. An id the
+    # daemon made up is new by construction: nothing to read, nothing to keep.
+    named: bool
 
 
 @dataclass(slots=True)  # built per call: not frozen, whose __init__ costs 5x; never mutated

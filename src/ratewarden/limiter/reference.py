@@ -57,7 +57,7 @@ def decide(
     table: Table, ops: list[CounterOp], record: CallRecord | None, now: int, dry_run: bool
 ) -> Evaluation:
     """Evaluate every op, then commit all of them or none (twin of decide.lua)."""
-    if record is not None and not dry_run:
+    if record is not None and record.named and not dry_run:
         answered = answer_from_record(table, ops, record, now)
         if answered is not None:
             return answered
@@ -65,7 +65,7 @@ def decide(
     checks = [_EVALUATE[op.kind](table, op, now, call_id) for op in ops]
     commit = not dry_run and not blocks(ops, [c.admitted for c in checks])
     numbers, holds = apply(ops, checks, commit)
-    if record is not None and commit and (record.keep or holds):
+    if record is not None and commit and (record.named or holds):
         kept = Record(record.fingerprint, numbers, "\n".join(holds))
         table.put(record.key, kept, record.ttl_ms, now)
     return Evaluation(results_from(ops, numbers))

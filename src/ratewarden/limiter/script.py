@@ -11,7 +11,8 @@ epoch, money integer micro-units; `now` is '' for Redis `TIME`):
 
 decide        KEYS: the call's record, then one counter per op.
               ARGV: 'decide', now, dry ('1' = report only), call_id, fingerprint, record
-              TTL, keep ('1' = record even without holds), then OP_VALUES per op.
+              TTL, named ('1' = the caller chose call_id: read its record for a replay,
+              and record the call even without holds), then OP_VALUES per op.
               Reply: a Status, then NUMBERS per op.
 settle        KEYS: the call's record, then one counter per hold.
               ARGV: 'settle', now, call_id, actual cost ('' = the estimate), then
@@ -20,7 +21,7 @@ claim         KEYS: the record. ARGV: 'claim', now, call_id, fingerprint, nonce,
               Reply: {ALLOWED} claimed (a pending marker holds the call_id), {REPLAYED,
               numbers...}, {CONFLICT}, {IN_FLIGHT} (another check of it) or {SETTLED}.
 record        KEYS: the record. ARGV: 'record', now, nonce, fingerprint, numbers
-              (comma-separated), holds, TTL, keep. Reply: {ALLOWED} written (or, with
+              (comma-separated), holds, TTL, named. Reply: {ALLOWED} written (or, with
               nothing to keep, the claim dropped), {REPLAYED, numbers...} when another
               check recorded the call first, {IN_FLIGHT} while it is pending.
 unclaim       KEYS: the record. ARGV: 'unclaim', now, nonce: drop our pending marker (or
@@ -145,8 +146,8 @@ def decide_head(now: str, dry_run: bool, record: CallRecord | None) -> list[str 
     dry = "1" if dry_run else "0"
     if record is None:
         return [_DECIDE, now, dry, "", "", 0, "0"]
-    keep = "1" if record.keep else "0"
-    return [_DECIDE, now, dry, record.call_id, record.fingerprint, record.ttl_ms, keep]
+    named = "1" if record.named else "0"
+    return [_DECIDE, now, dry, record.call_id, record.fingerprint, record.ttl_ms, named]
 
 
 def settle_head(mode: Mode, now: str, call_id: str, actual: int | None) -> list[str | int]:

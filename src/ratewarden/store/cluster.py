@@ -187,7 +187,7 @@ class _Decision:
         (a dry run). A replay, a conflict or a refusal ends the call here."""
         store, record, taken = self.store, self.record, self.taken
         first: list[Awaitable[Any]] = []
-        named = record is not None and record.keep
+        named = record is not None and record.named
         if record is not None and named:
             taken.claim = True
             first.append(store._claim(record, self.now, taken.nonce))
@@ -234,7 +234,7 @@ class _Decision:
         numbers = merge(len(self.ops), (r.numbers for r in replies))
         held = sorted(i for r in replies for i, _, _ in r.committed if self.ops[i].hold_line)
         record, taken = self.record, self.taken
-        if record is not None and (record.keep or held):
+        if record is not None and (record.named or held):
             taken.claim = True  # from here on the record may be ours
             outcome = await self.store._run([record.key], self._record_args(numbers, held))
             if outcome[0] != Status.ALLOWED:  # our claim expired; another check recorded it
@@ -258,7 +258,7 @@ class _Decision:
             ",".join(str(int(n)) for n in numbers),
             "\n".join(self.ops[i].hold_line for i in held),
             record.ttl_ms,
-            "1" if record.keep else "0",
+            "1" if record.named else "0",
         ]
 
     def _look(self, group: _Group) -> Awaitable[_Reply]:
