@@ -14,12 +14,11 @@ counting is switched on for exactly `--decisions` one-rule (or five-rule) checks
 report: instructions per decision for each daemon and its Redis (the script's cost), and
 each against the first.
 
-    .bench-venv/bin/python -m bench.instructions old=/tmp/old-venv/bin/python new=.venv/bin/python
-    .bench-venv/bin/python -m bench.instructions --policy five old=... new=...
+    .venv/bin/python -m bench.instructions old=/tmp/old-venv/bin/python new=.venv/bin/python
+    .venv/bin/python -m bench.instructions --policy five old=... new=...
 
-(run from the project root, with the benchmark's venv that `./bench/run` makes; each
-NAME=PYTHON is an interpreter with some version of ratewarden installed, for example a
-venv with `pip install git+file://$PWD@bd4a06f`).
+(from the project root; each NAME=PYTHON is an interpreter with some version of ratewarden
+installed, for example a venv with `pip install git+file://$PWD@bd4a06f`).
 
 Needs valgrind (`apt-get install valgrind`). Under callgrind a process runs tens of times
 slower; a run of 6 000 decisions takes about a minute, the interpreters counted side by
@@ -48,12 +47,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.redis_server import free_port
-from bench.run import FIVE_RULES, ONE_RULE, USERS, server_environment
+from bench.workload import FIVE_RULES, ONE_RULE, check_calls, server_environment
 
 POLICIES = {"one": ONE_RULE, "five": FIVE_RULES}
 CONNECTIONS = 32
 WARMUP = 2_000
-TOOLS = ("terminal", "browser_navigate", "web_search", "file_write")  # as bench/run's bodies
 START_TIMEOUT_S = 600  # under callgrind, importing FastAPI and pydantic takes a while
 REDIS = "redis-server"
 
@@ -67,10 +65,7 @@ class Cost:
 
 
 def bodies() -> list[bytes]:
-    return [
-        json.dumps({"user": f"user-{i}", "tool": TOOLS[i % len(TOOLS)]}).encode()
-        for i in range(USERS)
-    ]
+    return [json.dumps(call).encode() for call in check_calls()]
 
 
 async def _connection(port: int, calls: Sequence[bytes]) -> None:

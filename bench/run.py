@@ -63,29 +63,10 @@ from bench.memory import run_memory
 from bench.peers import run_peers
 from bench.procstat import busy_cores, cpu_times
 from bench.redis_server import free_port, redis_server
+from bench.workload import FIVE_RULES, ONE_RULE, USERS, check_calls, server_environment
 from bench.worstbody import Target, measure_worst
 from bench.worstbody import report as worst_report
 
-ONE_RULE = """\
-version: 1
-rules:
-  - name: per-user
-    per: [user]
-    rate: 100/minute
-"""
-# Five rules that all match every call: three rate algorithms, a budget, a concurrency cap.
-FIVE_RULES = """\
-version: 1
-tools:
-  default: {cost: 0.001}
-rules:
-  - {name: per-user, per: [user], rate: 100/minute}
-  - {name: per-user-tool, per: [user, tool], rate: 100/minute, algorithm: token_bucket}
-  - {name: per-tool, per: [tool], rate: 10000000/hour, algorithm: fixed_window}
-  - {name: daily-spend, per: [user], budget: 100.00/day}
-  - {name: slots, per: [user], concurrency: 1000}
-"""
-USERS = 20_000
 BATCH = 10  # calls per batch request
 CONNECTIONS = 64  # enough to keep two workers busy: at 32 they were idle a third of the time
 LOADS = (0.25, 0.50, 0.75)
@@ -163,21 +144,6 @@ def servers(setup: Setup, port_of: dict[str, int]) -> list[Server]:
         ratewarden("two workers", "one.yaml", workers=2),
         ratewarden("refused hammer", "hammer.yaml", bodies="hammer", refused=True),
     ]
-
-
-def server_environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RATEWARDEN_")}
-    env.update(
-        RATEWARDEN_STATE_FILE="off",
-        RATEWARDEN_AUDIT_LOG="off",
-        RATEWARDEN_RELOAD_INTERVAL_S="0",
-        # What is measured is the decision path, not the outage path: a stall of the machine
-        # (CI builds host environments meanwhile) must not time store calls out at the
-        # default 100 ms and open the breaker, leaving the fail mode to answer without Redis.
-        RATEWARDEN_STORE_TIMEOUT_MS="5000",
-        PYTHONDONTWRITEBYTECODE="1",
-    )
-    return env
 
 
 def degraded_decisions(port: int) -> float | None:
@@ -271,8 +237,7 @@ def write_inputs(workdir: Path) -> None:
     (workdir / "five.yaml").write_text(FIVE_RULES)
     (workdir / "hammer.yaml").write_text(HAMMER_RULE)
     (workdir / "hammer.jsonl").write_text(json.dumps(HAMMERED) + "\n")
-    tools = ["terminal", "browser_navigate", "web_search", "file_write"]
-    calls = [{"user": f"user-{i}", "tool": tools[i % len(tools)]} for i in range(USERS)]
+    calls = check_calls()
     with (workdir / "check.jsonl").open("w") as out:
         for call in calls:
             out.write(json.dumps(call) + "\n")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from playwright.sync_api import (
 )
 
 from tests.helpers.daemon import Daemon, clean_environment, running_daemon
+from tests.helpers.debian import ensure_command
 from tests.helpers.redis_server import running_redis
 
 ADMIN_TOKEN = "console-admin-token-7f3a"
@@ -55,18 +55,7 @@ rules:
 
 def ensure_chromium() -> str:
     """Path of Debian's chromium, installing the package if it is not there."""
-    found = shutil.which("chromium")
-    if found:
-        return found
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True, env=env)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "chromium"], check=True, capture_output=True, env=env
-    )
-    found = shutil.which("chromium")
-    if not found:
-        raise RuntimeError("chromium is not installed and apt-get could not install it")
-    return found
+    return ensure_command("chromium")
 
 
 @dataclass

@@ -12,10 +12,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench import instructions
+
+from tests.helpers.debian import ensure_command
+from tests.helpers.redis_server import ensure_redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 HAMMER_TARGET = "refused hammer: Redis commands/attempt"
@@ -131,3 +136,24 @@ def check_inprocess(found: dict[str, Any]) -> None:
         assert row["condition_us"] > 0
         assert row["decision_us"] > 0
     assert regex["backtracking_ms"] > 0
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(600)
+def test_instruction_counts_repeat_for_the_same_code() -> None:
+    """bench/instructions.py, the smoke run: the same daemon counted twice side by side
+    agrees within 1 %, for itself and for its Redis. That is what lets the count tell two
+    codes a few per cent apart, which timing on these machines cannot."""
+    ensure_command("valgrind")
+    ensure_redis_server()
+    same = sys.executable
+    counted = instructions.measure({"a": same, "b": same}, "one", decisions=640)
+    a, b = counted["a"], counted["b"]
+    for cost in (a, b):
+        # A decision is hundreds of thousands of instructions in the daemon (HTTP, the
+        # engine, JSON) and tens of thousands in Redis (the script): nothing was left out.
+        assert cost.daemon > 100_000, counted
+        assert cost.redis > 10_000, counted
+    assert abs(a.daemon / b.daemon - 1) < 0.01, counted
+    assert abs(a.redis / b.redis - 1) < 0.01, counted
+    assert "| a |" in instructions.report(counted)

@@ -6,7 +6,6 @@ Never touches the machine's default Redis. Installs Debian's redis-server when m
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
 import subprocess
 import time
@@ -16,20 +15,12 @@ from pathlib import Path
 
 import redis
 
+from tests.helpers.debian import ensure_command
+
 
 def ensure_redis_server() -> str:
     """Path of redis-server, installing Debian's package if it is not there."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "redis-server"], check=True, capture_output=True
-    )
-    found = shutil.which("redis-server")
-    if not found:
-        raise RuntimeError("redis-server is not installed and apt-get could not install it")
-    return found
+    return ensure_command("redis-server")
 
 
 def free_port() -> int:
