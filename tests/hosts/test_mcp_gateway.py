@@ -38,6 +38,7 @@ USERS = [
     "gw-limit", "mcp-demo", "gw-budget", "gw-pass", "gw-ask", "gw-web", "gw-alice", "gw-bob",
     "gw-delete", "gw-drop", "gw-fresh", "gw-ask-raw", "gw-web-budget", "gw-web-pass",
     "gw-web-delete", "gw-demo-changed", "gw-web-changed", "gw-demo-args", "gw-web-args",
+    "gw-forms", "gw-steps", "gw-web-steps",
 ]  # fmt: skip
 IDLE_TIMEOUT_S = 3  # the main gateway's: a client that vanishes is let go this soon
 
@@ -340,6 +341,29 @@ def test_an_ask_goes_out_on_the_stream_of_its_call(run: Run) -> None:
     assert asked["seen"] == ["elicitation/create", "result of 1"]
     assert asked["is_error"] is False
     assert asked["ran"] == ["deploy gw-raw"]
+
+
+@UPSTREAMS
+def test_only_an_answer_something_may_precede_is_an_event_stream(run: Run, server: str) -> None:
+    # An event stream carries what may come before a call's result (an ask, progress);
+    # any other call gets one JSON body, which costs the gateway far less.
+    forms = run.report["answer_forms" if server == "demo" else "web_answer_forms"]
+    assert {name: form["content_type"] for name, form in forms.items()} == {
+        "asked": "text/event-stream",
+        "not asked": "application/json",
+        "not asked, progress": "text/event-stream",
+    }
+    for name, form in forms.items():
+        assert form["text"] == f"contents of gw-forms-{name}"
+
+
+@UPSTREAMS
+def test_progress_reaches_a_client_that_cannot_be_asked(run: Run, server: str) -> None:
+    steps = run.report["progress_unasked" if server == "demo" else "web_progress_unasked"]
+    user = "gw-steps" if server == "demo" else "gw-web-steps"
+    assert steps["text"] == f"stepped {user}-a"
+    assert steps["progress"] == [[1.0, 2.0, "one of two"], [2.0, 2.0, "two of two"]]
+    assert steps["ran"] == [f"steps {user}-a"]
 
 
 def test_a_url_upstream_is_targeted_by_its_server_name(run: Run) -> None:

@@ -16,6 +16,14 @@ Who calls is decided before anything reaches an upstream, on every request:
 A request with neither is answered 401 (a JSON-RPC error saying what to send); a session
 is bound to the user and server that opened it, and answers 404 to anyone else.
 
+Each request is answered as an event stream when something may come before its answer:
+always to a client that can be asked (it declared form elicitation in `initialize`: an
+ask goes out on the stream of the call it is about), and to a request that asked for
+progress (`_meta.progressToken`: the server's progress on it goes out there). Any other
+request is answered with one JSON body, which costs the gateway far less (no event
+stream with its tasks and timers: bench/mcp_overhead.py). The SDK's transport takes the
+choice per session; `_Transport` takes it per request (`_ANSWER_IN_JSON`).
+
 This speaks the protocol versions with an `initialize` handshake and a session id (what
 the SDK's `ClientSession` speaks); a request of the 2026-07-28 session-less protocol is
 refused with 400, saying so (docs/mcp.md, "Not yet").
@@ -25,10 +33,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import json
 import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +52,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from ratewarden.mcp.daemons import DaemonPool
-from ratewarden.mcp.guard import Daemon, SessionGuard
+from ratewarden.mcp.guard import Daemon, SessionGuard, can_elicit
 from ratewarden.mcp.identity import Identities
 from ratewarden.mcp.relay import Relay
 from ratewarden.mcp.upstream import SERVER_NAME, Upstream
@@ -69,11 +80,34 @@ def _error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+# Whether the request being handled (its task) is answered with one JSON body.
+_ANSWER_IN_JSON: ContextVar[bool] = ContextVar("ratewarden_mcp_answer_in_json", default=False)
+
+
+class _Transport(StreamableHTTPServerTransport):  # type: ignore[misc]  # (mcp: untyped here)
+    """The SDK's transport, answering in JSON or with an event stream request by request.
+
+    The SDK reads `is_json_response_enabled` while it handles a request (in that request's
+    task) and in its message router (its own task, where this reads False: a message about
+    a request goes to that request's stream, which only a streamed request is sent). Were
+    the SDK to stop reading it, every request would be streamed: slower, never wrong.
+    """
+
+    @property
+    def is_json_response_enabled(self) -> bool:
+        return _ANSWER_IN_JSON.get()
+
+    @is_json_response_enabled.setter
+    def is_json_response_enabled(self, value: bool) -> None:
+        pass  # the SDK sets it once, for the session; the gateway chooses per request
+
+
 @dataclass(frozen=True)
 class _Session:
-    transport: StreamableHTTPServerTransport
+    transport: _Transport
     user: str
     server: str
+    can_be_asked: bool  # its client declared form elicitation: every answer is streamed
 
 
 class Gateway:
@@ -151,7 +185,7 @@ class Gateway:
             # Another user's session answers as one that does not exist.
             await _error(404, "Session not found")(scope, receive, send)
             return
-        await session.transport.handle_request(scope, receive, send)
+        await _answer(session.transport, session.can_be_asked, scope, receive, send)
         if session.transport.is_terminated:  # the client ended it (DELETE)
             await self._discard(session_id, session.transport)
 
@@ -168,9 +202,10 @@ class Gateway:
             await _error(503, "Too many open sessions", -32603)(scope, receive, send)
             return
         upstream = self.upstreams[scope["ratewarden.server"]]
-        transport = StreamableHTTPServerTransport(
-            mcp_session_id=uuid.uuid4().hex, idle_timeout=self.idle_timeout
-        )
+        body = await _whole_body(receive)
+        if body is None:
+            return  # the client left before its request arrived: nobody to answer
+        transport = _Transport(mcp_session_id=uuid.uuid4().hex, idle_timeout=self.idle_timeout)
         session_id = transport.mcp_session_id
         assert session_id is not None
         assert self._tasks is not None
@@ -181,14 +216,18 @@ class Gateway:
             message = f"MCP server {upstream.name!r} is unavailable: {type(exc).__name__}"
             await _error(502, message, -32603)(scope, receive, send)
             return
-        self._sessions[session_id] = _Session(transport, scope["ratewarden.user"], upstream.name)
-        status = await _status_of(transport.handle_request, scope, receive, send)
+        asked = _can_be_asked(body)
+        self._sessions[session_id] = _Session(
+            transport, scope["ratewarden.user"], upstream.name, asked
+        )
+        answering = functools.partial(_answer, transport, asked, body=body)
+        status = await _status_of(answering, scope, receive, send)
         if status is None or status >= 400:  # not an initialize that succeeded
             await self._discard(session_id, transport)
 
     async def _run(
         self,
-        transport: StreamableHTTPServerTransport,
+        transport: _Transport,
         upstream: Upstream,
         user: str,
         *,
@@ -216,11 +255,125 @@ class Gateway:
         finally:
             await self._discard(session_id, transport)
 
-    async def _discard(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+    async def _discard(self, session_id: str, transport: _Transport) -> None:
         self._sessions.pop(session_id, None)  # first: its id answers 404 from now on
         if not transport.is_terminated:
             with anyio.CancelScope(shield=True):
                 await transport.terminate()
+
+
+def _can_be_asked(body: bytes) -> bool:
+    """Whether the `initialize` request in `body` declares form elicitation (anything
+    else is refused by the transport, whatever this says)."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    params = message.get("params") if isinstance(message, dict) else None
+    return isinstance(params, dict) and can_elicit(params.get("capabilities"))
+
+
+async def _whole_body(receive: Receive) -> bytes | None:
+    """A request's body (its size capped by the middleware in front); None when the
+    client disconnected first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _answer(
+    transport: _Transport,
+    can_be_asked: bool,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    body: bytes | None = None,
+) -> None:
+    """Hand one request of a session to its transport, answered in JSON unless something
+    may come before the answer (module docstring); `body`: already read."""
+    if scope["method"] != "POST":  # the GET stream, the DELETE: as the SDK answers them
+        await transport.handle_request(scope, receive, send)
+        return
+    if body is None and (body := await _whole_body(receive)) is None:
+        return  # the client left before its request arrived
+    in_json = not can_be_asked and not _asks_for_progress(body)
+    token = _ANSWER_IN_JSON.set(in_json)
+    try:
+        if in_json:
+            await _unless_gone(transport.handle_request, scope, body, receive, send)
+        else:  # an event stream notices a client gone by itself
+            given = False
+
+            async def replayed() -> Any:
+                nonlocal given
+                if given:
+                    return await receive()
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await transport.handle_request(scope, replayed, send)
+    finally:
+        _ANSWER_IN_JSON.reset(token)
+
+
+def _asks_for_progress(body: bytes) -> bool:
+    """Whether the request in `body` carries a progress token (read only if it may)."""
+    if b"progressToken" not in body:
+        return False
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and isinstance(meta.get("progressToken"), str | int)
+
+
+async def _unless_gone(app: Any, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+    """Run `app` for one request whose `body` was read, cancelled if its client
+    disconnects before its answer.
+
+    An answer in JSON is written only when the call is over, and until then nothing reads
+    the request: a client gone mid-call went unnoticed, its request stayed in flight, and
+    its session never idled out (its call never settled). So the request is watched here
+    while `app` answers. (Once an answer is complete, the server reports the request as
+    disconnected too; `app` is then left to finish what it does after answering, such as
+    passing a notification on after its 202.)
+    """
+    gone = anyio.Event()
+    given = answered = False
+
+    async def replayed() -> Any:  # the body, then the disconnect once it comes
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def sending(message: Any) -> None:
+        nonlocal answered
+        await send(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            answered = True
+
+    async with anyio.create_task_group() as tasks:
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not answered:  # the client left: stop waiting for its answer
+                gone.set()
+                tasks.cancel_scope.cancel()
+
+        tasks.start_soon(watch)
+        await app(scope, replayed, sending)
+        tasks.cancel_scope.cancel()
 
 
 async def _status_of(app: Any, scope: Scope, receive: Receive, send: Send) -> int | None:

@@ -175,9 +175,8 @@ class Relay:
         """A server's progress notification, tagged with the request it reports on: over
         HTTP it then goes out on that request's own response stream."""
         token = (message.params or {}).get("progressToken")
-        request_id = (
-            self._progress.get(token) if message.method == "notifications/progress" else None
-        )
+        progress = message.method == "notifications/progress" and isinstance(token, str | int)
+        request_id = self._progress.get(token) if progress else None  # (a list: unhashable)
         if request_id is None or item.metadata is not None:
             return item
         return SessionMessage(

@@ -147,6 +147,76 @@ async def passthrough(server: str = "demo", user: str = "gw-pass") -> dict[str, 
     return {**report, "seen": seen, "progress": progress, "ran": ran(server, f"{user}-dogs")}
 
 
+async def answer_forms(server: str = "demo") -> dict[str, Any]:
+    """How a call is answered: an event stream to a client that can be asked (it declared
+    elicitation) or to a call that asks for progress, else one JSON body."""
+    url = f"{CONFIG['gateway']}/{server}/mcp"
+    forms = {}
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
+        kinds = [
+            ("asked", {"elicitation": {}}, {}),
+            ("not asked", {}, {}),
+            ("not asked, progress", {}, {"_meta": {"progressToken": "p-1"}}),
+        ]
+        for name, capabilities, extra in kinds:
+            headers = {**ACCEPT, **bearer("gw-forms")}
+            init = {**INIT, "capabilities": capabilities}
+            opened = await http.post(
+                url,
+                json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init},
+                headers=headers,
+            )
+            headers |= {
+                "mcp-session-id": opened.headers["mcp-session-id"],
+                "mcp-protocol-version": "2025-11-25",
+            }
+            await http.post(
+                url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
+            )
+            call = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {
+                    "name": "read_file",
+                    "arguments": {"path": f"gw-forms-{name}"},
+                    **extra,
+                },
+            }
+            answer = await http.post(url, json=call, headers=headers)
+            kind = answer.headers["content-type"].split(";")[0]
+            text = answer.text
+            if kind == "text/event-stream":  # the result is the last event's data
+                text = [line[5:] for line in text.splitlines() if line.startswith("data:")][-1]
+            result = json.loads(text)["result"]
+            forms[name] = {"content_type": kind, "text": result["content"][0]["text"]}
+            await http.delete(url, headers=headers)
+    return forms
+
+
+async def progress_unasked(server: str = "demo", user: str = "gw-steps") -> dict[str, Any]:
+    """A client that cannot be asked still hears the server's progress on its calls (on
+    its session's GET stream, as its calls are answered in JSON)."""
+    progress: list[Any] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append([value, total, message])
+
+    async def scenario(client: ClientSession) -> Any:
+        result = await client.call_tool(
+            "steps", {"label": f"{user}-a"}, progress_callback=on_progress
+        )
+        # Progress and result travel apart: give the GET stream a moment to catch up.
+        for _ in range(50):
+            if len(progress) == 2:
+                break
+            await asyncio.sleep(0.1)
+        return text_of(result)
+
+    text = await session(server, bearer(user), scenario)
+    return {"text": text, "progress": progress, "ran": ran(server, f"{user}-a")}
+
+
 async def changed(server: str, user: str) -> dict[str, Any]:
     """The server marks `shred` destructive mid-session and says its list changed: the
     gateway reads the list again, and the next call meets the demo-mode rule."""
@@ -402,6 +472,10 @@ async def main() -> None:
             "passthrough": await passthrough(),
             "ask_accepted": await ask_accepted(),
             "ask_on_the_call_stream": await ask_on_the_call_stream(),
+            "answer_forms": await answer_forms(),
+            "web_answer_forms": await answer_forms("web"),
+            "progress_unasked": await progress_unasked(),
+            "web_progress_unasked": await progress_unasked("web", "gw-web-steps"),
             "web": await web(),
             # The URL upstream, on the gateway's own streamable HTTP client, carries all
             # that the command upstream does.

@@ -114,6 +114,15 @@ async def interactive(topic: str, ctx: Context) -> str:
     return f"elicited {answer.action} ok={ok}; sampled {text}"
 
 
+@server.tool()
+async def steps(label: str, ctx: Context) -> str:
+    """Reports its progress twice, and asks its client nothing."""
+    await ctx.report_progress(1.0, 2.0, "one of two")
+    await ctx.report_progress(2.0, 2.0, "two of two")
+    ran(f"steps {label}")
+    return f"stepped {label}"
+
+
 @server.resource("notes://today")
 def notes() -> str:
     return "today's notes"
