@@ -51,6 +51,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from ratewarden.asgi import read_body, replay
 from ratewarden.mcp.daemons import DaemonPool
 from ratewarden.mcp.guard import Daemon, SessionGuard, can_elicit
 from ratewarden.mcp.identity import Identities
@@ -202,7 +203,7 @@ class Gateway:
             await _error(503, "Too many open sessions", -32603)(scope, receive, send)
             return
         upstream = self.upstreams[scope["ratewarden.server"]]
-        body = await _whole_body(receive)
+        body = await read_body(receive)
         if body is None:
             return  # the client left before its request arrived: nobody to answer
         transport = _Transport(mcp_session_id=uuid.uuid4().hex, idle_timeout=self.idle_timeout)
@@ -273,19 +274,6 @@ def _can_be_asked(body: bytes) -> bool:
     return isinstance(params, dict) and can_elicit(params.get("capabilities"))
 
 
-async def _whole_body(receive: Receive) -> bytes | None:
-    """A request's body (its size capped by the middleware in front); None when the
-    client disconnected first."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 async def _answer(
     transport: _Transport,
     can_be_asked: bool,
@@ -299,7 +287,7 @@ async def _answer(
     if scope["method"] != "POST":  # the GET stream, the DELETE: as the SDK answers them
         await transport.handle_request(scope, receive, send)
         return
-    if body is None and (body := await _whole_body(receive)) is None:
+    if body is None and (body := await read_body(receive)) is None:
         return  # the client left before its request arrived
     in_json = not can_be_asked and not _asks_for_progress(body)
     token = _ANSWER_IN_JSON.set(in_json)
@@ -307,16 +295,7 @@ async def _answer(
         if in_json:
             await _unless_gone(transport.handle_request, scope, body, receive, send)
         else:  # an event stream notices a client gone by itself
-            given = False
-
-            async def replayed() -> Any:
-                nonlocal given
-                if given:
-                    return await receive()
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
-            await transport.handle_request(scope, replayed, send)
+            await transport.handle_request(scope, replay(body, receive), send)
     finally:
         _ANSWER_IN_JSON.reset(token)
 

@@ -30,8 +30,9 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ratewarden.asgi import read_body, replay
 from ratewarden.engine import CallIdConflict
 from ratewarden.service import routes
 from ratewarden.service.convert import batch_json, check_json
@@ -69,7 +70,7 @@ class HotPath:
         if serve is None or scope["method"] != "POST" or not _sends_json(scope):
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return  # the client left before its body arrived: nobody to answer
         answer: bytes | Any
@@ -81,7 +82,7 @@ class HotPath:
         except Exception:  # in front of FastAPI: its catch-all's answer, given here
             answer = internal_error("POST", scope["path"])
         if answer is None:  # not ours to answer: FastAPI gives the exact error
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay(body, receive), send)
         elif isinstance(answer, bytes):
             await send(
                 {
@@ -162,28 +163,3 @@ def _sends_json(scope: Scope) -> bool:
         if name == b"content-type":
             return bool(value.split(b";", 1)[0].strip().lower() == b"application/json")
     return False
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole body, or None if the client left first (the body cap is applied outside)."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if sent:
-            return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay

@@ -66,6 +66,26 @@ async def session(
         return await scenario(client)
 
 
+async def opened(
+    http: httpx2.AsyncClient, url: str, headers: dict[str, str], init: dict[str, Any] = INIT
+) -> dict[str, str]:
+    """A session opened by raw HTTP (initialize, then initialized): the headers that go
+    with each of its requests."""
+    answer = await http.post(
+        url,
+        json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init},
+        headers=headers,
+    )
+    headers = headers | {
+        "mcp-session-id": answer.headers["mcp-session-id"],
+        "mcp-protocol-version": "2025-11-25",
+    }
+    await http.post(
+        url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
+    )
+    return headers
+
+
 async def calls(client: ClientSession, tool: str, arguments: list[dict[str, Any]]) -> list[Any]:
     results = []
     for args in arguments:
@@ -159,20 +179,8 @@ async def answer_forms(server: str = "demo") -> dict[str, Any]:
             ("not asked, progress", {}, {"_meta": {"progressToken": "p-1"}}),
         ]
         for name, capabilities, extra in kinds:
-            headers = {**ACCEPT, **bearer("gw-forms")}
             init = {**INIT, "capabilities": capabilities}
-            opened = await http.post(
-                url,
-                json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init},
-                headers=headers,
-            )
-            headers |= {
-                "mcp-session-id": opened.headers["mcp-session-id"],
-                "mcp-protocol-version": "2025-11-25",
-            }
-            await http.post(
-                url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
-            )
+            headers = await opened(http, url, {**ACCEPT, **bearer("gw-forms")}, init)
             call = {
                 "jsonrpc": "2.0",
                 "id": 1,
@@ -262,18 +270,7 @@ async def ask_on_the_call_stream() -> dict[str, Any]:
     init = {**INIT, "capabilities": {"elicitation": {}}}
     seen: list[str] = []
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
-        opened = await http.post(
-            url,
-            json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init},
-            headers=headers,
-        )
-        headers |= {
-            "mcp-session-id": opened.headers["mcp-session-id"],
-            "mcp-protocol-version": "2025-11-25",
-        }
-        await http.post(
-            url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
-        )
+        headers = await opened(http, url, headers, init)
         call = {
             "jsonrpc": "2.0",
             "id": 1,
@@ -426,18 +423,7 @@ async def left(how: str, server: str = "demo") -> dict[str, Any]:
     headers = {**ACCEPT, **bearer(user)}
     label = f"{user}-left"
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=120)) as http:
-        opened = await http.post(
-            url,
-            json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT},
-            headers=headers,
-        )
-        headers |= {
-            "mcp-session-id": opened.headers["mcp-session-id"],
-            "mcp-protocol-version": "2025-11-25",
-        }
-        await http.post(
-            url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
-        )
+        headers = await opened(http, url, headers)
         call = {
             "jsonrpc": "2.0",
             "id": 1,
