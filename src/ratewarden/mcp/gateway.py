@@ -263,15 +263,20 @@ class Gateway:
                 await transport.terminate()
 
 
-def _can_be_asked(body: bytes) -> bool:
-    """Whether the `initialize` request in `body` declares form elicitation (anything
-    else is refused by the transport, whatever this says)."""
+def _params(body: bytes) -> dict[str, Any]:
+    """The `params` of the JSON-RPC message in `body`; {} for anything else (which the
+    transport refuses, whatever the gateway made of it)."""
     try:
         message = json.loads(body)
     except ValueError:
-        return False
+        return {}
     params = message.get("params") if isinstance(message, dict) else None
-    return isinstance(params, dict) and can_elicit(params.get("capabilities"))
+    return params if isinstance(params, dict) else {}
+
+
+def _can_be_asked(body: bytes) -> bool:
+    """Whether the `initialize` request in `body` declares form elicitation."""
+    return can_elicit(_params(body).get("capabilities"))
 
 
 async def _answer(
@@ -304,12 +309,7 @@ def _asks_for_progress(body: bytes) -> bool:
     """Whether the request in `body` carries a progress token (read only if it may)."""
     if b"progressToken" not in body:
         return False
-    try:
-        message = json.loads(body)
-    except ValueError:
-        return False
-    params = message.get("params") if isinstance(message, dict) else None
-    meta = params.get("_meta") if isinstance(params, dict) else None
+    meta = _params(body).get("_meta")
     return isinstance(meta, dict) and isinstance(meta.get("progressToken"), str | int)
 
 
