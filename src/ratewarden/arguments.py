@@ -12,11 +12,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-__all__ = ["MISSING", "ArgPath", "as_text", "canonical_json", "digest"]
+__all__ = [
+    "MISSING",
+    "ArgPath",
+    "BoundedArgs",
+    "as_text",
+    "bounded_args",
+    "canonical_json",
+    "cut_overlaps",
+    "digest",
+    "read_json",
+]
 
 MAX_PATH_SEGMENTS: Final = 32
 WHOLE_ARGS: Final = "*"
@@ -147,3 +158,240 @@ def _step_into(value: Any, step: str, index: int | None) -> Any:
     if isinstance(value, list | tuple):
         return value[index] if index is not None and index < len(value) else MISSING
     return value.get(step, MISSING) if isinstance(value, Mapping) else MISSING
+
+
+# --- arguments too large to send whole ------------------------------------------------
+#
+# A host hands over whatever its model wrote. Arguments the wire would refuse (wire.Args:
+# over 64 KiB as JSON, deeper than 32 levels, a number JSON cannot carry) must not leave
+# the call without arguments, which would match no `args` condition: `"n": 1e400` beside
+# `"command": "rm -rf /"` would pass a rule refusing the command. So every client sends a
+# bounded copy instead (`bounded_args`), and names the paths whose values it could not
+# send whole (`cut`). The daemon reads a condition on such a path as holding in a rule's
+# `match` and as failing in its `unless` (policy/model.py): what could not be read is
+# never a reason to let a call through. The caps below leave room under the wire's.
+
+BOUNDED_BYTES: Final = 48 * 1024  # the copy's budget as compact JSON (the wire's: 64 KiB)
+# Array elements and object members: each may open a bracket too, and the wire counts
+# commas and brackets (at most about 3 900 for args).
+BOUNDED_ITEMS: Final = 1_500
+BOUNDED_DEPTH: Final = 32  # levels, as wire.MAX_ARGS_DEPTH: {"a": 1} is 1 level
+MAX_TEXT: Final = 4_096  # characters a string keeps; the rest is cut
+MAX_CUT: Final = 16  # paths named; a call with more is cut as a whole (`*`)
+MAX_CUT_PATH: Final = 512  # characters of a cut path's text; longer: its parent is cut
+_MAX_KEY: Final = 256  # a longer key is no name a policy path would spell
+_MAX_INT_BITS: Final = 3_300  # about 1 000 digits: JSON readers take these, not 4 300
+_MAX_INT_DIGITS: Final = 4_000
+_SAMPLE: Final = 32 * 1024  # characters of each end of a long text its digest reads
+_CUT_MARK: Final = "\u2026~"  # then 16 hex digits of the whole value's digest, if known
+_WHOLE: Final = (WHOLE_ARGS,)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundedArgs:
+    """A call's arguments as they can be sent: `value` within the wire's caps, and `cut`,
+    the paths whose values are not whole in it (`*`: the arguments as a whole)."""
+
+    value: dict[str, Any]
+    cut: tuple[str, ...] = ()
+
+
+def bounded_args(args: object) -> BoundedArgs | None:
+    """`args` made to fit the wire, or None for a call that has none (None, or "").
+
+    A JSON object (or its text) within the caps comes back as it is, with nothing cut.
+    Otherwise each string keeps its first MAX_TEXT characters and a mark with the digest
+    of the whole (so two calls padded differently still count apart), a container past the
+    depth or the budget is cut, and a number JSON cannot carry becomes a mark; each such
+    path is named in `cut`. Arguments that are not a JSON object, or cannot be read at
+    all, are one mark under the key `*` (which no policy path reaches) with `*` cut.
+    Cost is linear in what is read, and nothing past the budget is read.
+    """
+    if args is None or args in ("", b""):
+        return None
+    if isinstance(args, bytes | bytearray | str):
+        return _from_text(args)
+    if not isinstance(args, Mapping):
+        return _unreadable(None)
+    return _Bounder().bound(args)
+
+
+def _from_text(text: str | bytes | bytearray) -> BoundedArgs:
+    try:
+        parsed = read_json(text)
+    except (ValueError, RecursionError):  # not JSON (or not UTF-8), or too deep to parse
+        return _unreadable(text)
+    return _Bounder().bound(parsed) if isinstance(parsed, dict) else _unreadable(text)
+
+
+def _unreadable(text: str | bytes | bytearray | None) -> BoundedArgs:
+    """A call whose arguments could not be read: every condition on them is unknown, and
+    its counter per identical call is keyed on the digest of their raw text."""
+    mark = _CUT_MARK + (_text_digest(text) if text is not None else "")
+    return BoundedArgs({WHOLE_ARGS: mark}, _WHOLE)
+
+
+def _text_digest(text: str | bytes | bytearray) -> str:
+    """16 hex digits of `text`'s digest. Past 64 KiB, of its length, its first 32 KiB and
+    its last 32 KiB: hashing megabytes a call would cost the daemon more than deciding it
+    (an HTTP hook's body), and two long texts alike at both ends then count as one call
+    in a counter per call, which only counts more."""
+    if len(text) > 2 * _SAMPLE:
+        text = f"{len(text)}:".encode() + _raw(text[:_SAMPLE]) + _raw(text[-_SAMPLE:])
+    return hashlib.blake2b(_raw(text), digest_size=8).hexdigest()
+
+
+def _raw(text: str | bytes | bytearray) -> bytes:
+    return text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+
+
+def read_json(text: str | bytes | bytearray) -> Any:
+    """`json.loads`, with an integer too long for any JSON reader (Python refuses 4 300
+    digits) read as an infinity: a number JSON cannot carry, cut like `1e400`, rather
+    than a payload that cannot be read at all. Hooks read their host's payload with it."""
+    return json.loads(text, parse_int=_int_or_infinity)
+
+
+def _int_or_infinity(text: str) -> int | float:
+    if len(text) <= _MAX_INT_DIGITS:
+        return int(text)
+    return -math.inf if text.startswith("-") else math.inf
+
+
+class _Bounder:
+    """One walk over one call's arguments, with what is left of the budget."""
+
+    def __init__(self) -> None:
+        self.room = BOUNDED_BYTES
+        self.items = BOUNDED_ITEMS
+        self.cut: list[tuple[str, ...]] = []
+
+    def bound(self, args: Mapping[Any, Any]) -> BoundedArgs:
+        value = self.mapping(args, ())
+        if not self.cut:
+            return BoundedArgs(value)
+        cut = tuple(dict.fromkeys(_path_text(path) for path in self.cut))
+        return BoundedArgs(value, _WHOLE if len(cut) > MAX_CUT or WHOLE_ARGS in cut else cut)
+
+    def mark(self, path: tuple[str, ...], whole: str | None = None) -> str:
+        """A value that could not be sent: its path is cut, the mark stands in for it."""
+        self.cut.append(path)
+        mark = _CUT_MARK + (_text_digest(whole) if whole is not None else "")
+        self.room -= len(mark) + 2
+        return mark
+
+    def any(self, value: Any, path: tuple[str, ...], depth: int) -> Any:
+        if value is None or value is True or value is False:
+            self.room -= 5
+            return value
+        if isinstance(value, str):
+            return self.text(value, path)
+        if isinstance(value, int):
+            if value.bit_length() > _MAX_INT_BITS:
+                return self.mark(path, format(value, "x"))  # hex: no digit cap for it
+            self.room -= 21 if value.bit_length() < 64 else len(str(value))
+            return value
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return self.mark(path, repr(value))
+            self.room -= 24
+            return value
+        if depth >= BOUNDED_DEPTH or not isinstance(value, Mapping | list | tuple):
+            return self.mark(path)  # too deep, or no JSON value at all
+        if isinstance(value, Mapping):
+            return self.mapping(value, path, depth + 1)
+        return self.sequence(value, path, depth + 1)
+
+    def text(self, value: str, path: tuple[str, ...]) -> str:
+        kept = value if len(value) <= MAX_TEXT else value[:MAX_TEXT]
+        if not kept.isascii():
+            kept = _without_surrogates(kept)
+        size = _json_size(kept)
+        if kept is value and size <= self.room:
+            self.room -= size
+            return value
+        if size > self.room:  # a character takes at most 6 bytes (`\u001b`): keep what fits
+            kept = kept[: max(self.room // 6, 0)]
+            size = _json_size(kept)
+        self.room -= size
+        return kept + self.mark(path, value)
+
+    def mapping(self, value: Mapping[Any, Any], path: tuple[str, ...], depth: int = 1) -> Any:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if self.room <= 0 or self.items <= 0:
+                self.cut.append(path)  # the rest of this object is not sent
+                break
+            self.items -= 1
+            name = _key(key)
+            self.room -= _json_size(name) + 1
+            if name is key and _plain(name):
+                out[name] = self.any(item, (*path, name), depth)
+            else:  # no policy path names this key: cutting it cuts the object around it
+                out[name] = self.any(item, (*path, name), depth)
+                self.cut.append(path)
+        return out
+
+    def sequence(
+        self, value: list[Any] | tuple[Any, ...], path: tuple[str, ...], depth: int
+    ) -> Any:
+        out: list[Any] = []
+        for index, item in enumerate(value):
+            if self.room <= 0 or self.items <= 0:
+                self.cut.append(path)
+                break
+            self.items -= 1
+            self.room -= 1
+            out.append(self.any(item, (*path, str(index)), depth))
+        return out
+
+
+def _key(key: object) -> str:
+    """A key as JSON writes it (`str` for numbers, as json.dumps does), at most _MAX_KEY
+    characters of it, and no lone surrogate."""
+    if isinstance(key, str):
+        name = key
+    elif key is None or isinstance(key, bool | int | float):
+        name = _ENCODER.encode(key) if not isinstance(key, float) or math.isfinite(key) else "~"
+    else:
+        name = "~"
+    if len(name) > _MAX_KEY:
+        name = name[:_MAX_KEY]
+    return name if name.isascii() else _without_surrogates(name)
+
+
+def _plain(key: str) -> bool:
+    """Whether a policy path can name this key: printable, no space, dot or `*`."""
+    return key.isprintable() and not any(c.isspace() or c in ".*" for c in key) and key != ""
+
+
+def _without_surrogates(text: str) -> str:
+    """`text` with each lone surrogate replaced (no JSON reader takes one)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+def _json_size(text: str) -> int:
+    """Bytes of `text` as a JSON string (no lone surrogate: `_without_surrogates` first)."""
+    return len(_ENCODER.encode(text).encode())
+
+
+def _path_text(steps: tuple[str, ...]) -> str:
+    """A cut path as the policy writes paths; a key no path can name cuts its parent."""
+    while steps and not all(_plain(step) for step in steps):
+        steps = steps[:-1]
+    text = ".".join(steps) if steps else WHOLE_ARGS
+    return text if len(text) <= MAX_CUT_PATH else WHOLE_ARGS
+
+
+def cut_overlaps(path: tuple[str, ...], cut: tuple[tuple[str, ...], ...]) -> bool:
+    """Whether a condition on `path` reads a value that was cut: a cut path at, above or
+    below it (the whole args, `*`, is above every path)."""
+    for steps in cut:
+        shorter = min(len(steps), len(path))
+        if steps[:shorter] == path[:shorter]:
+            return True
+    return False

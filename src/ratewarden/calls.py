@@ -57,6 +57,9 @@ class Call:
     # The tool's arguments, when the policy reads them: matched and hashed into counter
     # keys, never stored or logged (the audit gets them separately, if the operator asks).
     args: Mapping[str, Any] | None = None
+    # The paths of `args` whose values the client had to cut to send them (each as its
+    # steps; `()` is the whole args): a condition on them cannot be decided from `args`.
+    args_cut: tuple[tuple[str, ...], ...] = ()
     _args_digest: str | None = field(default=None, repr=False, compare=False)
 
     def args_digest(self) -> str | None:

@@ -195,6 +195,9 @@ APPROVAL_NEEDED = (
 UNREADABLE = (
     "Tool guard unavailable: cannot read the {host} hook input ({reason}); tool calls are paused"
 )
+# A hook input too large to check, whatever the fail mode: its size is the caller's doing,
+# and a guard that let it through would be passed by padding any call.
+TOO_LARGE = "Tool call refused: its input is too large to check ({reason})"
 
 SENTENCES: dict[str, str] = {
     **{f"template {kind}": text for kind, text in TEMPLATES.items()},
@@ -207,6 +210,7 @@ SENTENCES: dict[str, str] = {
     "ask reason": ASK_REASON,
     "approval needed": APPROVAL_NEEDED,
     "unreadable": UNREADABLE,
+    "too large": TOO_LARGE,
 }
 
 

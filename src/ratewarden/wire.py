@@ -32,6 +32,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, PydanticSerializationError, from_json, to_json
 
+from ratewarden.arguments import MAX_CUT, MAX_CUT_PATH, WHOLE_ARGS, ArgPath
 from ratewarden.vocabulary import (
     HOLDING_KINDS,
     MAX_CALL_ID,
@@ -185,6 +186,23 @@ Args = Annotated[
     ),
 ]
 
+
+def _cut_path(text: str) -> str:
+    if text != WHOLE_ARGS:
+        ArgPath.parse(text)  # its ValueError names what is wrong with the path
+    return text
+
+
+ArgsCut = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=MAX_CUT_PATH), AfterValidator(_cut_path)]],
+    Field(
+        max_length=MAX_CUT,
+        description="paths into `args` whose values were cut to fit the caps (`*`: the "
+        "arguments as a whole): a condition on them is read as holding in a rule's "
+        "`match` and as failing in its `unless` (docs/policy.md, 'Arguments too large "
+        "to send'). Clients fill it in (`arguments.bounded_args`); absent: nothing cut",
+    ),
+]
 
 # Reading a body makes a list or dict for each of its arrays and objects, and every 700 of
 # them set off a garbage collection that walks the young ones again: a 256 KiB body of
@@ -359,6 +377,7 @@ class CheckRequest(_Body):
     cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)] | None = None
     metadata: ToolMetadata | None = None
     args: Args | None = None
+    args_cut: ArgsCut = []
     approved: StrictBool = False
 
 
@@ -486,6 +505,7 @@ class HookEvent(_Body):
     session: HookText | None = None
     call_id: HookText | None = None
     args: Any = Field(None, description="the tool's input; never stored or logged")
+    args_cut: ArgsCut = []
     finished: bool = False
     status: Annotated[str, Field(min_length=1, max_length=32)] | None = None
     duration_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None

@@ -38,6 +38,7 @@ DEMO_MESSAGE = "Demo mode: destructive tools are off"
 ASK_MESSAGE = "deploy needs a human's approval"
 APPROVAL_NEEDED = "A human must approve this call before it can run"
 UNAVAILABLE = "Tool guard unavailable; terminal calls are paused"
+ROOT_DELETE = "Refusing destructive root delete"
 
 # terminal-one-at-a-time and paid-one-at-a-time: a call not settled holds the user's only
 # slot, so sequential calls that all run prove each was settled.
@@ -64,6 +65,13 @@ POLICY = (
   - name: deploy-needs-approval
     match: {{tool: deploy}}
     ask: "{ASK_MESSAGE}"
+  - name: no-root-delete
+    match: {{user: mcp-padded, tool: terminal, args: {{command: {{regex: 'rm -rf /'}}}}}}
+    deny: "{ROOT_DELETE}"
+  - name: padded-loop
+    match: {{user: mcp-padded-loop}}
+    per: [user, tool, args]
+    rate: 3/10 minutes
 """
 )
 
@@ -111,6 +119,21 @@ def test_eleventh_call_is_an_error_result_and_ten_ran(run: Run) -> None:
     assert usage["terminal-per-minute"]["used"] == 10
     # Ten sequential calls through a cap of one at a time: each was settled when it ended.
     assert usage["terminal-one-at-a-time"]["used"] == 0
+
+
+def test_padded_arguments_still_meet_the_argument_rules(run: Run) -> None:
+    """Issue 25 item 1: arguments past the wire's caps are sent bounded, never left out."""
+    padded = run.report["padded"]
+    for name, result in zip(padded["names"], padded["rm"], strict=True):
+        assert result["is_error"], name
+        assert result["text"].startswith(ROOT_DELETE), name
+    # The same padding beside a harmless command: the command was read whole, and it ran.
+    assert [r["is_error"] for r in padded["echo"]] == [False] * len(padded["names"])
+    assert padded["ran"] == ["terminal echo fine"] * len(padded["names"])
+    # Padded alike, counted alike: the fourth identical call is a repeated call.
+    loop = padded["loop"]
+    assert [r["is_error"] for r in loop] == [False, False, False, True]
+    assert loop[3]["text"].startswith("Repeated call: terminal was called with the same")
 
 
 def test_annotations_drive_an_access_rule(run: Run) -> None:

@@ -254,8 +254,9 @@ async def test_hook_routes_need_the_check_role() -> None:
 
 async def test_a_large_payload_is_read_up_to_the_hook_cap_and_refused_past_it() -> None:
     """A host posts the tool's whole input: a 1 MiB file to write is checked (past the
-    API's 256 KiB), one past RATEWARDEN_MAX_HOOK_BODY_BYTES is a 413 naming it, and a
-    payload of too many items is unreadable, refused failing closed, unread."""
+    API's 256 KiB), one past RATEWARDEN_MAX_HOOK_BODY_BYTES is refused in the host's own
+    form naming it (a host runs the call on a 413: issue 25), and a payload of too many
+    items is refused unread, whatever the fail mode."""
     app = build_app(POLICY, max_hook_body_bytes=2 * 1024 * 1024)
     async with serving(app) as client:
         big = claude("PreToolUse", "Write", "w1", file_path="/tmp/x", content="x" * 1024 * 1024)
@@ -263,13 +264,18 @@ async def test_a_large_payload_is_read_up_to_the_hook_cap_and_refused_past_it() 
         assert (allowed.status_code, allowed.content) == (200, b"")
         huge = claude("PreToolUse", "Write", "w2", content="x" * 3 * 1024 * 1024)
         refused = await claude_hook(client, huge, "user=w")
-        assert refused.status_code == 413
-        assert "RATEWARDEN_MAX_HOOK_BODY_BYTES" in refused.text
+        assert refused.status_code == 200
+        decision, reason = permission(refused)
+        assert decision == "deny"
+        assert reason.startswith("Tool call refused: its input is too large to check")
+        assert "RATEWARDEN_MAX_HOOK_BODY_BYTES" in reason
         # The command hook's route keeps the API's cap: its args are capped by the hook.
         event = {"user": "w", "tool": "Write", "args": "x" * 300 * 1024}
         capped = await client.post("/v1/hooks/claude-code/decision", json=event)
         assert capped.status_code == 413
         assert "RATEWARDEN_MAX_BODY_BYTES" in capped.text
         many = claude("PreToolUse", "Write", "w3", items=[[]] * 5000)
-        unread = await claude_hook(client, many, "user=w&fail=closed")
-        assert "more than 4000 items" in permission(unread)[1]
+        for fail in ("open", "closed"):
+            unread = await claude_hook(client, many, f"user=w&fail={fail}")
+            assert permission(unread)[0] == "deny"
+            assert "more than 4000 items" in permission(unread)[1]

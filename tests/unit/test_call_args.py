@@ -34,28 +34,42 @@ def nested(depth: int) -> dict[str, Any]:
     return value
 
 
+def sent(value: object) -> dict[str, Any] | None:
+    """What `call_args` sends whole (asserting that nothing was cut)."""
+    found = call_args(value)
+    if found is None:
+        return None
+    assert found.cut == ()
+    return found.value
+
+
 def test_a_dict_or_json_text_of_an_object_is_sent() -> None:
-    assert call_args({"command": "ls", "n": 1}) == {"command": "ls", "n": 1}
-    assert call_args('{"command": "ls", "n": 1}') == {"command": "ls", "n": 1}
-    assert call_args(b'{"command": "ls"}\n') == {"command": "ls"}  # agent-code's stdin
-    assert call_args({}) == {}
+    assert sent({"command": "ls", "n": 1}) == {"command": "ls", "n": 1}
+    assert sent('{"command": "ls", "n": 1}') == {"command": "ls", "n": 1}
+    assert sent(b'{"command": "ls"}\n') == {"command": "ls"}  # agent-code's stdin
+    assert sent({}) == {}
+    assert call_args(None) is None  # a call with no arguments has none
 
 
 def test_python_values_become_what_json_makes_of_them() -> None:
     """pydantic-ai validates arguments into Python objects; the client sends JSON."""
-    args = call_args({"when": datetime.date(2026, 1, 2), "pair": (1, 2), 3: "x"})
+    args = sent({"when": datetime.date(2026, 1, 2), "pair": (1, 2), 3: "x"})
     assert args == {"when": "2026-01-02", "pair": [1, 2], "3": "x"}
     assert json.loads(json.dumps(args)) == args
 
 
 @pytest.mark.parametrize(
     "given",
-    [None, "rm -rf /", "[1, 2]", "not json", b"\xff", ["a"], 3, '"text"', "[" * 100_000],
-    ids=["none", "plain text", "json list", "not json", "not utf-8", "list", "int",
+    ["rm -rf /", "[1, 2]", "not json", b"\xff", ["a"], 3, '"text"', "[" * 100_000],
+    ids=["plain text", "json list", "not json", "not utf-8", "list", "int",
          "json string", "too deep to parse"],
 )  # fmt: skip
-def test_what_is_not_a_json_object_is_left_out(given: object) -> None:
-    assert call_args(given) is None
+def test_what_is_not_a_json_object_is_sent_as_unreadable(given: object) -> None:
+    """Never as no arguments: every condition on them is unknown (`*` cut)."""
+    found = call_args(given)
+    assert found is not None
+    assert found.cut == ("*",)
+    assert the_daemon_takes(found.value)
 
 
 def past_the_caps() -> dict[str, dict[str, Any]]:
@@ -69,10 +83,13 @@ def past_the_caps() -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("name", sorted(past_the_caps()))
-def test_arguments_past_a_wire_cap_are_left_out(name: str) -> None:
+def test_arguments_past_a_wire_cap_are_bounded_with_their_cut_named(name: str) -> None:
     args = past_the_caps()[name]
-    assert call_args(args) is None
     assert not the_daemon_takes(args)
+    found = call_args(args)
+    assert found is not None
+    assert found.cut
+    assert the_daemon_takes(found.value)
 
 
 def the_daemon_takes(args: dict[str, Any]) -> bool:
@@ -90,21 +107,25 @@ def test_right_at_the_caps_they_are_sent() -> None:
     large = {"text": "x" * (MAX_ARGS_BYTES - len('{"text":""}'))}
     for args in (deep, large):
         assert the_daemon_takes(args)
-        assert call_args(args) == args
+        assert sent(args) == args
 
 
-def test_more_items_than_a_check_body_may_hold_are_left_out() -> None:
+def test_more_items_than_a_check_body_may_hold_are_bounded() -> None:
     """Small in bytes, but the daemon refuses a body of more than MAX_ITEMS items unread."""
     many = {"files": list(range(5000))}
     body = CheckRequest(user="u", tool="t", args=many).model_dump_json().encode()
     assert too_many_items(body)  # what the daemon would answer: a 422, then the fail mode
-    assert call_args(many) is None
+    found = call_args(many)
+    assert found is not None
+    assert found.cut == ("files",)
+    request = check_request(user="u", tool="t", args=many)
+    assert not too_many_items(request.model_dump_json().encode())
     # The most a call may carry (the object, the list, its commas) fits the fullest body:
     # every field, 32 tags.
     fits = {"files": list(range(MAX_ARGS_ITEMS - 1))}
     assert count_items(to_json(fits)) == MAX_ARGS_ITEMS
-    assert call_args(fits) == fits
-    assert call_args({"files": list(range(MAX_ARGS_ITEMS))}) is None
+    assert sent(fits) == fits
+    assert call_args({"files": list(range(MAX_ARGS_ITEMS))}).cut == ("files",)  # type: ignore[union-attr]
     fullest = CheckRequest.model_validate(
         {
             "user": "u", "tool": "t", "session": "s", "team": "t", "call_id": "c",
@@ -124,8 +145,15 @@ def test_check_request_carries_them_and_says_nothing_of_them(
     secret = {"command": "deploy", "token": "s3cr3t-value"}
     request = check_request(user="u", tool="terminal", args=json.dumps(secret))
     assert request.args == secret
-    assert check_request(user="u", tool="terminal", args="[1]").args is None
-    assert check_request(user="u", tool="terminal", args={"text": "\ud800"}).args is None
-    assert check_request(user="u", tool="terminal", args={"t": "s3cr3t-value" * 9000}).args is None
-    assert "s3cr3t-value" not in caplog.text  # neither sent nor left out is logged
+    assert request.args_cut == []
+    assert check_request(user="u", tool="terminal", args="[1]").args_cut == ["*"]
+    assert check_request(user="u", tool="terminal", args={"text": "\ud800"}).args_cut == ["text"]
+    padded = check_request(user="u", tool="terminal", args={"t": "s3cr3t-value" * 9000})
+    assert padded.args_cut == ["t"]
+    assert "s3cr3t-value" not in caplog.text  # neither sent nor cut is logged
     assert "s3cr3t-value" not in repr(PreCall(tool="Bash", args=json.dumps(secret)))
+
+
+def test_check_request_adds_what_a_hook_already_cut() -> None:
+    request = check_request(user="u", tool="t", args={"a": "x" * 70_000}, args_cut=["b"])
+    assert request.args_cut == ["b", "a"]

@@ -22,6 +22,7 @@ package, which was a third of a hook's start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -39,8 +40,8 @@ from ratewarden.hooks.hosts import HOSTS, SUMMARIES
 if TYPE_CHECKING:
     import argparse
 
-# The wire's cap on a check's `args` (wire.MAX_ARGS_BYTES): larger ones would be left out
-# by the daemon, so they are not sent.
+# The wire's cap on a check's `args` (wire.MAX_ARGS_BYTES): larger ones are bounded here
+# (arguments.bounded_args) rather than sent to be refused.
 MAX_ARGS_BYTES = 64 * 1024
 
 
@@ -244,8 +245,8 @@ def _event(event: PreCall | PostCall, options: HookOptions, settings: Any) -> di
         )
     else:
         body.update(tool=event.tool, session=event.session, call_id=event.call_id)
-        body["args"] = _args(event.args)
-    return {key: _sendable(key, value) for key, value in body.items() if value is not None}
+        body["args"], body["args_cut"] = _args(event.args)
+    return {key: _sendable(key, value) for key, value in body.items() if value not in (None, [])}
 
 
 _NAMES = frozenset({"user", "team", "tool", "session", "call_id"})
@@ -262,28 +263,40 @@ def _sendable(key: str, value: Any) -> Any:
     return vocabulary.tagged(value, vocabulary.digest(value), limit)
 
 
-def _args(value: object) -> object:
-    """The tool's input as sent: JSON text or an object, within the wire's cap, else none
-    (the daemon leaves out what it would refuse; the call is checked without it)."""
+def _args(value: object) -> tuple[object, list[str]]:
+    """The tool's input as sent, and the paths of it that were cut.
+
+    JSON text or an object within the wire's cap goes as it is (the daemon bounds what
+    it would still refuse: too deep, `1e400`). Anything larger, or that cannot be written
+    as JSON text, is bounded here (`arguments.bounded_args`): a call is never sent as one
+    without arguments because it had too much of them.
+    """
     if isinstance(value, bytes | bytearray):
-        try:
+        with contextlib.suppress(UnicodeDecodeError):  # bounded below: unreadable, not absent
             value = value.decode()
-        except UnicodeDecodeError:
-            return None
+    if value is None or _fits(value):
+        return value, []
+    from ratewarden.arguments import bounded_args  # seldom needed: not at import
+
+    bounded = bounded_args(value)
+    return (None, []) if bounded is None else (bounded.value, list(bounded.cut))
+
+
+def _fits(value: object) -> bool:
+    """Whether `value` is text or an object the wire's cap takes as it is."""
     if isinstance(value, str):
         text = value
     elif isinstance(value, dict):
         try:
             text = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
         except (TypeError, ValueError, RecursionError):
-            return None
+            return False
     else:
-        return None
+        return False
     try:
-        size = len(text.encode())
+        return len(text.encode()) <= MAX_ARGS_BYTES
     except UnicodeEncodeError:  # a lone surrogate: not text the daemon can read
-        return None
-    return value if size <= MAX_ARGS_BYTES else None
+        return False
 
 
 def _login_name() -> str:

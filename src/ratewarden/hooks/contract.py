@@ -11,10 +11,11 @@ call, so these are named tuples (dataclasses import `inspect`, a third of a hook
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
+
+from ratewarden.arguments import read_json
 
 Decision = str  # "allow", "deny" or "ask" (vocabulary.DecisionName)
 
@@ -104,7 +105,7 @@ class Host(NamedTuple):
 
 def json_object(payload: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(payload)
+        data = read_json(payload)  # `1e400` or 5 000 digits in the args: cut, not unreadable
     except (ValueError, RecursionError) as exc:
         raise BadInput(f"stdin is not JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -60,7 +60,8 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
         return _call(data, tool, data.get("tool_input"), call_id(data))
     if event == "beforeShellExecution":
         command = data.get("command")
-        return _call(data, SHELL, {"command": command} if isinstance(command, str) else None)
+        # A command that is not text is sent as it is: unreadable args, never none.
+        return _call(data, SHELL, {"command": command} if command is not None else None)
     if event == "beforeMCPExecution":
         return _call(data, tool_name(data.get("tool_name"), "tool_name"), data.get("tool_input"))
     if event in ("postToolUse", "postToolUseFailure"):

@@ -21,22 +21,26 @@ surrogate from a JSON `\\ud800` cannot be sent at all).
 A mapped name or id has the shape of every call id an adapter makes
 (`vocabulary.call_id`): `<lead>~<16 hex digits>`.
 
-The call's arguments go in too (`call_args`), as the JSON object the wire takes, or not
-at all: arguments the API would refuse never cost the call its check. Whether they then
-travel is the client's business (`client.ArgsGate`: only while the policy reads them).
+The call's arguments go in too (`call_args`): as the JSON object the wire takes, or, past
+its caps, bounded to fit with the paths that were cut named (`arguments.bounded_args`):
+too much argument never makes a call one without arguments, nor costs it its check.
+Whether they then travel is the client's business (`client.ArgsGate`: only while the
+policy reads them).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, from_json, to_json, to_jsonable_python
 
+from ratewarden.arguments import MAX_CUT, WHOLE_ARGS, BoundedArgs, bounded_args
 from ratewarden.vocabulary import MAX_CALL_ID, MAX_NAME, SUFFIX_CHARS, digest, sendable, tagged
 from ratewarden.wire import (
+    MAX_ARGS_BYTES,
     MAX_ITEMS,
     Args,
     CallId,
@@ -97,9 +101,10 @@ def check_request(
     metadata: ToolMetadata | None = None,
     approved: bool = False,
     args: object = None,
+    args_cut: Sequence[str] = (),
 ) -> CheckRequest:
     """The check for one tool call, every name and id made acceptable (empty: absent);
-    `args` as the host gives them (see `call_args`)."""
+    `args` as the host gives them (see `call_args`), `args_cut` what a hook already cut."""
     request = CheckRequest(
         user=subject(user),
         tool=subject(tool),
@@ -110,39 +115,76 @@ def check_request(
         approved=approved,
     )
     sent = call_args(args)
-    # Validated once, by the wire's own type: the copy does not validate them again.
-    return request if sent is None else request.model_copy(update={"args": sent})
+    if sent is None:
+        return request
+    cut = list(dict.fromkeys((*args_cut, *sent.cut)))
+    if len(cut) > MAX_CUT:
+        cut = [WHOLE_ARGS]
+    # Validated once, by the wire's own type (or bounded to fit it): the copy does not
+    # validate them again.
+    return request.model_copy(update={"args": sent.value, "args_cut": cut})
 
 
-def call_args(value: object) -> dict[str, Any] | None:
-    """A tool call's arguments as the daemon takes them, or None to send none.
+def call_args(value: object) -> BoundedArgs | None:
+    """A tool call's arguments as the daemon takes them, or None for a call with none.
 
     Hosts give a dict (hermes, Strands, pydantic-ai, Claude Code's `tool_input`) or JSON
-    text (the OpenAI Agents SDK's `tool_arguments`, agent-code's stdin). Anything that is
-    not a JSON object, or that the wire refuses (`wire.Args`: over MAX_ARGS_BYTES as
-    compact JSON, deeper than MAX_ARGS_DEPTH, a number not finite), is left out: the call
-    is still checked, it just matches no `args` condition. Nothing here logs them, nor the
-    validation error, which would quote them: arguments may hold secrets.
+    text (the OpenAI Agents SDK's `tool_arguments`, agent-code's stdin). Arguments the
+    wire takes go whole. Any others (over MAX_ARGS_BYTES as compact JSON, deeper than
+    MAX_ARGS_DEPTH, a number not finite, more items than a body may hold, not a JSON
+    object at all) go bounded, with the paths that were cut named (`arguments.
+    bounded_args`): a call is never checked as if it had no arguments because it had too
+    much of them. Nothing here logs them, nor a validation error, which would quote them:
+    arguments may hold secrets.
     """
-    if isinstance(value, str | bytes | bytearray):
-        return _from_json(value)
-    if not isinstance(value, Mapping):
+    if value is None:
         return None
+    if isinstance(value, str | bytes | bytearray):
+        parsed = _from_json(value)
+        if parsed is None:
+            return bounded_args(value)
+        value = parsed
+    if not isinstance(value, Mapping):
+        return bounded_args(value)
     try:
         # JSON's own types, which the client can send: a host's Python objects (a date
         # pydantic-ai validated, a tuple) become what the wire would read them as.
         plain = to_jsonable_python(dict(value), fallback=str)
     except (ValueError, PydanticSerializationError, RecursionError):
-        return None
-    return _sendable(plain)
+        return bounded_args(value)
+    whole = None if _surely_too_large(plain) else _sendable(plain)
+    return BoundedArgs(whole) if whole is not None else bounded_args(plain)
+
+
+def _surely_too_large(args: dict[str, Any]) -> bool:
+    """Whether `args` hold more characters than the wire takes bytes, or more items: then
+    they cannot be sent whole, and validating them (writing megabytes as JSON) is skipped.
+    A count of lengths, without reading any text, stopping at the first cap it passes."""
+    room, items = MAX_ARGS_BYTES, MAX_ARGS_ITEMS
+    stack: list[Any] = [args]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            room -= len(value)
+        elif isinstance(value, dict):
+            items -= len(value)
+            room -= sum(len(key) for key in value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            items -= len(value)
+            stack.extend(value)
+        if room < 0 or items < 0:
+            return True
+    return False
 
 
 def _from_json(text: str | bytes | bytearray) -> dict[str, Any] | None:
+    """The JSON object `text` holds, or None (not JSON, not an object, too deep)."""
     try:
         parsed = json.loads(text)
     except (ValueError, RecursionError):  # not JSON, or too deep to parse
         return None
-    return _sendable(parsed) if isinstance(parsed, dict) else None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def _sendable(args: dict[str, Any]) -> dict[str, Any] | None:

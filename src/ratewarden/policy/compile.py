@@ -105,7 +105,7 @@ def _compile_rule(
         name=rule.name,
         index=index,
         match=_compile_match(rule.match),
-        unless=None if rule.unless is None else _compile_match(rule.unless),
+        unless=None if rule.unless is None else _compile_match(rule.unless, cut_holds=False),
         per=() if access else tuple(rule.per),  # an access rule has no counter
         limit=limit,
         mode=rule.mode or spec.defaults.mode,
@@ -148,7 +148,7 @@ def _rule_limit(
     return RateLimit(rate, algorithm, rule.burst or base.burst)
 
 
-def _compile_match(spec: MatchSpec) -> Match:
+def _compile_match(spec: MatchSpec, *, cut_holds: bool = True) -> Match:
     def names(value: list[str] | None) -> NameSet | None:
         return None if value is None else NameSet.of(value)
 
@@ -166,6 +166,7 @@ def _compile_match(spec: MatchSpec) -> Match:
             ArgCondition(ArgPath.parse(path), compile_condition(condition))  # type: ignore[arg-type]
             for path, condition in (spec.args or {}).items()  # (a list was refused at load)
         ),
+        cut_holds=cut_holds,
     )
 
 

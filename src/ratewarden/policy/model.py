@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
+from ratewarden.arguments import cut_overlaps
 from ratewarden.calls import Call
 from ratewarden.policy.conditions import ArgCondition
 from ratewarden.policy.durations import Budget, Rate
@@ -150,6 +151,10 @@ class Match:
     metadata: tuple[tuple[str, bool], ...] = ()
     tags: frozenset[str] | None = None
     args: tuple[ArgCondition, ...] = ()  # all must hold (SPEC 2.1)
+    # How a condition on an argument the client had to cut reads (`Call.args_cut`): as
+    # holding in a rule's `match`, so a refusing or counting rule still applies, and as
+    # failing in its `unless:`, so nothing is excused on what could not be read.
+    cut_holds: bool = True
 
     def static_mismatch(self, user: str, tool: str, groups: frozenset[str]) -> str | None:
         """Why the rule cannot apply to this user and tool, or None if it may."""
@@ -198,11 +203,14 @@ class Match:
         if self.sessions or self.teams or self.metadata or self.tags is not None:
             return self.holds_for_call
         pairs = tuple((c.path.resolver(), c.condition.holds) for c in self.args)
+        with_cut = self.holds_for_call  # the rare call whose args were cut
         if len(pairs) == 1:  # the usual rule: one condition, no loop
             [(resolve, holds)] = pairs
-            return lambda call: holds(resolve(call.args))
+            return lambda call: with_cut(call) if call.args_cut else holds(resolve(call.args))
 
         def args_hold(call: Call) -> bool:
+            if call.args_cut:
+                return with_cut(call)
             args = call.args
             for resolve, holds in pairs:  # noqa: SIM110 - a loop: no generator per call
                 if not holds(resolve(args)):
@@ -223,11 +231,15 @@ class Match:
                 return False
         if self.tags is not None and not self.tags & facts.tags:
             return False
-        args = call.args
         for condition in self.args:  # noqa: SIM110 - a loop: no generator on every call
-            if not condition.holds(args):
+            if not self._arg_holds(condition, call):
                 return False
         return True
+
+    def _arg_holds(self, condition: ArgCondition, call: Call) -> bool:
+        if call.args_cut and cut_overlaps(condition.path.steps, call.args_cut):
+            return self.cut_holds
+        return condition.holds(call.args)
 
     def matches(self, call: Call, groups: frozenset[str]) -> bool:
         """Whether every condition holds for `call` (`unless:` asks this)."""
@@ -257,10 +269,13 @@ class Match:
                 (f"tags include one of {sorted(self.tags)}", bool(self.tags & call.facts.tags))
             )
         for condition in self.args:
+            cut = bool(call.args_cut) and cut_overlaps(condition.path.steps, call.args_cut)
+            said = " (cut to send: read as " + ("holding)" if self.cut_holds else "failing)")
             found.append(
                 (
-                    f"args.{condition.path.text} {condition.condition.describe()}",
-                    condition.holds(call.args),
+                    f"args.{condition.path.text} {condition.condition.describe()}"
+                    + (said if cut else ""),
+                    self._arg_holds(condition, call),
                 )
             )
         return found
@@ -279,7 +294,9 @@ class Match:
         if self.tags is not None and not self.tags & call.facts.tags:
             return f"call has none of the tags {sorted(self.tags)}"
         for condition in self.args:
-            if not condition.holds(call.args):
+            if not self._arg_holds(condition, call):
+                if call.args_cut and cut_overlaps(condition.path.steps, call.args_cut):
+                    return f"args.{condition.path.text} was cut to send: it excuses nothing"
                 return condition.mismatch(call.args)
         return None
 

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import CoreSchema, SchemaSerializer, core_schema
 
+from ratewarden.arguments import WHOLE_ARGS
 from ratewarden.calls import UNCLASSIFIED, Call, ToolFacts
 from ratewarden.engine import Decision, Usage, Verdict
 from ratewarden.vocabulary import METADATA_FLAGS
@@ -39,8 +40,14 @@ def to_call(request: CheckRequest) -> Call:
         facts=facts,
         approved=request.approved,
         named=request.call_id is not None,
-        args=request.args,
+        args=request.args if request.args is not None or not request.args_cut else {},
+        args_cut=tuple(_steps(path) for path in request.args_cut),
     )
+
+
+def _steps(path: str) -> tuple[str, ...]:
+    """A cut path's steps (the wire checked it): `*`, the whole args, has none."""
+    return () if path == WHOLE_ARGS else tuple(path.split("."))
 
 
 def new_call_id() -> str:

@@ -33,7 +33,7 @@ from ratewarden.integrations.names import check_request, usable_call_id
 from ratewarden.service import routes
 from ratewarden.service.errors import error_response
 from ratewarden.store import StoreError
-from ratewarden.vocabulary import UNREADABLE, FailMode
+from ratewarden.vocabulary import TOO_LARGE, UNREADABLE, FailMode
 from ratewarden.wire import (
     ErrorResponse,
     FieldError,
@@ -67,7 +67,7 @@ async def decision(host: str, body: HookEvent, request: Request) -> HookDecision
     if body.tool is None:
         return _missing("tool", "a call about to run names its tool")
     call = PreCall(body.tool, body.session, body.call_id, body.args)
-    return await check(request.app, call, body.user, body.team)
+    return await check(request.app, call, body.user, body.team, body.args_cut)
 
 
 @router.post(
@@ -97,9 +97,11 @@ async def native(
         if not context[name]:  # the host keeps it out of its payload: the URL must say it
             return _missing(key, f"the hook's URL must name it (?{key}=...)", query=True)
     payload = await request.body()
+    if too_many_items(payload):  # as for every body: counted on its bytes, not read
+        # Refused whatever the fail mode: failing open, padding would pass any rule.
+        refused = TOO_LARGE.format(reason=TooManyItems().args[0])
+        return _http(found, HookDecision(decision="deny", message=refused))
     try:
-        if too_many_items(payload):  # as for every body: counted on its bytes, not read
-            raise BadInput(str(TooManyItems()))
         event = found.read(payload, context)
     except BadInput as exc:
         return _http(found, _unreadable(found, fail, str(exc)))
@@ -113,16 +115,20 @@ async def native(
     return _http(found, await check(request.app, event, who, team))
 
 
-async def check(app: Any, call: PreCall, user: str, team: str | None) -> HookDecision:
+async def check(
+    app: Any, call: PreCall, user: str, team: str | None, args_cut: list[str] | None = None
+) -> HookDecision:
     """Check a call about to run; a reused call id is checked again as a new call."""
     engine = routes.engine_of(app)
+    reads = engine.policy.reads_args
     request = check_request(
         user=user,
         tool=call.tool,
         session=call.session,
         team=team,
         call_id=call.call_id,
-        args=call.args if engine.policy.reads_args else None,
+        args=call.args if reads else None,
+        args_cut=(args_cut or []) if reads else (),
     )
     notes: list[str] = []
     decided: Decision | None = None

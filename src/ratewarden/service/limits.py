@@ -44,7 +44,7 @@ class BodySizeLimit:
         cap, setting = self._cap(scope.get("path", ""))
         declared = _content_length(scope)
         if declared is not None and declared > cap:
-            await self.refuse(send, cap, setting)  # nothing of the body is read
+            await self.refuse(send, cap, setting, scope.get("path", ""))  # nothing is read
             return
         await _Guarded(self, cap, setting, receive, send).run(scope)
 
@@ -53,23 +53,26 @@ class BodySizeLimit:
             return self.hook_max_bytes, "RATEWARDEN_MAX_HOOK_BODY_BYTES"
         return self.max_bytes, "RATEWARDEN_MAX_BODY_BYTES"
 
-    async def refuse(self, send: Send, cap: int, setting: str) -> None:
-        """The 413, in the error shape of every other refusal."""
+    async def refuse(self, send: Send, cap: int, setting: str, path: str = "") -> None:
+        """The 413, in the error shape of every other refusal; to a host's own HTTP hook,
+        its own refusal instead (a host runs the call on a 413)."""
         problem = f"larger than the {cap}-byte limit ({setting})"
-        body = json.dumps(
-            {
-                "error": "too_large",
-                "message": f"body: {problem}",
-                "fields": [{"field": "body", "message": problem}],
-            },
-            separators=(",", ":"),
-        ).encode()
+        status, media, body = _hook_refusal(path, problem) or (413, "application/json", b"")
+        if status == 413:
+            body = json.dumps(
+                {
+                    "error": "too_large",
+                    "message": f"body: {problem}",
+                    "fields": [{"field": "body", "message": problem}],
+                },
+                separators=(",", ":"),
+            ).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": status,
                 "headers": [
-                    (b"content-type", b"application/json"),
+                    (b"content-type", media.encode()),
                     (b"content-length", str(len(body)).encode()),
                     # The rest of the body is never read: the connection cannot be reused.
                     (b"connection", b"close"),
@@ -120,7 +123,22 @@ class _Guarded:
             if not self.exceeded or self.started:
                 raise
         if self.exceeded and not self.started:
-            await self.limit.refuse(self._send, self.cap, self.setting)
+            await self.limit.refuse(self._send, self.cap, self.setting, scope.get("path", ""))
+
+
+def _hook_refusal(path: str, problem: str) -> tuple[int, str, bytes] | None:
+    """A host's own refusal of a call whose hook body is over the cap, or None for any
+    other path. Refused, never passed: padding a call past the cap must not run it."""
+    if not path.startswith(HOOK_PATHS) or path.endswith("/decision"):
+        return None
+    from ratewarden.hooks.hosts import HOSTS  # the daemon's own hooks: loaded with it anyway
+    from ratewarden.vocabulary import TOO_LARGE
+
+    host = HOSTS.get(path.removeprefix(HOOK_PATHS))
+    if host is None or host.http is None:
+        return None
+    sent = host.http(host.refuse("deny", TOO_LARGE.format(reason=f"body {problem}")))
+    return sent.status, sent.media_type, sent.body.encode()
 
 
 def _content_length(scope: Scope) -> int | None:

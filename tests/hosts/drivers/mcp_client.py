@@ -233,8 +233,37 @@ async def abandoned() -> dict[str, Any]:
     return {"exit": code, "ran": ran_lines("abandoned")}
 
 
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+async def padded() -> dict[str, Any]:
+    """Issue 25: `rm -rf /` padded past the wire's caps, each way, then an `echo` padded
+    alike, then one padded call four times under a loop rule."""
+    pads: dict[str, Any] = {
+        "large": {"pad": "x" * 70_000},
+        "deep": {"deep": nested(40)},
+        "many": {"many": list(range(5_000))},
+        "escapes": {"escapes": ["\u0001" * 100] * 500},
+    }
+    rm = [{"command": "rm -rf /", **pad} for pad in pads.values()]
+    echo = [{"command": "echo fine", **pad} for pad in pads.values()]
+    loop = [{"command": "echo again", "pad": "y" * 70_000}] * 4
+    return {
+        "names": list(pads),
+        "rm": await Session("padded", "mcp-padded").run(lambda s: calls(s, "terminal", rm)),
+        "echo": await Session("padded", "mcp-padded").run(lambda s: calls(s, "terminal", echo)),
+        "loop": await Session("loop", "mcp-padded-loop").run(lambda s: calls(s, "terminal", loop)),
+        "ran": ran_lines("padded"),
+    }
+
+
 async def main() -> None:
     report = {
+        "padded": await padded(),  # first: `limit`'s minute is read at the end
         "limit": await limit(),
         "access": await access(),
         "budget": await budget(),
