@@ -18,7 +18,7 @@ from ratewarden.engine import Engine
 from ratewarden.logs import configure_audit, configure_logging
 from ratewarden.metrics import Metrics, TimedStore
 from ratewarden.policy import Policy, load_example_policy, load_policy
-from ratewarden.service import auth, console, hooks, overrides
+from ratewarden.service import apidocs, auth, console, hooks, overrides
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.hotpath import HOT_ROUTES, HotPath
 from ratewarden.service.limits import BodySizeLimit
@@ -75,6 +75,9 @@ def create_app(
         version=__version__,
         summary="Rate limits, concurrency caps and cost budgets for AI-agent tool calls.",
         lifespan=services.lifespan,
+        # FastAPI's pages load their scripts from a CDN: apidocs.py serves its own instead.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.engine = engine
     app.state.settings = settings
@@ -86,6 +89,7 @@ def create_app(
     app.include_router(hooks.router)
     app.include_router(overrides.router)
     app.include_router(console.router)
+    app.include_router(apidocs.router)
     install_error_handlers(app)
     tokens = auth.Tokens.from_settings(settings)
     # Every request: auth outermost (a request without the role its route needs is

@@ -69,6 +69,7 @@ ROLES: dict[str, Role] = {
     "/metrics": OPEN,
     "/docs": OPEN,
     "/docs/oauth2-redirect": OPEN,
+    "/docs/assets/{name}": OPEN,  # packaged files, as the console's (service/apidocs.py)
     "/redoc": OPEN,
     "/openapi.json": OPEN,
     # The console's page and its packaged assets hold no data and no secret: every
