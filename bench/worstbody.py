@@ -39,6 +39,7 @@ from ratewarden.settings import Settings
 from ratewarden.wire import MAX_ARGS_BYTES, MAX_ARGS_DEPTH, MAX_BATCH, MAX_ITEMS, count_items
 
 BODY_CAP = int(Settings.model_fields["max_body_bytes"].default)
+HOOK_CAP = int(Settings.model_fields["max_hook_body_bytes"].default)
 ROOM = 64  # bytes under the cap: never a 413
 SENDERS = 4  # connections sending the worst body while others are measured
 OTHERS = 64  # connections of the other clients: enough never to queue for one
@@ -147,10 +148,40 @@ BODIES: dict[str, Callable[[], bytes]] = {
         KEYS, b'"{n}":0,', b'"":' + b"1" * 5000 + b"}}"
     ),
     f"batch: {MAX_BATCH} calls at the item cap, the last refused": batch_refused_last,
+    # -- a host's own HTTP hook: its cap is RATEWARDEN_MAX_HOOK_BODY_BYTES (issue 25)
+    "hook: a normal Bash call": lambda: hook_payload(b'{"command":"ls -la"}'),
+    "hook: strings of escapes to the hook cap": lambda: hook_filled(b'"' + b"\\u0001" * 170 + b'"'),
+    "hook: one string of escapes to the hook cap": lambda: hook_one_string(b"\\u0001"),
+    "hook: a string to the hook cap (a file to write)": lambda: hook_one_string(b"x"),
+    f"hook: {MAX_ITEMS} items of empty arrays": lambda: hook_payload(
+        b'{"command":"ls","k":[' + b"[]," * (MAX_ITEMS - 20) + b"[]]}"
+    ),
 }
+HOOK = "/v1/hooks/claude-code?user=u"
+
+
+def hook_payload(tool_input: bytes) -> bytes:
+    """Claude Code's PreToolUse payload around `tool_input` (JSON text)."""
+    head = b'{"hook_event_name":"PreToolUse","tool_name":"Bash","session_id":"s",'
+    return head + b'"tool_use_id":"toolu_1","tool_input":' + tool_input + b"}"
+
+
+def hook_filled(string: bytes) -> bytes:
+    """A tool input of strings `string` in one list, as many as the hook cap and the item
+    cap allow."""
+    count = min((HOOK_CAP - 1024) // (len(string) + 1), MAX_ITEMS - 20)
+    return hook_payload(b'{"command":"ls","k":[' + b",".join([string] * count) + b"]}")
+
+
+def hook_one_string(char: bytes) -> bytes:
+    """A tool input of one string of `char` filling the hook cap."""
+    room = (HOOK_CAP - 1024) // len(char)
+    return hook_payload(b'{"command":"ls","content":"' + char * room + b'"}')
 
 
 def path_of(name: str) -> str:
+    if name.startswith("hook"):
+        return HOOK
     return "/v1/check/batch" if name.startswith("batch") else "/v1/check"
 
 

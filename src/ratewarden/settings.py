@@ -69,9 +69,11 @@ class Settings(BaseSettings):
     # with the largest `args` allowed (64 KiB as JSON).
     max_body_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
     # The same for a host's own HTTP hook (`POST /v1/hooks/{host}`), which posts the tool's
-    # whole input: a file Claude Code writes may be megabytes. Past it the host's hook
-    # fails (Claude Code then runs the call unchecked; the command hook has no such cap).
-    max_hook_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # whole input: a file Claude Code writes may be large. Past it the call is refused in
+    # the host's own form (a host runs the call on a 413); each MiB read costs the daemon
+    # about as much as a few normal checks (docs/benchmarks.md, "Worst bodies"), so the
+    # cap bounds what one hook request can cost. The command hook has no such cap.
+    max_hook_body_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
     # Seconds a connection has to deliver a whole request (headers and body), counted from
     # its opening or from its previous answer; past it, the connection is closed. Without
     # it a silent or slow socket held a file descriptor for ever (service/connections.py).
