@@ -281,3 +281,24 @@ def test_a_hook_body_past_its_cap_is_refused_in_the_hosts_form(daemon: Daemon) -
     )
     assert agent_code.status_code == 403
     assert agent_code.text.startswith("Tool call refused: its input is too large to check")
+
+
+def test_the_api_takes_args_cut_and_it_can_only_make_a_decision_stricter(daemon: Daemon) -> None:
+    def check(**body: Any) -> httpx.Response:
+        return httpx.post(f"{daemon.url}/v1/check", json={"user": "u", "tool": "Bash", **body})
+
+    assert check(args={"command": "ls"}).json()["decision"] == "allow"
+    cut = check(args={"command": "ls\u2026~0123456789abcdef"}, args_cut=["command"])
+    assert (cut.json()["decision"], cut.json()["message"]) == ("deny", ROOT_DELETE)
+    assert check(args={"command": "ls", "pad": "x"}, args_cut=["pad"]).json()["decision"] == (
+        "allow"  # a cut elsewhere leaves `command` read as sent
+    )
+    for bad, field in (
+        (["a b"], "args_cut[0]"),
+        (["x" * 600], "args_cut[0]"),
+        ([f"p{i}" for i in range(17)], "args_cut"),
+        ("command", "args_cut"),
+    ):
+        refused = check(args={"command": "ls"}, args_cut=bad)
+        assert refused.status_code == 422, bad
+        assert field in [f["field"] for f in refused.json()["fields"]], refused.json()
