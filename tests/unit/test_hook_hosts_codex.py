@@ -191,9 +191,19 @@ def test_a_post_with_no_pre_kept_settles_the_derived_id_and_takes_no_other_call(
     home: dict[str, str],
 ) -> None:
     kept = opened(call("make a"), home)
-    derived = codex.call_id(call("make b"))
-    assert closed(call("make b"), home) == derived  # the daemon answers "unknown": a note
+    lone = call("make a", tool_use_id="call_1")  # another model id: nothing kept for it
+    assert closed(lone, home) == codex.call_id(lone)  # the daemon answers "unknown": a note
+    assert closed({**call("make a"), "tool_name": "apply_patch"}, home) != kept
     assert closed(call("make a"), home) == kept
+
+
+def test_a_call_whose_input_another_hook_rewrote_is_found_by_its_model_id_and_tool(
+    home: dict[str, str],
+) -> None:
+    # Codex takes a PreToolUse hook's `updatedInput`: its PostToolUse may carry the new
+    # input. With the model's own ids (`call_abc...`) that still names one call.
+    kept = opened(call("make", tool_use_id="call_abc"), home)
+    assert closed(call("make -j4", tool_use_id="call_abc"), home) == kept
 
 
 def test_a_call_the_daemon_did_not_allow_is_not_kept(home: dict[str, str]) -> None:

@@ -14,6 +14,8 @@ from ratewarden import vocabulary
 from ratewarden.hooks import ledger
 
 NOW = 1_800_000_000_000  # ms
+K = ("k", "group")  # a call's keys: the most telling first
+OTHER = ("other", "group 2")
 
 
 @pytest.fixture
@@ -32,9 +34,9 @@ def session_file(where: str, session: str) -> str:
 
 
 def test_a_kept_id_is_taken_once(where: str) -> None:
-    ledger.keep(where, "s1", "k", "call_0~a", NOW)
-    assert ledger.take(where, "s1", "k", NOW) == "call_0~a"
-    assert ledger.take(where, "s1", "k", NOW) is None
+    ledger.keep(where, "s1", K, "call_0~a", NOW)
+    assert ledger.take(where, "s1", K, NOW) == "call_0~a"
+    assert ledger.take(where, "s1", K, NOW) is None
     assert files(where) == [".lock"]  # a session's file goes with its last id
 
 
@@ -42,77 +44,88 @@ def test_the_newest_id_under_a_key_is_taken_first(where: str) -> None:
     # A call allowed that never ran (another hook refused it) leaves its id: the next
     # call under that key is still closed by its own PostToolUse.
     for call in ("left", "a", "b"):
-        ledger.keep(where, "s1", "k", call, NOW)
-    ledger.keep(where, "s1", "other", "c", NOW)
-    assert ledger.take(where, "s1", "k", NOW) == "b"
-    assert ledger.take(where, "s1", "k", NOW) == "a"
-    assert ledger.take(where, "s1", "other", NOW) == "c"
-    assert ledger.take(where, "s1", "k", NOW) == "left"
+        ledger.keep(where, "s1", K, call, NOW)
+    ledger.keep(where, "s1", OTHER, "c", NOW)
+    assert ledger.take(where, "s1", K, NOW) == "b"
+    assert ledger.take(where, "s1", K, NOW) == "a"
+    assert ledger.take(where, "s1", OTHER, NOW) == "c"
+    assert ledger.take(where, "s1", K, NOW) == "left"
+
+
+def test_an_id_not_found_by_its_first_key_is_found_by_its_second(where: str) -> None:
+    # Another hook rewrote the input: the PostToolUse's first key is not the one kept.
+    ledger.keep(where, "s1", ("input 1", "call_0 Bash"), "a", NOW)
+    ledger.keep(where, "s1", ("input 2", "call_0 Bash"), "b", NOW)
+    assert ledger.take(where, "s1", ("input 1", "call_0 Bash"), NOW) == "a"  # first key first
+    assert ledger.take(where, "s1", ("rewritten", "call_0 Edit"), NOW) is None
+    assert ledger.take(where, "s1", ("rewritten", "call_0 Bash"), NOW) == "b"
 
 
 def test_sessions_do_not_share_ids(where: str) -> None:
-    ledger.keep(where, "s1", "k", "one", NOW)
-    assert ledger.take(where, "s2", "k", NOW) is None
-    assert ledger.take(where, "s1", "k", NOW) == "one"
+    ledger.keep(where, "s1", K, "one", NOW)
+    assert ledger.take(where, "s2", K, NOW) is None
+    assert ledger.take(where, "s1", K, NOW) == "one"
 
 
 def test_a_session_keeps_at_most_max_open_ids(where: str) -> None:
     for n in range(ledger.MAX_OPEN + 5):
-        ledger.keep(where, "s1", "k", f"id{n}", NOW)
-    taken = [ledger.take(where, "s1", "k", NOW) for _ in range(ledger.MAX_OPEN + 5)]
+        ledger.keep(where, "s1", K, f"id{n}", NOW)
+    taken = [ledger.take(where, "s1", K, NOW) for _ in range(ledger.MAX_OPEN + 5)]
     assert taken[: ledger.MAX_OPEN] == [f"id{n}" for n in range(ledger.MAX_OPEN + 4, 4, -1)]
     assert taken[ledger.MAX_OPEN :] == [None] * 5  # the oldest five went
 
 
 def test_an_id_older_than_max_age_is_gone(where: str) -> None:
-    ledger.keep(where, "s1", "k", "old", NOW)
-    ledger.keep(where, "s1", "k", "new", NOW + ledger.MAX_AGE_MS - 1)
+    ledger.keep(where, "s1", K, "old", NOW)
+    ledger.keep(where, "s1", K, "new", NOW + ledger.MAX_AGE_MS - 1)
     later = NOW + ledger.MAX_AGE_MS
-    assert ledger.take(where, "s1", "k", later) == "new"
-    assert ledger.take(where, "s1", "k", later) is None
+    assert ledger.take(where, "s1", K, later) == "new"
+    assert ledger.take(where, "s1", K, later) is None
     assert files(where) == [".lock"]
 
 
 def test_a_new_session_sweeps_files_left_for_a_day(where: str) -> None:
-    ledger.keep(where, "ended", "k", "left", NOW)
+    ledger.keep(where, "ended", K, "left", NOW)
     left_at_s = (NOW - ledger.MAX_AGE_MS) / 1000
     os.utime(session_file(where, "ended"), (left_at_s, left_at_s))
     (Path(where) / "x.json.123.tmp").write_text("[")  # a hook killed mid-write
     os.utime(os.path.join(where, "x.json.123.tmp"), (left_at_s, left_at_s))
-    ledger.keep(where, "fresh", "k", "id", NOW)
+    ledger.keep(where, "fresh", K, "id", NOW)
     assert len(files(where)) == 2  # the lock and the fresh session's file
-    assert ledger.take(where, "ended", "k", NOW) is None
+    assert ledger.take(where, "ended", K, NOW) is None
 
 
 def test_at_most_max_sessions_files(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ledger, "MAX_SESSIONS", 3)
     for n in range(5):
-        ledger.keep(where, f"s{n}", "k", f"id{n}", NOW)
+        ledger.keep(where, f"s{n}", K, f"id{n}", NOW)
         at_s = NOW / 1000 - 100 + n  # in the order they were written, on the test's clock
         os.utime(session_file(where, f"s{n}"), (at_s, at_s))
     assert len(files(where)) == 1 + 3
-    assert [ledger.take(where, f"s{n}", "k", NOW) for n in range(5)] == [
+    assert [ledger.take(where, f"s{n}", K, NOW) for n in range(5)] == [
         None, None, "id2", "id3", "id4"
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("content", ["[", '{"a": 1}', '[["k", "id"]]', '[["k", "id", true]]'])
+@pytest.mark.parametrize(
+    "content", ["[", '{"a": 1}', '[[["k"], "id"]]', '[[["k"], "id", true]]', '[["k", "id", 1]]']
+)
 def test_a_file_it_did_not_write_reads_as_no_ids(where: str, content: str) -> None:
-    ledger.keep(where, "s1", "k", "id", NOW)
+    ledger.keep(where, "s1", K, "id", NOW)
     [name] = [name for name in files(where) if name != ".lock"]
     (Path(where) / name).write_text(content)
-    assert ledger.take(where, "s1", "k", NOW) is None
-    ledger.keep(where, "s1", "k", "again", NOW)
-    assert ledger.take(where, "s1", "k", NOW) == "again"
+    assert ledger.take(where, "s1", K, NOW) is None
+    ledger.keep(where, "s1", K, "again", NOW)
+    assert ledger.take(where, "s1", K, NOW) == "again"
 
 
 def test_the_file_holds_ids_and_digests_only(where: str) -> None:
     key = ledger.key("call_0", "Bash", {"command": "echo secret-value"})
-    ledger.keep(where, "s1", key, "call_0~1234", NOW)
+    ledger.keep(where, "s1", (key,), "call_0~1234", NOW)
     [name] = [name for name in files(where) if name != ".lock"]
     text = (Path(where) / name).read_text()
     assert "secret-value" not in text
-    assert json.loads(text) == [[key, "call_0~1234", NOW]]
+    assert json.loads(text) == [[[key], "call_0~1234", NOW]]
     assert oct(os.stat(os.path.join(where, name)).st_mode & 0o777) == "0o600"
     assert oct(os.stat(where).st_mode & 0o777) == "0o700"
 
@@ -154,11 +167,11 @@ def _open_then_close(where: str, worker: int, rounds: int) -> list[str | None]:
     as many; then keep one and take one, again and again."""
     opened = [f"w{worker}-{n}" for n in range(7)]  # 8 workers x 7: within MAX_OPEN
     for call in opened:
-        ledger.keep(where, "s1", "k", call, NOW)
-    taken = [ledger.take(where, "s1", "k", NOW) for _ in opened]
+        ledger.keep(where, "s1", K, call, NOW)
+    taken = [ledger.take(where, "s1", K, NOW) for _ in opened]
     for n in range(rounds):
-        ledger.keep(where, "s1", "k", f"w{worker}-r{n}", NOW)
-        taken.append(ledger.take(where, "s1", "k", NOW))
+        ledger.keep(where, "s1", K, f"w{worker}-r{n}", NOW)
+        taken.append(ledger.take(where, "s1", K, NOW))
     return taken
 
 

@@ -26,7 +26,8 @@ Which call a PostToolUse closes: nothing in its payload tells two calls apart wh
 model server gives every call the same id (`call_0`), since `turn_id` is the same for
 every call of a prompt and Codex runs parallel calls at once. So each call about to run
 gets a fresh id, which the hook keeps once the daemon allowed the call, and the
-PostToolUse takes back by the model's id, the tool and its input (hooks/ledger.py).
+PostToolUse takes back by the model's id, the tool and its input, else by the id and the
+tool (hooks/ledger.py).
 Without a ledger folder (no $XDG_RUNTIME_DIR or $HOME) both hooks derive the id from the
 model's id, session and turn, as before: a reused id is then checked as a new call, but
 only its first use is settled.
@@ -112,11 +113,13 @@ def _ledger(data: dict[str, Any], context: Mapping[str, str]) -> tuple[str, str]
     return None if where is None or session is None else (where, session)
 
 
-def _found_by(some_call_id: str, tool: str | None, args: object) -> str:
+def _found_by(some_call_id: str, tool: str | None, args: object) -> ledger.Keys:
     """What both hooks of a call read alike: the model's id (as the lead of any id made of
-    it: `call_0~...`), the tool and its input. Not the turn: a PreCall does not carry it,
-    and the ledger is a session's."""
-    return ledger.key(some_call_id.rpartition(vocabulary.SEPARATOR)[0], tool, args)
+    it: `call_0~...`), the tool and its input; else the id and the tool alone, should
+    another PreToolUse hook have rewritten the input (Codex takes an `updatedInput`). Not
+    the turn: a PreCall does not carry it, and the ledger is a session's."""
+    model_id = some_call_id.rpartition(vocabulary.SEPARATOR)[0]
+    return ledger.key(model_id, tool, args), ledger.key(model_id, tool)
 
 
 def _now_ms() -> int:

@@ -4,12 +4,13 @@ name the call its PreToolUse opened (Codex: the home of that pairing).
 Codex names a call by the model's tool-call id, and a model server may give every call
 the same one (`call_0`), while its `turn_id` is the same for every call of a prompt. So
 its PreToolUse hook gives each call a fresh id and, once the daemon allowed the call,
-`keep`s it under a key both hooks of a call read alike (hooks/codex.py: the model's id,
-the tool and its input); the PostToolUse hook `take`s the newest id under its key, and
-settles that call.
+`keep`s it under keys both hooks of a call read alike (hooks/codex.py: the model's id,
+the tool and its input; and the model's id and the tool alone); the PostToolUse hook
+`take`s the newest id under its first key, else under its second (another hook may have
+rewritten the input), and settles that call.
 
-- **Alike calls.** Calls that share a key (parallel calls with the same id and the same
-  input) match the same rules: each PostToolUse closes one of them, and which one does
+- **Alike calls.** Calls that share their first key (parallel calls with the same id and
+  the same input) match the same rules: each PostToolUse closes one of them, and which one does
   not change a count.
 - **Newest first.** A call the daemon allowed that never ran (another hook refused it,
   Codex stopped) leaves its id behind; the next call under the same key is still closed
@@ -37,13 +38,14 @@ from typing import Any, TypeGuard, TypeVar
 
 from ratewarden import vocabulary
 
-MAX_OPEN = 64  # ids per session: more than Codex runs at once, fewer than a file's worth
+MAX_OPEN = 64  # ids per session: more than Codex runs at once; a file of a few KB
 MAX_AGE_MS = 24 * 3600 * 1000  # a day: longer than any call's lease is worth keeping
 MAX_SESSIONS = 256  # files in the folder, each a session with calls still open
 LOCK = ".lock"
 SUFFIX = ".json"
 
-Entry = tuple[str, str, int]  # key, call id, when it was kept (ms since the epoch)
+Keys = tuple[str, ...]  # what a call is found by, the most telling first
+Entry = tuple[Keys, str, int]  # keys, call id, when it was kept (ms since the epoch)
 T = TypeVar("T")
 
 
@@ -82,7 +84,7 @@ def key(*parts: object) -> str:
     return vocabulary.digest(text)
 
 
-def keep(where: str, session: str, found_by: str, call_id: str, now_ms: int) -> None:
+def keep(where: str, session: str, found_by: Keys, call_id: str, now_ms: int) -> None:
     """Keep `call_id` open under `found_by`; OSError when the folder cannot be written."""
 
     def add(entries: list[Entry], new: bool) -> list[Entry]:
@@ -93,19 +95,29 @@ def keep(where: str, session: str, found_by: str, call_id: str, now_ms: int) -> 
     _update(where, session, now_ms, add)
 
 
-def take(where: str, session: str, found_by: str, now_ms: int) -> str | None:
-    """The newest id kept under `found_by`, no longer kept; None if there is none."""
+def take(where: str, session: str, found_by: Keys, now_ms: int) -> str | None:
+    """The newest id kept under the first of `found_by`, else the newest under the second,
+    and so on; no longer kept. None if there is none."""
     taken: list[str] = []
 
     def remove(entries: list[Entry], new: bool) -> list[Entry]:
-        for index in range(len(entries) - 1, -1, -1):
-            if entries[index][0] == found_by:
-                taken.append(entries[index][1])
-                return entries[:index] + entries[index + 1 :]
-        return entries
+        index = _newest(entries, found_by)
+        if index is None:
+            return entries
+        taken.append(entries[index][1])
+        return entries[:index] + entries[index + 1 :]
 
     _update(where, session, now_ms, remove)
     return taken[0] if taken else None
+
+
+def _newest(entries: list[Entry], found_by: Keys) -> int | None:
+    for level, wanted in enumerate(found_by):
+        for index in range(len(entries) - 1, -1, -1):
+            keys = entries[index][0]
+            if level < len(keys) and keys[level] == wanted:
+                return index
+    return None
 
 
 def _update(
@@ -145,14 +157,15 @@ def _read(path: str) -> list[Entry] | None:
         return []
     if not isinstance(data, list):
         return []
-    return [(item[0], item[1], item[2]) for item in data if _entry(item)]
+    return [(tuple(item[0]), item[1], item[2]) for item in data if _entry(item)]
 
 
 def _entry(item: object) -> TypeGuard[list[Any]]:
     return (
         isinstance(item, list)
         and len(item) == 3
-        and isinstance(item[0], str)
+        and isinstance(item[0], list)
+        and all(isinstance(key, str) for key in item[0])
         and isinstance(item[1], str)
         and isinstance(item[2], int)
         and not isinstance(item[2], bool)
