@@ -28,9 +28,9 @@ every call of a prompt and Codex runs parallel calls at once. So each call about
 gets a fresh id, which the hook keeps once the daemon allowed the call, and the
 PostToolUse takes back by the model's id, the tool and its input, else by the id and the
 tool (hooks/ledger.py).
-Without a ledger folder (no $XDG_RUNTIME_DIR or $HOME) both hooks derive the id from the
-model's id, session and turn, as before: a reused id is then checked as a new call, but
-only its first use is settled.
+Without a ledger folder (none of $XDG_RUNTIME_DIR, $XDG_CACHE_HOME, $HOME; or not POSIX)
+both hooks derive the id from the model's id, session and turn, as before: a reused id
+is then checked as a new call, but only its first use is settled.
 """
 
 from __future__ import annotations
