@@ -82,6 +82,14 @@ timeout = 30
 """
 
 
+OTHER_PRE_HOOK = """
+[[hooks.PreToolUse]]
+matcher = "Bash"
+[[hooks.PreToolUse.hooks]]
+type = "command"
+command = {command}
+timeout = 30
+"""
 # Where else the hook would keep its ledger: in the test's HOME instead (ledger_of).
 LEDGER_PLACES = ("XDG_RUNTIME_DIR", "XDG_CACHE_HOME")
 
@@ -105,14 +113,19 @@ def hook_command(flags: str, stdin: str = "") -> str:
     return f"{stdin}{shlex.quote(sys.executable)} -m ratewarden hook codex {flags}"
 
 
-def run_codex(cli: Path, tmp_path: Path, model_url: str, command: str) -> str:
-    """`codex exec` with our hooks; returns its output."""
+def run_codex(
+    cli: Path, tmp_path: Path, model_url: str, command: str, other_hook: str | None = None
+) -> str:
+    """`codex exec` with our hooks (and `other_hook`, another PreToolUse command hook);
+    returns its output."""
     home = tmp_path / "home"
     codex_home = tmp_path / "codex-home"
     work = tmp_path / "work"
     for folder in (home, codex_home, work):
         folder.mkdir(exist_ok=True)
     config = CONFIG.format(base_url=json.dumps(model_url), command=json.dumps(command))
+    if other_hook is not None:
+        config += OTHER_PRE_HOOK.format(command=json.dumps(other_hook))
     (codex_home / "config.toml").write_text(config)
     env = clean_environment(HOME=str(home), CODEX_HOME=str(codex_home), FAKE_API_KEY="fake")
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY", *LEDGER_PLACES):
@@ -223,6 +236,29 @@ def test_real_codex_settles_parallel_calls_that_share_call_0(codex: Path, tmp_pa
     runs = ran.read_text().split()
     assert runs.count("start") == runs.count("end") == 10
     assert "start start" in " ".join(runs)  # two of them did run at the same time
+    assert ledger_of(tmp_path) == [".lock"]
+
+
+def test_real_codex_settles_calls_whose_input_another_hook_rewrote(
+    codex: Path, daemon: Daemon, tmp_path: Path
+) -> None:
+    # Codex 0.169.0 runs a PreToolUse hook's `updatedInput` (with "allow"), and hands the
+    # PostToolUse the rewritten input, while ratewarden's PreToolUse saw the original:
+    # the PostToolUse finds its call by the model's id and the tool.
+    ran = tmp_path / "ran.txt"
+    rewriter = tmp_path / "rewrite.sh"
+    rewritten = {"command": f"echo rewritten >> {shlex.quote(str(ran))}"}
+    answer = {"hookEventName": "PreToolUse", "permissionDecision": "allow"}
+    output = json.dumps({"hookSpecificOutput": {**answer, "updatedInput": rewritten}})
+    rewriter.write_text(f"#!/bin/sh\ncat > /dev/null\necho {shlex.quote(output)}\n")
+    rewriter.chmod(0o755)
+    with fake_responses_api(appending(ran), calls=3) as (url, model):
+        command = hook_command(f"--url {daemon.url} --user erin")
+        run_codex(codex, tmp_path, url, command, other_hook=str(rewriter))
+    assert len(set(model.call_ids)) == 3  # the model's own ids, all different
+    assert ran.read_text().split() == ["rewritten"] * 3  # concurrency 1 refused none
+    assert usage_of(daemon, "erin") == {"terminal-per-minute": 3, "one-bash-at-a-time": 0}
+    assert settles(daemon) == {"settled": 3}
     assert ledger_of(tmp_path) == [".lock"]
 
 
