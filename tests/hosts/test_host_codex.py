@@ -6,13 +6,15 @@ Offline: `codex exec` talks to a scripted Responses API on loopback
 temporary CODEX_HOME's config.toml (`base_url`, `wire_api = "responses"`), with HOME in
 a temporary directory. The fake model asks for its shell tool again and again; each call
 that runs appends a line to a file, so the test counts what really ran rather than
-trusting the hook. Codex runs a user's hooks only once they are trusted (its TUI's
+trusting the hook. The hooks keep their ledger of open calls (hooks/ledger.py) under that
+temporary HOME. Codex runs a user's hooks only once they are trusted (its TUI's
 /hooks); `--dangerously-bypass-hook-trust` stands in for that here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -80,6 +82,18 @@ timeout = 30
 """
 
 
+OTHER_PRE_HOOK = """
+[[hooks.PreToolUse]]
+matcher = "Bash"
+[[hooks.PreToolUse.hooks]]
+type = "command"
+command = {command}
+timeout = 30
+"""
+# Where else the hook would keep its ledger: in the test's HOME instead (ledger_of).
+LEDGER_PLACES = ("XDG_RUNTIME_DIR", "XDG_CACHE_HOME")
+
+
 @pytest.fixture(scope="module")
 def codex() -> Path:
     cli = host_node_modules("codex") / ".bin" / "codex"
@@ -99,17 +113,22 @@ def hook_command(flags: str, stdin: str = "") -> str:
     return f"{stdin}{shlex.quote(sys.executable)} -m ratewarden hook codex {flags}"
 
 
-def run_codex(cli: Path, tmp_path: Path, model_url: str, command: str) -> str:
-    """`codex exec` with our hooks; returns its output."""
+def run_codex(
+    cli: Path, tmp_path: Path, model_url: str, command: str, other_hook: str | None = None
+) -> str:
+    """`codex exec` with our hooks (and `other_hook`, another PreToolUse command hook);
+    returns its output."""
     home = tmp_path / "home"
     codex_home = tmp_path / "codex-home"
     work = tmp_path / "work"
     for folder in (home, codex_home, work):
         folder.mkdir(exist_ok=True)
     config = CONFIG.format(base_url=json.dumps(model_url), command=json.dumps(command))
+    if other_hook is not None:
+        config += OTHER_PRE_HOOK.format(command=json.dumps(other_hook))
     (codex_home / "config.toml").write_text(config)
     env = clean_environment(HOME=str(home), CODEX_HOME=str(codex_home), FAKE_API_KEY="fake")
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY"):
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY", *LEDGER_PLACES):
         env.pop(name, None)
     done = subprocess.run(
         [
@@ -164,6 +183,83 @@ def test_real_codex_stops_the_11th_shell_call(codex: Path, daemon: Daemon, tmp_p
         run_codex(codex, tmp_path, url, hook_command(f"--url {daemon.url} --user dave"))
     assert lines(ran) == 11
     assert MESSAGE not in model.tool_results[model.call_ids[0]]
+
+
+def settles(daemon: Daemon) -> dict[str, float]:
+    """The daemon's settle requests so far, by outcome (its /metrics)."""
+    metrics = httpx.get(f"{daemon.url}/metrics").text
+    found = re.findall(r'^ratewarden_settles_total\{outcome="(\w+)"\} (\S+)$', metrics, re.M)
+    return {outcome: float(count) for outcome, count in found if float(count)}
+
+
+def ledger_of(tmp_path: Path) -> list[str]:
+    """What the hooks left in their ledger folder (its lock file stays)."""
+    folder = tmp_path / "home" / ".cache" / "ratewarden" / "codex"
+    return sorted(path.name for path in folder.iterdir())
+
+
+def test_real_codex_settles_every_call_when_the_model_reuses_call_0(
+    codex: Path, daemon: Daemon, tmp_path: Path
+) -> None:
+    # Several local and open-model servers give every tool call the id `call_0`, and
+    # Codex's turn_id is the same for every call of a prompt: the hooks pair each
+    # PostToolUse with its PreToolUse, so each call is settled under its own id.
+    ran = tmp_path / "ran.txt"
+    with fake_responses_api(appending(ran), calls=10, same_id="call_0") as (url, model):
+        run_codex(codex, tmp_path, url, hook_command(f"--url {daemon.url} --user erin"))
+    assert model.call_ids == ["call_0"] * 10
+    assert lines(ran) == 10  # the concurrency cap of 1 refused none of them
+    assert len(model.outputs) == 10
+    assert not [output for output in model.outputs if "PreToolUse hook" in output]
+    assert usage_of(daemon, "erin") == {"terminal-per-minute": 10, "one-bash-at-a-time": 0}
+    assert settles(daemon) == {"settled": 10}  # none already_settled, none unknown
+    assert ledger_of(tmp_path) == [".lock"]  # every call closed, no session file left
+
+
+PARALLEL_POLICY = POLICY.replace("concurrency: 1", "concurrency: 2")
+
+
+def test_real_codex_settles_parallel_calls_that_share_call_0(codex: Path, tmp_path: Path) -> None:
+    # Codex runs the calls of one response at once (their hooks too): two calls with the
+    # same id and the same command are alike, and each PostToolUse closes one of them.
+    ran = tmp_path / "ran.txt"
+    both = f"echo start >> {ran}; sleep 0.5; echo end >> {ran}"
+    with (
+        running_daemon(PARALLEL_POLICY, tmp_path / "daemon") as daemon,
+        fake_responses_api(both, calls=10, same_id="call_0", parallel=2) as (url, model),
+    ):
+        run_codex(codex, tmp_path, url, hook_command(f"--url {daemon.url} --user erin"))
+        assert usage_of(daemon, "erin") == {"terminal-per-minute": 10, "one-bash-at-a-time": 0}
+        assert settles(daemon) == {"settled": 10}
+    assert model.call_ids == ["call_0"] * 10
+    assert not [output for output in model.outputs if "PreToolUse hook" in output]
+    runs = ran.read_text().split()
+    assert runs.count("start") == runs.count("end") == 10
+    assert "start start" in " ".join(runs)  # two of them did run at the same time
+    assert ledger_of(tmp_path) == [".lock"]
+
+
+def test_real_codex_settles_calls_whose_input_another_hook_rewrote(
+    codex: Path, daemon: Daemon, tmp_path: Path
+) -> None:
+    # Codex 0.169.0 runs a PreToolUse hook's `updatedInput` (with "allow"), and hands the
+    # PostToolUse the rewritten input, while ratewarden's PreToolUse saw the original:
+    # the PostToolUse finds its call by the model's id and the tool.
+    ran = tmp_path / "ran.txt"
+    rewriter = tmp_path / "rewrite.sh"
+    rewritten = {"command": f"echo rewritten >> {shlex.quote(str(ran))}"}
+    answer = {"hookEventName": "PreToolUse", "permissionDecision": "allow"}
+    output = json.dumps({"hookSpecificOutput": {**answer, "updatedInput": rewritten}})
+    rewriter.write_text(f"#!/bin/sh\ncat > /dev/null\necho {shlex.quote(output)}\n")
+    rewriter.chmod(0o755)
+    with fake_responses_api(appending(ran), calls=3) as (url, model):
+        command = hook_command(f"--url {daemon.url} --user erin")
+        run_codex(codex, tmp_path, url, command, other_hook=str(rewriter))
+    assert len(set(model.call_ids)) == 3  # the model's own ids, all different
+    assert ran.read_text().split() == ["rewritten"] * 3  # concurrency 1 refused none
+    assert usage_of(daemon, "erin") == {"terminal-per-minute": 3, "one-bash-at-a-time": 0}
+    assert settles(daemon) == {"settled": 3}
+    assert ledger_of(tmp_path) == [".lock"]
 
 
 def test_real_codex_ask_is_a_deny_that_says_a_human_must_approve(

@@ -225,9 +225,22 @@ def run(host: Host, options: HookOptions, payload: bytes, environ: Mapping[str, 
     notes = tuple(one_line(f"ratewarden: {note}") for note in answer.get("notes", ()))
     decision = answer.get("decision")
     if decision not in ("deny", "ask"):
-        return host.allow._replace(stderr=notes)
+        return host.allow._replace(stderr=(*notes, *_opened(host, event, environ)))
     refusal = host.refuse(decision, str(answer.get("message", "")))
     return refusal._replace(stderr=(*refusal.stderr, *notes))
+
+
+def _opened(host: Host, event: PreCall | PostCall, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """A call the daemon allowed: the host keeps what its PostToolUse will need, else the
+    call is left to its rules' leases (a note)."""
+    if host.opened is None or not isinstance(event, PreCall):
+        return ()
+    try:
+        host.opened(event, environ)
+    except OSError as exc:
+        lost = f"ratewarden: could not keep call {event.call_id} for its PostToolUse ({exc})"
+        return (one_line(f"{lost}; its rules' leases free it"),)
+    return ()
 
 
 def _event(event: PreCall | PostCall, options: HookOptions, settings: Any) -> dict[str, Any]:

@@ -88,6 +88,9 @@ class Host(NamedTuple):
     - `allow`: what lets a call run (and answers any event there is nothing to say to):
       nothing at all, for most hosts; Cursor takes no output as a failed hook (refused
       by a hook set `failClosed`), so it gets `{}`, which leaves its own approval alone.
+    - `opened`: told of a call the daemon allowed (and the command hook's environment),
+      for a host whose PostToolUse cannot name the call otherwise (Codex keeps its id:
+      hooks/ledger.py); OSError when it could not (a note on stderr).
     """
 
     name: str
@@ -98,6 +101,7 @@ class Host(NamedTuple):
     context: Mapping[str, str] = {}  # a default never mutated
     http: Callable[[HookOutput], HttpAnswer] | None = None
     allow: HookOutput = HookOutput()
+    opened: Callable[[PreCall, Mapping[str, str]], None] | None = None
 
 
 # -- reading payloads --------------------------------------------------------------------

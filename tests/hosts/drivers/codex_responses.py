@@ -3,9 +3,11 @@
 Codex takes a custom provider from its config.toml (`model_providers.<id>.base_url`,
 `wire_api = "responses"`) and streams `POST <base_url>/responses` (server-sent events).
 The fake model asks for its shell tool (`exec_command`, which Codex's hooks call `Bash`)
-with one command, `calls` times in a row (one call per response), then ends its turn
-with "done". Every tool result Codex sends back is recorded by call id, so a test reads
-what the model was told.
+with one command, `calls` times in a row (one call per response, or `parallel` at once:
+Codex runs those at the same time), then ends its turn with "done". Every tool result
+Codex sends back is recorded by call id, so a test reads what the model was told; and in
+the order of the conversation, for a model that gives every call the same id
+(`same_id`: `call_0`, as several local and open-model servers do).
 """
 
 from __future__ import annotations
@@ -27,22 +29,34 @@ class FakeModel:
     command: str
     calls: int
     call_ids: list[str] = field(default_factory=list)  # in the order they were asked
+    same_id: str | None = None  # every call's id, else a fresh one per call
+    parallel: int = 1  # calls per response
     tool_results: dict[str, str] = field(default_factory=dict)  # call id -> output
+    outputs: list[str] = field(default_factory=list)  # every tool output so far, in order
     offered: list[list[str]] = field(default_factory=list)  # tool names, per request
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The output item of the next response."""
+    def answer(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The output items of the next response."""
         with self.lock:
-            for item in body.get("input") or []:
-                if isinstance(item, dict) and item.get("type") == "function_call_output":
-                    self.tool_results[item["call_id"]] = _text(item.get("output"))
+            outputs = [
+                item
+                for item in body.get("input") or []
+                if isinstance(item, dict) and item.get("type") == "function_call_output"
+            ]
+            for item in outputs:
+                self.tool_results[item["call_id"]] = _text(item.get("output"))
+            self.outputs = [_text(item.get("output")) for item in outputs]  # the whole history
             tools = [tool.get("name") for tool in body.get("tools") or [] if isinstance(tool, dict)]
             self.offered.append(tools)
             if SHELL_TOOL not in tools or len(self.call_ids) >= self.calls:
-                return _message("done")
-            call_id = f"call_{uuid.uuid4().hex[:16]}"
-            self.call_ids.append(call_id)
+                return [_message("done")]
+            count = min(self.parallel, self.calls - len(self.call_ids))
+            call_ids = [self.same_id or f"call_{uuid.uuid4().hex[:16]}" for _ in range(count)]
+            self.call_ids.extend(call_ids)
+        return [self._call(call_id) for call_id in call_ids]
+
+    def _call(self, call_id: str) -> dict[str, Any]:
         arguments = json.dumps({"cmd": self.command})
         return {
             "type": "function_call",
@@ -70,7 +84,7 @@ def _text(output: Any) -> str:
     return json.dumps(output)
 
 
-def _events(item: dict[str, Any]) -> bytes:
+def _events(items: list[dict[str, Any]]) -> bytes:
     """One response, as the streaming API sends it."""
     response_id = f"resp_{uuid.uuid4().hex}"
     usage = {
@@ -82,7 +96,7 @@ def _events(item: dict[str, Any]) -> bytes:
     }
     events = [
         {"type": "response.created", "response": {"id": response_id}},
-        {"type": "response.output_item.done", "item": item},
+        *({"type": "response.output_item.done", "item": item} for item in items),
         {"type": "response.completed", "response": {"id": response_id, "usage": usage}},
     ]
     return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
@@ -114,9 +128,11 @@ def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
 
 
 @contextlib.contextmanager
-def fake_responses_api(command: str, calls: int) -> Iterator[tuple[str, FakeModel]]:
+def fake_responses_api(
+    command: str, calls: int, same_id: str | None = None, parallel: int = 1
+) -> Iterator[tuple[str, FakeModel]]:
     """Serve the fake model on a free loopback port; yields (base URL ending in /v1, model)."""
-    fake = FakeModel(command, calls)
+    fake = FakeModel(command, calls, same_id=same_id, parallel=parallel)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))  # a free port
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
