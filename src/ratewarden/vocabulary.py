@@ -195,6 +195,12 @@ APPROVAL_NEEDED = (
 UNREADABLE = (
     "Tool guard unavailable: cannot read the {host} hook input ({reason}); tool calls are paused"
 )
+# ...and an HTTP hook whose URL names a user its token may not act as (a host runs the
+# call on an error status, so the refusal is the host's own deny).
+NOT_VOUCHED = (
+    "Tool call refused by the tool guard: the hook names a user ({field}) its token may not "
+    "act as; fix the hook's configuration"
+)
 
 SENTENCES: dict[str, str] = {
     **{f"template {kind}": text for kind, text in TEMPLATES.items()},
@@ -207,6 +213,7 @@ SENTENCES: dict[str, str] = {
     "ask reason": ASK_REASON,
     "approval needed": APPROVAL_NEEDED,
     "unreadable": UNREADABLE,
+    "not vouched": NOT_VOUCHED,
 }
 
 
