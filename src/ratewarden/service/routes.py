@@ -100,7 +100,6 @@ class _AnyText(PathConvertor):
 
 register_url_convertor("anytext", _AnyText())
 router = APIRouter(route_class=_Route)
-Subject = Annotated[str, Query(min_length=1, max_length=256)]
 OptionalSubject = Annotated[str | None, Query(min_length=1, max_length=256)]
 ERRORS: dict[int | str, dict[str, object]] = {422: {"model": ErrorResponse}}
 # Routes that take a body: one larger than RATEWARDEN_MAX_BODY_BYTES is a 413 (limits.py).
