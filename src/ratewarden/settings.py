@@ -26,9 +26,18 @@ class Settings(BaseSettings):
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     workers: int = Field(1, ge=1, le=64)
     # Bearer tokens: `check` role (check, settle, usage) and `admin` role (everything).
-    # None configured: auth is off and `serve` listens on loopback only.
+    # None configured: auth is off and `serve` listens on loopback only. A check token is
+    # a service token: it vouches for the users it names (a gateway that authenticated
+    # them), any user unless API_TOKEN_USERS limits it.
     api_tokens: TokenList = []
     admin_tokens: TokenList = []
+    # The users each API token may name, one entry per token in their order: globs
+    # separated by spaces (`team-a-* bot-7`); `*`, or no entry, is any user.
+    api_token_users: TokenList = []
+    # Users' own tokens: a file in the MCP gateway's tokens format (user: token, or a list
+    # of tokens). A request with one acts as its user and no other. Read at start and on
+    # every policy reload (a bad file on reload keeps the tokens in force).
+    user_tokens: Path | None = None
     # Names of the admin tokens, in their order (RATEWARDEN_ADMIN_NAMES=ops-ana,ops-ben):
     # what the audit and the overrides list say set a change. Unnamed: "admin token N".
     admin_names: TokenList = []
@@ -86,7 +95,7 @@ class Settings(BaseSettings):
     url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
     token: str | None = None
 
-    @field_validator("api_tokens", "admin_tokens", "admin_names", mode="before")
+    @field_validator("api_tokens", "admin_tokens", "admin_names", "api_token_users", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
@@ -103,6 +112,16 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @field_validator("api_token_users")
+    @classmethod
+    def _globs(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if not entry.isprintable():
+                raise ValueError(
+                    "api_token_users: globs of printable characters, separated by spaces"
+                )
+        return value
+
     @model_validator(mode="after")
     def _names_fit_tokens(self) -> Settings:
         if len(self.admin_names) > len(self.admin_tokens):
@@ -110,7 +129,20 @@ class Settings(BaseSettings):
                 f"admin_names: {len(self.admin_names)} names for {len(self.admin_tokens)} "
                 "admin tokens (one name per token, in their order)"
             )
+        if len(self.api_token_users) > len(self.api_tokens):
+            raise ValueError(
+                f"api_token_users: {len(self.api_token_users)} entries for "
+                f"{len(self.api_tokens)} API tokens (one entry per token, in their order)"
+            )
         return self
+
+    def service_globs(self) -> list[tuple[str, ...] | None]:
+        """Per API token, in order, the globs of the users it may name (None: anyone)."""
+        globs: list[tuple[str, ...] | None] = []
+        for n in range(len(self.api_tokens)):
+            entry = self.api_token_users[n].split() if n < len(self.api_token_users) else ["*"]
+            globs.append(None if "*" in entry else tuple(entry))
+        return globs
 
     def state_path(self) -> Path | None:
         """The memory store's state file, or None when persistence is off."""

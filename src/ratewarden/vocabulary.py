@@ -198,6 +198,12 @@ UNREADABLE = (
 # A hook input too large to check, whatever the fail mode: its size is the caller's doing,
 # and a guard that let it through would be passed by padding any call.
 TOO_LARGE = "Tool call refused: its input is too large to check ({reason})"
+# ...and an HTTP hook whose URL names a user its token may not act as (a host runs the
+# call on an error status, so the refusal is the host's own deny).
+NOT_VOUCHED = (
+    "Tool call refused by the tool guard: the hook names a user ({field}) its token may not "
+    "act as; fix the hook's configuration"
+)
 
 SENTENCES: dict[str, str] = {
     **{f"template {kind}": text for kind, text in TEMPLATES.items()},
@@ -211,6 +217,7 @@ SENTENCES: dict[str, str] = {
     "approval needed": APPROVAL_NEEDED,
     "unreadable": UNREADABLE,
     "too large": TOO_LARGE,
+    "not vouched": NOT_VOUCHED,
 }
 
 

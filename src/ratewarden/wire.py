@@ -368,8 +368,13 @@ class ToolMetadata(_Body):
     title: Annotated[str, Field(max_length=256)] | None = None  # MCP; ignored
 
 
+# Who calls. Required with a service token (or no auth); with a user token it may be left
+# out (the token's user), and naming anyone else is a 403 (service/vouch.py).
+_USER = "who calls; optional with a user token, which acts as its own user only"
+
+
 class CheckRequest(_Body):
-    user: Subject
+    user: Subject | None = Field(None, description=_USER)
     tool: Subject
     session: Subject | None = None
     team: Subject | None = None
@@ -499,7 +504,12 @@ class HookEvent(_Body):
     the wire would refuse them.
     """
 
-    user: HookText
+    user: HookText | None = Field(None, description=_USER)
+    # The hook's guess when nobody configured a user (the host's user, else its login
+    # name): used only when the token does not say who calls and `user` is not given.
+    default_user: HookText | None = Field(
+        None, description="who calls if neither the token nor `user` says (a user token ignores it)"
+    )
     team: HookText | None = None
     tool: HookText | None = None
     session: HookText | None = None

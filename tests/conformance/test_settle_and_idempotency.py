@@ -17,6 +17,7 @@ from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import CallIdConflict, Engine
 from ratewarden.limiter.reference import Budget
+from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
 from ratewarden.store import MemoryStore, Store, store_from_url
 from ratewarden.store.keys import encode, record_key
@@ -309,3 +310,33 @@ def test_record_keys_are_encoded_like_counter_parts_but_not_cached() -> None:
     assert record_key("call/ä {1}|x") == f"rw:call:{{{encode('call/ä {1}|x')}}}"
     assert record_key("rw-0123abcd") == "rw:call:{rw-0123abcd}"
     assert encode.cache_info().currsize == 1  # only the explicit encode() above
+
+
+async def test_a_settle_the_caller_may_not_make_is_unknown_and_changes_nothing(
+    store: Store, clock: FakeClock
+) -> None:
+    """Only a credential that could have checked a call settles it (service/vouch.py): the
+    engine reads whose call it is from its record; any other settle is "unknown"."""
+    engine = engine_on(POLICY, store, clock)
+    await engine.check(Call("alice@x", "browser_open", "c1"))
+    before = await raw_state(store)
+    for may in (lambda user: user == "bob", lambda user: user == "Alice@x", lambda _: False):
+        assert (await engine.settle("c1", 4.0, may)).outcome == "unknown"
+    assert await raw_state(store) == before  # nothing charged, no slot freed, not marked
+    mine = await engine.settle("c1", 0.5, lambda user: user == "alice@x")
+    assert (mine.outcome, mine.charged) == ("settled", {"spend": 0.5})
+
+
+async def test_a_settle_applies_only_to_the_record_it_read(store: Store, clock: FakeClock) -> None:
+    """The store settles a record only if it still has the fingerprint read (one atomic
+    step): a record replaced in between (expired, and the id checked again by another
+    user) is "unknown", not settled with holds read from the first."""
+    engine = engine_on(POLICY, store, clock)
+    await engine.check(Call("alice", "browser_open", "c1"))
+    found = await store.read_holds(record_key("c1"))
+    assert found is not None
+    assert found.fingerprint.startswith(f"{encode('alice')}|")
+    status, _ = await store.settle(record_key("c1"), "c1", None, found.holds, "bob|browser_open")
+    assert status == SettleStatus.UNKNOWN
+    status, _ = await store.settle(record_key("c1"), "c1", None, found.holds, found.fingerprint)
+    assert status == SettleStatus.SETTLED

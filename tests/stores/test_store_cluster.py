@@ -28,6 +28,7 @@ from ratewarden.clock import FakeClock
 from ratewarden.engine import Engine
 from ratewarden.engine.engine import CallIdConflict
 from ratewarden.limiter.ops import Kind
+from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
 from ratewarden.store import MemoryStore, StoreError, store_from_url
 from ratewarden.store.cluster import ClusterStore, slot_of
@@ -351,9 +352,17 @@ async def test_replays_duplicates_conflicts_and_settle_across_slots(
     assert (settled.outcome, settled.charged) == ("settled", {SPEND: 0.5})
     assert (await engine.settle("job-1", 0.5)).outcome == "already_settled"
     assert (await engine.settle("never-seen")).outcome == "unknown"
+    # Another user's credential cannot settle it (the record says whose call it is).
+    assert (await engine.settle("job-2", 5.0, lambda user: user == "bob")).outcome == "unknown"
     usage = {u.rule: u for u in await engine.usage("alice", "terminal")}
     assert (usage[SPEND].used, usage[SPEND].reserved) == (0.5, 2.0)
     assert usage[LANES].used == 1
+    # The mark is made only on the record read (its fingerprint), in its own slot.
+    found = await store.read_holds(record_key("job-2"))
+    assert found is not None
+    status, _ = await store.settle(record_key("job-2"), "job-2", None, found.holds, "bob|x")
+    assert status == SettleStatus.UNKNOWN
+    assert (await engine.settle("job-2", 0.5, lambda user: user == "alice")).outcome == "settled"
 
 
 async def test_reset_and_the_audit_list_reach_every_node(

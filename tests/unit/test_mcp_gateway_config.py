@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ratewarden.mcp import command
 from ratewarden.mcp.command import cli
 from ratewarden.mcp.identity import Identities, read_tokens
 from ratewarden.mcp.upstream import Upstream
@@ -176,3 +177,16 @@ def test_a_bad_command_line_is_refused_naming_the_flag(
     argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert named in refused(argv, capsys)
+
+
+def test_the_gateway_takes_its_users_from_the_daemons_user_tokens_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --tokens, RATEWARDEN_USER_TOKENS: the one file that says who everyone is."""
+    monkeypatch.setenv("RATEWARDEN_USER_TOKENS", str(tokens_file(tmp_path, f"alice: {TOKEN}\n")))
+    parser = command._gateway_parser()
+    options = parser.parse_args(["--listen", "h:9", "--server", "a=b"])
+    identities = command._identities(parser, options)
+    assert identities.user_of(scope(("Authorization", f"Bearer {TOKEN}"))) == "alice"
+    monkeypatch.setenv("RATEWARDEN_USER_TOKENS", str(tmp_path / "nowhere.yaml"))
+    assert "nowhere.yaml" in refused(["--listen", "h:9", "--server", "a=b"], capsys)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from urllib.parse import unquote
 
 from ratewarden.calls import UNCLASSIFIED, Call
 from ratewarden.clock import Clock
@@ -68,6 +69,11 @@ KIND_OF = {  # a rate rule's algorithm -> the counter kind the store knows it by
 
 class CallIdConflict(RatewardenError):
     """A call_id already recorded for another call, or for a call already settled."""
+
+
+def owner_of(fingerprint: str) -> str:
+    """The user whose call a record is, from its fingerprint (which begins with it)."""
+    return unquote(fingerprint.partition("|")[0])
 
 
 def fingerprint(call: Call) -> str:
@@ -265,15 +271,27 @@ class Engine:
         counted = self._decide(policy, call, plans, ops, found.results, replayed=False)
         return gate.joined(counted)
 
-    async def settle(self, call_id: str, cost: float | None = None) -> Settlement:
-        """Charge the call's actual cost (default: its estimate) and release its slots, once."""
+    async def settle(
+        self,
+        call_id: str,
+        cost: float | None = None,
+        may_settle: Callable[[str], bool] | None = None,
+    ) -> Settlement:
+        """Charge the call's actual cost (default: its estimate) and release its slots, once.
+
+        `may_settle(user)` says whether the caller may settle a call of that user (None:
+        any); a call it may not settle is "unknown", as if it did not exist, and the store
+        settles only the record read here (its fingerprint), in one atomic step.
+        """
         key = record_key(call_id)
-        holds = await self.store.read_holds(key)
-        if holds is None:
+        found = await self.store.read_holds(key)
+        if found is None:
             return Settlement(call_id, "unknown")
-        holds = [self._with_period(h) for h in holds]
+        if may_settle is not None and not may_settle(owner_of(found.fingerprint)):
+            return Settlement(call_id, "unknown")
+        holds = [self._with_period(h) for h in found.holds]
         actual = None if cost is None else to_micros(cost)
-        status, charged = await self.store.settle(key, call_id, actual, holds)
+        status, charged = await self.store.settle(key, call_id, actual, holds, found.fingerprint)
         if status is SettleStatus.UNKNOWN:
             return Settlement(call_id, "unknown")
         if status is SettleStatus.ALREADY_SETTLED:

@@ -60,6 +60,11 @@ class Unanswered(Exception):
     """The daemon gave no decision: unreachable, too slow, or it refused the request."""
 
 
+class NotVouched(Exception):
+    """The daemon refused the user the hook named (403 on `user`): its token may not act
+    as them. A decision, not an outage: the call is refused whatever `--fail` says."""
+
+
 # -- the command -------------------------------------------------------------------------
 
 
@@ -73,8 +78,8 @@ def add_parser(commands: Any) -> None:
         host = hosts.add_parser(name, help=summary, description=summary)
         add_client_flags(
             host,
-            user_help="who calls (default: the user the host names, else $RATEWARDEN_USER, "
-            "else the OS login name)",
+            user_help="who calls (default: a user token's user; with a service token, the "
+            "user the host names, else $RATEWARDEN_USER, else the OS login name)",
             fail_default="open",
         )
         host.set_defaults(run=run_command, host=name)
@@ -222,6 +227,8 @@ def run(host: Host, options: HookOptions, payload: bytes, environ: Mapping[str, 
         answer = _post(url, f"/v1/hooks/{host.name}/decision", body, options, settings)
     except Unanswered as exc:
         return _unanswered(host, event, options, url, str(exc))
+    except NotVouched as exc:
+        return _not_vouched(host, event, str(exc))
     notes = tuple(one_line(f"ratewarden: {note}") for note in answer.get("notes", ()))
     decision = answer.get("decision")
     if decision not in ("deny", "ask"):
@@ -244,10 +251,17 @@ def _opened(host: Host, event: PreCall | PostCall, environ: Mapping[str, str]) -
 
 
 def _event(event: PreCall | PostCall, options: HookOptions, settings: Any) -> dict[str, Any]:
-    """The event as `/v1/hooks/HOST/decision` takes it (wire.HookEvent)."""
-    named = event.user if isinstance(event, PreCall) else None
-    user = options.user or named or settings.user or _login_name()
-    body: dict[str, Any] = {"user": user, "team": options.team}
+    """The event as `/v1/hooks/HOST/decision` takes it (wire.HookEvent).
+
+    Who calls: `--user`, if given, is a claim the token must allow. Otherwise the token
+    says: a user token is its user (the daemon fills it in), and a service token takes
+    `default_user`: the host's user, else $RATEWARDEN_USER, else the login name (the
+    order used before user tokens). A user token ignores it, so with one the hook needs
+    no user configured, and a stray RATEWARDEN_USER changes nothing.
+    """
+    body: dict[str, Any] = {"user": options.user, "team": options.team}
+    if isinstance(event, PreCall) and options.user is None:
+        body["default_user"] = event.user or settings.user or _login_name()
     if isinstance(event, PostCall):
         body.update(
             finished=True,
@@ -262,7 +276,7 @@ def _event(event: PreCall | PostCall, options: HookOptions, settings: Any) -> di
     return {key: _sendable(key, value) for key, value in body.items() if value not in (None, [])}
 
 
-_NAMES = frozenset({"user", "team", "tool", "session", "call_id"})
+_NAMES = frozenset({"user", "default_user", "team", "tool", "session", "call_id"})
 
 
 def _sendable(key: str, value: Any) -> Any:
@@ -332,6 +346,8 @@ def _post(
         status, raw = _exchange(url, path, json.dumps(body).encode(), token, options.timeout)
     except (OSError, ValueError) as exc:
         raise Unanswered(f"daemon unreachable at {url} ({exc or type(exc).__name__})") from None
+    if status == 403 and _names_user(raw):
+        raise NotVouched(_error_message(raw))
     if status != 200:
         raise Unanswered(f"the daemon refused the hook ({status}: {_error_message(raw)})")
     try:
@@ -418,6 +434,15 @@ def _unchunked(body: bytes) -> bytes:
         body = body[size + 2 :]
 
 
+def _names_user(raw: bytes) -> bool:
+    """Whether an error answer names the field `user` (vouch.py's 403)."""
+    try:
+        fields = json.loads(raw).get("fields", [])
+        return any(isinstance(f, dict) and f.get("field") == "user" for f in fields)
+    except (ValueError, AttributeError):
+        return False
+
+
 def _error_message(raw: bytes) -> str:
     try:
         return str(json.loads(raw).get("message", ""))[:300]
@@ -436,6 +461,14 @@ def _unanswered(
     if options.fail == "open":
         return host.allow._replace(stderr=(note,))
     refusal = host.refuse("deny", vocabulary.unavailable(event.tool))
+    return refusal._replace(stderr=(*refusal.stderr, note))
+
+
+def _not_vouched(host: Host, event: PreCall | PostCall, reason: str) -> HookOutput:
+    note = one_line(f"ratewarden: the daemon refused the hook's user: {reason}")
+    if isinstance(event, PostCall):
+        return HookOutput(stderr=(note,))
+    refusal = host.refuse("deny", vocabulary.NOT_VOUCHED.format(field="--user"))
     return refusal._replace(stderr=(*refusal.stderr, note))
 
 

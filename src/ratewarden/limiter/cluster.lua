@@ -180,7 +180,9 @@ local function release()
 end
 
 local function settle_mark()
-  local state = redis.call('HGET', KEYS[1], 's')
+  local record = redis.call('HMGET', KEYS[1], 's', 'f')
+  local state = record[1]
+  if ARGV[3] ~= '' and record[2] ~= ARGV[3] then return {2} end  -- another call's record
   if state == 'settled' then return {1} end
   if state ~= 'open' then return {2} end
   redis.call('HSET', KEYS[1], 's', 'settled')

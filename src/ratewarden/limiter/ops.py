@@ -110,6 +110,16 @@ class Hold:
 
 
 @dataclass(frozen=True, slots=True)
+class Recorded:
+    """A recorded call as its settle reads it: what it holds, and its fingerprint, which
+    says whose call it is (only a credential that could have checked it settles it) and
+    makes the settle apply to that very record."""
+
+    holds: list[Hold]
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
 class Settlement:
     outcome: str  # "settled", "already_settled" or "unknown"
     charged: dict[str, int] = field(default_factory=dict)  # rule -> micro-units charged now

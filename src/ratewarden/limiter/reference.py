@@ -29,6 +29,7 @@ from ratewarden.limiter.ops import (
     Evaluation,
     Hold,
     Kind,
+    Recorded,
     blocks,
     decode_holds,
 )
@@ -101,17 +102,24 @@ def apply(ops: list[CounterOp], checks: list[Check], commit: bool) -> tuple[list
     return numbers, holds
 
 
-def read_holds(table: Table, record_key: str, now: int) -> list[Hold] | None:
+def read_holds(table: Table, record_key: str, now: int) -> Recorded | None:
     stored: Record | None = table.get(record_key, now)
-    return None if stored is None else decode_holds(stored.holds)
+    return None if stored is None else Recorded(decode_holds(stored.holds), stored.fingerprint)
 
 
 def settle(
-    table: Table, record_key: str, call_id: str, actual: int | None, holds: list[Hold], now: int
+    table: Table,
+    record_key: str,
+    call_id: str,
+    actual: int | None,
+    holds: list[Hold],
+    now: int,
+    fingerprint: str = "",
 ) -> tuple[SettleStatus, list[int]]:
-    """Release slots, swap reservations for the actual cost (twin of settle.lua)."""
+    """Release slots, swap reservations for the actual cost (twin of settle.lua). With a
+    `fingerprint`, a record of another fingerprint is as unknown."""
     stored: Record | None = table.get(record_key, now)
-    if stored is None:
+    if stored is None or (fingerprint and stored.fingerprint != fingerprint):
         return SettleStatus.UNKNOWN, []
     if stored.settled:
         return SettleStatus.ALREADY_SETTLED, []

@@ -15,8 +15,9 @@ decide        KEYS: the call's record, then one counter per op.
               and record the call even without holds), then OP_VALUES per op.
               Reply: a Status, then NUMBERS per op.
 settle        KEYS: the call's record, then one counter per hold.
-              ARGV: 'settle', now, call_id, actual cost ('' = the estimate), then
-              HOLD_VALUES per hold. Reply: a SettleStatus, then per hold what it charged.
+              ARGV: 'settle', now, call_id, actual cost ('' = the estimate), fingerprint
+              (a record of another is UNKNOWN; '' = any), then HOLD_VALUES per hold.
+              Reply: a SettleStatus, then per hold what it charged.
 claim         KEYS: the record. ARGV: 'claim', now, call_id, fingerprint, nonce, pending TTL.
               Reply: {ALLOWED} claimed (a pending marker holds the call_id), {REPLAYED,
               numbers...}, {CONFLICT}, {IN_FLIGHT} (another check of it) or {SETTLED}.
@@ -32,8 +33,9 @@ group         KEYS: the counters of one slot. ARGV: 'group', now, dry, call_id, 
 release       KEYS: counters of one slot that 'group' committed. ARGV: 'release', now,
               call_id, then OP_VALUES + 2 undo tokens per op. Takes back exactly what that
               commit took. Reply: NUMBERS per op, a fresh look at each counter.
-settle_mark   KEYS: the record. ARGV: 'settle_mark', now. Reply: a SettleStatus
-              (SETTLED when it was open and is now marked; UNKNOWN also while pending).
+settle_mark   KEYS: the record. ARGV: 'settle_mark', now, fingerprint ('' = any). Reply: a
+              SettleStatus (SETTLED when it was open and is now marked; UNKNOWN also
+              while pending, or when the record has another fingerprint).
 settle_holds  KEYS: the holds of one slot. ARGV: 'settle_holds', now, call_id, actual,
               then HOLD_VALUES per hold. Reply: per hold, what it charged.
 """
@@ -52,7 +54,9 @@ from ratewarden.limiter.ops import (
     Hold,
     Kind,
     OpResult,
+    Recorded,
     Role,
+    decode_holds,
     to_result,
 )
 
@@ -153,6 +157,18 @@ def decide_head(now: str, dry_run: bool, record: CallRecord | None) -> list[str 
 def settle_head(mode: Mode, now: str, call_id: str, actual: int | None) -> list[str | int]:
     """Mode.SETTLE's or Mode.SETTLE_HOLDS' ARGV before the holds."""
     return [mode.value, now, call_id, "" if actual is None else actual]
+
+
+RECORD_FIELDS = ("s", "h", "f")  # a record's state, holds and fingerprint, as a settle reads
+
+
+def recorded(found: Sequence[bytes | str | None]) -> Recorded | None:
+    """A record's RECORD_FIELDS as read (HMGET) for its settle; None when there is no
+    record, or only a cluster check's pending claim."""
+    state, holds, fingerprint = (v.decode() if isinstance(v, bytes) else v for v in found)
+    if state is None or state == "pending":
+        return None
+    return Recorded(decode_holds(holds or ""), fingerprint or "")
 
 
 def results_from(ops: Sequence[CounterOp], numbers: Sequence[int]) -> list[OpResult]:

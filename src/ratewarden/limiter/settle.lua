@@ -27,14 +27,17 @@ local function settle_hold(key, a, call_id, actual)
   return cost
 end
 
+-- With a fingerprint (ARGV[5]), a record of another one is as unknown: the caller was
+-- allowed to settle the call it read, and only that call is settled.
 local function settle()
-  local call_id, actual = ARGV[3], ARGV[4]
-  local state = redis.call('HGET', KEYS[1], 's')
-  if not state then return {2} end
+  local call_id, actual, expected = ARGV[3], ARGV[4], ARGV[5]
+  local record = redis.call('HMGET', KEYS[1], 's', 'f')
+  local state = record[1]
+  if not state or (expected ~= '' and record[2] ~= expected) then return {2} end
   if state == 'settled' then return {1} end
   local reply = {0}
   for i = 2, #KEYS do
-    reply[#reply + 1] = settle_hold(KEYS[i], 5 + (i - 2) * 5, call_id, actual)
+    reply[#reply + 1] = settle_hold(KEYS[i], 6 + (i - 2) * 5, call_id, actual)
   end
   redis.call('HSET', KEYS[1], 's', 'settled')
   return reply

@@ -17,6 +17,7 @@ import importlib.util
 import ipaddress
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,6 +37,7 @@ GATEWAY_USAGE = (
     "ratewarden mcp --listen HOST:PORT --server NAME=URL|COMMAND [--server ...] "
     "(--tokens FILE | --user-header NAME) [--url URL ...] [--token T] [--fail open|closed]"
 )
+USER_TOKENS = "RATEWARDEN_USER_TOKENS"
 MISSING_SDK = "ratewarden mcp needs the MCP SDK, an optional extra: pip install 'ratewarden[mcp]'"
 # uvloop when installed (uvicorn[standard] brings it): pipes, sockets and timers cost
 # less, which is most of what the proxy adds to a call.
@@ -112,7 +114,11 @@ def _gateway_parser() -> argparse.ArgumentParser:
         help="an upstream MCP server, served at /NAME/mcp (repeat for more)",
     )
     parser.add_argument(
-        "--tokens", type=Path, metavar="FILE", help="YAML: each user's bearer token (or tokens)"
+        "--tokens",
+        type=Path,
+        metavar="FILE",
+        help="YAML: each user's bearer token (or tokens); default $RATEWARDEN_USER_TOKENS, "
+        "the daemon's own user tokens file",
     )
     parser.add_argument(
         "--user-header", metavar="NAME", help="take the user from this header (set by a proxy)"
@@ -142,8 +148,14 @@ def _gateway_parser() -> argparse.ArgumentParser:
 
 
 def _identities(parser: argparse.ArgumentParser, options: argparse.Namespace) -> Identities:
+    if options.tokens is None and os.environ.get(USER_TOKENS):
+        # The daemon's user tokens file: one file says who everyone is, on every path.
+        options.tokens = Path(os.environ[USER_TOKENS])
     if options.tokens is None and options.user_header is None:
-        parser.error("give --tokens FILE or --user-header NAME: every session must be someone's")
+        parser.error(
+            f"give --tokens FILE or --user-header NAME (--tokens defaults to ${USER_TOKENS}): "
+            "every session must be someone's"
+        )
     try:
         tokens = read_tokens(options.tokens) if options.tokens is not None else {}
     except ValueError as exc:

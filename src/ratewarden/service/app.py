@@ -56,8 +56,11 @@ def create_app(
     engine = Engine(  # periods on the store's clock
         policy, timed, fail=settings.fail, remember_refusals=settings.remember_refusals
     )
-    # Reloads read the start-up source again: the same file, or the packaged example.
+    # Reloads read the start-up source again: the same file, or the packaged example; and
+    # the user tokens file, whose mistakes raise here at start (ValueError, naming them).
+    tokens = auth.Tokens.from_settings(settings)
     reloader = PolicyReloader(engine, metrics, settings.policy_path(), settings.reload_interval_s)
+    reloader.user_tokens = tokens.reload_users
     console_stats = console.StatsSampler(metrics, breaker)  # GET /v1/admin/stats
     runtime = overrides.RuntimeOverrides(
         raw_store,
@@ -91,7 +94,6 @@ def create_app(
     app.include_router(console.router)
     app.include_router(apidocs.router)
     install_error_handlers(app)
-    tokens = auth.Tokens.from_settings(settings)
     # Every request: auth outermost (a request without the role its route needs is
     # refused before anything reads its body), then the body cap (counted as it arrives,
     # chunked too; past it, a 413). The last added is the outermost.

@@ -1,7 +1,13 @@
-"""Bearer-token auth: two roles, `check` and `admin`, checked before a request is read.
+"""Bearer-token auth: two roles, `check` and `admin`, checked before a request is read,
+and who a token vouches for (its `Caller`).
 
-- `check` tokens (`API_TOKENS`) may decide, settle and read usage.
-- `admin` tokens (`ADMIN_TOKENS`) may do everything, check endpoints included.
+- `check` tokens may decide, settle and read usage. There are two kinds. A service token
+  (`API_TOKENS`) belongs to a gateway that authenticated its users itself and vouches for
+  the user a request names: any user, or only those matching its globs
+  (`API_TOKEN_USERS`). A user token (`USER_TOKENS`, a file in the MCP gateway's tokens
+  format, ratewarden/tokens.py) is bound to one user: a request with it acts as that user
+  and no other (service/vouch.py holds that rule for every route).
+- `admin` tokens (`ADMIN_TOKENS`) may do everything, check endpoints included, for anyone.
 - Health, readiness, metrics and the API documentation are open (`OPEN`).
 - A path missing from `ROLES` needs an admin token: a new endpoint is closed until
   someone decides otherwise (and a stranger gets 401, not 404, for a path that does
@@ -18,13 +24,16 @@ request is answered 401 before its body is read or validated.
 from __future__ import annotations
 
 import enum
+import fnmatch
 import functools
-import hashlib
 import hmac
 import ipaddress
 import json
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -32,8 +41,10 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratewarden.settings import Settings
+from ratewarden.tokens import digest, read_tokens
 
 REALM = "ratewarden"
+log = logging.getLogger("ratewarden.auth")
 
 
 class Role(enum.IntFlag):
@@ -97,59 +108,147 @@ def role_needed(path: str) -> Role:
     return Role.ADMIN
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a request's token vouches for: one user (a user token), the users matching some
+    globs (a limited service token), or anyone (ANYONE: an unrestricted service token, an
+    admin token, or auth off on loopback)."""
+
+    user: str | None = None  # a user token's user: the one user the request acts as
+    globs: tuple[str, ...] | None = None  # a limited service token's users; None: any
+
+    def may_act_for(self, user: str) -> bool:
+        """Whether this caller may name `user` (check, usage) or settle `user`'s calls.
+        Names are compared exactly, as every rule compares them."""
+        if self.user is not None:
+            return user == self.user
+        if self.globs is None:
+            return True
+        return any(fnmatch.fnmatchcase(user, glob) for glob in self.globs)
+
+    def who(self) -> str:
+        """What a refusal says the token may name."""
+        if self.user is not None:
+            return f"this user token acts as {self.user!r} only"
+        return f"this service token vouches only for users matching {' '.join(self.globs or ())}"
+
+
+ANYONE = Caller()
+
+
 class Tokens:
     """The configured tokens, kept as SHA-256 digests.
 
-    `role_of` compares the presented token with every configured one, in constant time
-    (equal-length digests through `hmac.compare_digest`) and without stopping at a
-    match, so the time taken says neither whether nor which token matched.
+    `identify` compares the presented token with every admin and service token, in
+    constant time (equal-length digests through `hmac.compare_digest`) and without
+    stopping at a match, so the time taken says neither whether nor which token matched.
+    User tokens, which may be thousands, are looked up by digest (a dict of SHA-256
+    digests: the time says nothing of the token). The user tokens file is read again by
+    `reload_users` (on each policy reload); the admin and service tokens are settings.
     """
 
     def __init__(
-        self, check: Iterable[str], admin: Iterable[str], admin_names: Iterable[str] = ()
+        self,
+        check: Iterable[str],
+        admin: Iterable[str],
+        admin_names: Iterable[str] = (),
+        *,
+        service_globs: Sequence[tuple[str, ...] | None] = (),
+        users_file: Path | None = None,
     ) -> None:
-        admin, names = list(admin), list(admin_names)
+        admin, check, names = list(admin), list(check), list(admin_names)
         names += [f"admin token {n}" for n in range(len(names) + 1, len(admin) + 1)]
-        self._known = [(_digest(t.encode()), Role.ADMIN) for t in admin]
-        self._known += [(_digest(t.encode()), Role.CHECK) for t in check]
+        globs = [*service_globs, *[None] * (len(check) - len(service_globs))]
+        self._known = [(digest(t), Role.ADMIN) for t in admin]
+        self._known += [(digest(t), Role.CHECK) for t in check]
+        self._callers = [ANYONE] * len(admin) + [
+            ANYONE if g is None else Caller(globs=g) for g in globs
+        ]
         self._names = names  # of the admin tokens, in their order: who changed what
+        self._users_file = users_file
+        self._users: dict[bytes, str] = {}
+        if users_file is not None:
+            self._users = self._read_users(users_file)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Tokens:
-        return cls(settings.api_tokens, settings.admin_tokens, settings.admin_names)
+        """The settings' tokens; a bad user tokens file raises ValueError naming it."""
+        return cls(
+            settings.api_tokens,
+            settings.admin_tokens,
+            settings.admin_names,
+            service_globs=settings.service_globs(),
+            users_file=settings.user_tokens,
+        )
 
     @property
     def enabled(self) -> bool:
-        return bool(self._known)
+        return bool(self._known or self._users_file is not None)
 
     def counts(self) -> tuple[int, int]:
         """(check tokens, admin tokens)."""
         admin = sum(1 for _, role in self._known if role is Role.ADMIN)
         return len(self._known) - admin, admin
 
+    @property
+    def users(self) -> int:
+        """How many users have a token of their own."""
+        return len(set(self._users.values()))
+
     def role_of(self, presented: bytes) -> Role:
         return self.identify(presented)[0]
 
-    def identify(self, presented: bytes) -> tuple[Role, str | None]:
-        """The token's role, and its configured name if it is an admin token."""
-        digest = _digest(presented)
+    def identify(self, presented: bytes) -> tuple[Role, str | None, Caller]:
+        """The token's role, its configured name if it is an admin token, and whom it
+        vouches for."""
+        found_digest = digest(presented)
         granted, found = 0, -1
         for index, (known, role) in enumerate(self._known):
-            matched = hmac.compare_digest(digest, known)
+            matched = hmac.compare_digest(found_digest, known)
             granted |= int(role) * matched
             found = max(found, index * matched - (not matched))
-        name = self._names[found] if 0 <= found < len(self._names) else None
-        return Role(granted), name
+        user = self._users.get(found_digest)
+        if found >= 0:
+            name = self._names[found] if found < len(self._names) else None
+            caller = ANYONE if granted == Role.ADMIN else self._callers[found]
+            return Role(granted), name, caller
+        if user is not None:
+            return Role.CHECK, None, Caller(user=user)
+        return Role.NONE, None, ANYONE
+
+    def reload_users(self) -> str | None:
+        """Read the user tokens file again; on a mistake keep the tokens in force and
+        return the mistake (naming the file and the user, never a token)."""
+        if self._users_file is None:
+            return None
+        try:
+            self._users = self._read_users(self._users_file)
+        except ValueError as exc:
+            log.error("user tokens not reloaded; the tokens in force stay: %s", exc)
+            return str(exc)
+        log.info("user tokens reloaded from %s: %d users", self._users_file, self.users)
+        return None
+
+    def _read_users(self, path: Path) -> dict[bytes, str]:
+        """The file's tokens by digest. A token that is also an admin or service token
+        is refused: one credential, one identity."""
+        users = {digest(token): user for token, user in read_tokens(path).items()}
+        for known, role in self._known:
+            if known in users:
+                setting = (
+                    "RATEWARDEN_ADMIN_TOKENS" if role is Role.ADMIN else "RATEWARDEN_API_TOKENS"
+                )
+                raise ValueError(
+                    f"tokens file {path}: user {users[known]!r}: a token that is also one of "
+                    f"{setting} (a token is bound to one user, or is a service or admin token)"
+                )
+        return users
 
 
 def needs(role: Role) -> str:
     return {Role.NONE: "", Role.CHECK: "Needs a check token.", Role.ADMIN: "Needs an admin token."}[
         role
     ]
-
-
-def _digest(token: bytes) -> bytes:
-    return hashlib.sha256(token).digest()
 
 
 @functools.lru_cache(maxsize=1024)  # asked for every request's peer: parse each address once
@@ -169,7 +268,11 @@ def is_loopback(host: str) -> bool:
 
 def bind_problem(settings: Settings) -> str | None:
     """Why `serve` must not start with these settings, or None."""
-    if Tokens.from_settings(settings).enabled or settings.insecure_no_auth:
+    try:
+        tokens = Tokens.from_settings(settings)
+    except ValueError as exc:  # the user tokens file: named, with what is wrong
+        return f"RATEWARDEN_USER_TOKENS: {exc}"
+    if tokens.enabled or settings.insecure_no_auth:
         return None
     if is_loopback(settings.host):
         return None
@@ -186,7 +289,8 @@ def describe(settings: Settings) -> str:
     tokens = Tokens.from_settings(settings)
     if tokens.enabled:
         check, admin = tokens.counts()
-        return f"auth on ({check} check, {admin} admin tokens)"
+        users = f", {tokens.users} users' tokens" if settings.user_tokens is not None else ""
+        return f"auth on ({check} check, {admin} admin tokens{users})"
     if settings.insecure_no_auth and not is_loopback(settings.host):
         return "auth OFF, not on loopback (--insecure-no-auth)"
     return "auth off (no tokens: loopback clients only)"
@@ -226,7 +330,7 @@ class AuthMiddleware:
                 "missing bearer token: send the header `Authorization: Bearer <token>`",
                 f'Bearer realm="{REALM}"',
             )
-        role, name = self.tokens.identify(presented)
+        role, name, caller = self.tokens.identify(presented)
         if role is Role.NONE:
             return _Refusal(
                 401,
@@ -238,12 +342,15 @@ class AuthMiddleware:
             return _Refusal(
                 403,
                 "forbidden",
-                "this endpoint needs an admin token; a check token may only check, settle "
-                "and read usage",
+                "this endpoint needs an admin token; a check token (service or user) may only "
+                "check, settle and read usage",
                 f'Bearer realm="{REALM}", error="insufficient_scope"',
             )
+        state = scope.setdefault("state", {})
         if name is not None:  # request.state.token_name: who made an admin change
-            scope.setdefault("state", {})["token_name"] = name
+            state["token_name"] = name
+        if caller is not ANYONE:  # request.state.caller: whom the token vouches for
+            state["caller"] = caller
         return None
 
 
@@ -290,8 +397,10 @@ def document(app: FastAPI) -> None:
         components.setdefault("securitySchemes", {})["bearer"] = {
             "type": "http",
             "scheme": "bearer",
-            "description": "API_TOKENS (check role: check, settle, usage) or ADMIN_TOKENS "
-            "(admin role: everything). Not needed when the daemon runs without tokens.",
+            "description": "API_TOKENS (service tokens, check role: check, settle, usage, "
+            "for the users they vouch for), USER_TOKENS (check role, as their own user only) "
+            "or ADMIN_TOKENS (admin role: everything). Not needed when the daemon runs "
+            "without tokens.",
         }
         error = {"$ref": "#/components/schemas/ErrorResponse"}
         for path, operations in schema.get("paths", {}).items():

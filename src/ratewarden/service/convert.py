@@ -30,6 +30,7 @@ def to_call(request: CheckRequest) -> Call:
             **{name: getattr(meta, name) for name in METADATA_FLAGS}, tags=frozenset(meta.tags)
         )
     )
+    assert request.user is not None, "vouched for before it is decided (service/vouch.py)"
     return Call(
         user=request.user,
         tool=request.tool,

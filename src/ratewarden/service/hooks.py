@@ -22,6 +22,7 @@ allowed id without counting it, and a host that reuses ids must not get free cal
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -31,10 +32,11 @@ from ratewarden.engine import CallIdConflict, Decision
 from ratewarden.hooks.contract import BadInput, HookOutput, Host, PostCall, PreCall
 from ratewarden.hooks.hosts import HOSTS
 from ratewarden.integrations.names import check_request, usable_call_id
-from ratewarden.service import routes
+from ratewarden.service import routes, vouch
+from ratewarden.service.auth import Caller
 from ratewarden.service.errors import error_response
 from ratewarden.store import StoreError
-from ratewarden.vocabulary import TOO_LARGE, UNREADABLE, FailMode
+from ratewarden.vocabulary import NOT_VOUCHED, TOO_LARGE, UNREADABLE, FailMode
 from ratewarden.wire import (
     ErrorResponse,
     FieldError,
@@ -57,18 +59,29 @@ HookText = Annotated[str | None, Query(min_length=1, max_length=4096)]
     responses={**routes.BODY_ERRORS, 404: {"model": ErrorResponse}},
 )
 async def decision(host: str, body: HookEvent, request: Request) -> HookDecision | JSONResponse:
-    """The decision on a hook event `ratewarden hook HOST` read from its host's payload."""
+    """The decision on a hook event `ratewarden hook HOST` read from its host's payload.
+
+    Who calls: a user token's user (`user`, if given, must be that user, else a 403); with
+    a service token, `user`, else the hook's `default_user`.
+    """
     if host not in HOSTS:
         return _unknown_host(host)
+    caller = vouch.caller_of(request.scope)
     if body.finished:
         if body.call_id is None:
             return _missing("call_id", "a finished call names its call_id")
+        if body.user is not None and not caller.may_act_for(body.user):
+            return vouch.forbidden(caller, "user")  # as a check naming them would be
         done = PostCall(body.call_id, body.status, body.duration_ms, body.cost)
-        return await settle(request.app, done)
+        return await settle(request.app, done, vouch.may_settle(caller))
     if body.tool is None:
         return _missing("tool", "a call about to run names its tool")
+    named = body.user if body.user is not None or caller.user else body.default_user
+    user = vouch.user_for(caller, named)
+    if isinstance(user, JSONResponse):
+        return user
     call = PreCall(body.tool, body.session, body.call_id, body.args)
-    return await check(request.app, call, body.user, body.team, body.args_cut)
+    return await check(request.app, call, user, body.team, body.args_cut)
 
 
 @router.post(
@@ -89,7 +102,11 @@ async def native(
     team: HookText = None,
     fail: FailMode = FailMode.OPEN,
 ) -> Response:
-    """A host's own HTTP hook: its payload in, the answer it reads out (docs/integrations.md)."""
+    """A host's own HTTP hook: its payload in, the answer it reads out (docs/integrations.md).
+
+    With a user token the URL need not name the user; one naming another user is
+    refused in the host's own deny form (a host runs the call on an error status).
+    """
     found = HOSTS.get(host)
     if found is None or found.http is None:
         return _unknown_host(host, http=True)
@@ -108,12 +125,24 @@ async def native(
         return _http(found, _unreadable(found, fail, str(exc)))
     if event is None:
         return _http(found, None)
+    caller = vouch.caller_of(request.scope)
     if isinstance(event, PostCall):
-        return _http(found, await settle(request.app, event))
-    who = user or event.user
-    if who is None:
+        return _http(found, await settle(request.app, event, vouch.may_settle(caller)))
+    return await _native_check(request.app, found, event, caller, user, team)
+
+
+async def _native_check(
+    app: Any, host: Host, event: PreCall, caller: Caller, user: str | None, team: str | None
+) -> Response:
+    """An HTTP hook's call about to run, as the user its token vouches for (vouch.py)."""
+    who = user or (event.user if caller.user is None else None)  # the host's: a default
+    if who is None and caller.user is None:
         return _missing("user", "who calls: ?user=NAME in the hook's URL", query=True)
-    return _http(found, await check(request.app, event, who, team))
+    vouched = vouch.user_for(caller, who)
+    if isinstance(vouched, JSONResponse):
+        refused = NOT_VOUCHED.format(field="?user=" if user else "the host's user")
+        return _http(host, HookDecision(decision="deny", message=refused))
+    return _http(host, await check(app, event, vouched, team))
 
 
 async def check(
@@ -141,12 +170,15 @@ async def check(
     return HookDecision(decision=decided.decision, message=decided.message, notes=notes)
 
 
-async def settle(app: Any, call: PostCall) -> HookDecision:
-    """Settle a finished call; one the daemon does not know is a note, not an error."""
+async def settle(
+    app: Any, call: PostCall, may_settle: Callable[[str], bool] | None = None
+) -> HookDecision:
+    """Settle a finished call; one the daemon does not know (or the caller may not settle:
+    vouch.py) is a note, not an error."""
     engine = routes.engine_of(app)
     call_id = usable_call_id(call.call_id)
     try:
-        found = await engine.settle(call_id, call.cost)
+        found = await engine.settle(call_id, call.cost, may_settle)
     except StoreError as exc:
         return HookDecision(decision="allow", notes=[f"could not settle {call_id}: {exc}"])
     routes.observer_of(app).settled(found, engine.policy)

@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratewarden.asgi import read_body, replay
 from ratewarden.engine import CallIdConflict
-from ratewarden.service import routes
+from ratewarden.service import routes, vouch
 from ratewarden.service.convert import batch_json, check_json
 from ratewarden.service.errors import (
     internal_error,
@@ -61,7 +61,7 @@ Body = TypeVar("Body", CheckRequest, BatchRequest)
 class HotPath:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._routes: dict[str, Callable[[Any, bytes], Awaitable[bytes | Any]]] = {
+        self._routes: dict[str, Callable[[Scope, bytes], Awaitable[bytes | Any]]] = {
             path: getattr(self, name) for path, name in _SERVERS.items()
         }
 
@@ -78,7 +78,7 @@ class HotPath:
             if too_many_items(body):  # counted once, here, for both paths
                 answer = items_refusal()
             else:
-                answer = await serve(scope["app"], body)
+                answer = await serve(scope, body)
         except Exception:  # in front of FastAPI: its catch-all's answer, given here
             answer = internal_error("POST", scope["path"])
         if answer is None:  # not ours to answer: FastAPI gives the exact error
@@ -95,7 +95,7 @@ class HotPath:
         else:
             await answer(scope, receive, send)  # an error response of routes.py
 
-    async def _check(self, app: Any, body: bytes) -> Any:
+    async def _check(self, scope: Scope, body: bytes) -> Any:
         if len(body) > LARGE_BODY:
             request = _read_large(CheckRequest, body)
             if not isinstance(request, CheckRequest):
@@ -105,13 +105,16 @@ class HotPath:
                 request = CheckRequest.model_validate_json(body)  # one step from the bytes
             except ValidationError as exc:
                 return _refusal(exc)
+        vouched = vouch.check_for(vouch.caller_of(scope), request)
+        if not isinstance(vouched, CheckRequest):
+            return vouched  # a refusal
         try:
-            decision = await routes.decide(app, request)
+            decision = await routes.decide(scope["app"], vouched)
         except CallIdConflict as exc:
             return routes.conflict(exc)
         return check_json(decision)
 
-    async def _batch(self, app: Any, body: bytes) -> Any:
+    async def _batch(self, scope: Scope, body: bytes) -> Any:
         if len(body) > LARGE_BODY:
             request = _read_large(BatchRequest, body)
             if not isinstance(request, BatchRequest):
@@ -121,7 +124,10 @@ class HotPath:
                 request = BatchRequest.model_validate_json(body)
             except ValidationError as exc:
                 return _refusal(exc)
-        decided = await routes.decide_batch(app, request)
+        vouched = vouch.batch_for(vouch.caller_of(scope), request)
+        if not isinstance(vouched, BatchRequest):
+            return vouched  # a refusal
+        decided = await routes.decide_batch(scope["app"], vouched)
         if not isinstance(decided, list):
             return decided  # the conflict's error response
         return batch_json(decided)

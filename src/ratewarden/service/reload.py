@@ -29,7 +29,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +71,7 @@ class ReloadOutcome:
     previous: Policy
     current: Policy  # the policy in force after the attempt
     error: PolicyError | None = None
+    tokens_error: str | None = None  # the user tokens file's mistake: the old tokens stay
     at: float = field(default_factory=time.time)  # wall-clock time of the attempt
 
     @property
@@ -109,6 +110,8 @@ class PolicyReloader:
         self.runtime: tuple[tuple[str, OverrideSpec], ...] = ()
         # The last attempt, kept for the console's overview (GET /v1/admin/stats).
         self.last: ReloadOutcome | None = None
+        # Reads the user tokens file again (auth.Tokens.reload_users): its mistake, or None.
+        self.user_tokens: Callable[[], str | None] | None = None
 
     # -- reload ------------------------------------------------------------------------
 
@@ -120,6 +123,7 @@ class PolicyReloader:
         """
         async with self._lock:
             previous = self.engine.policy
+            tokens_error = await self._reload_user_tokens()
             try:
                 if raw is None and self.path is not None:
                     raw = await asyncio.to_thread(_read, self.path)
@@ -134,7 +138,7 @@ class PolicyReloader:
                     previous.version,
                     exc.render(),
                 )
-                self.last = ReloadOutcome(trigger, previous, previous, exc)
+                self.last = ReloadOutcome(trigger, previous, previous, exc, tokens_error)
                 return self.last
             self._last_tried = new.version
             self.engine.policy = new  # the swap: one assignment, seen whole by every decision
@@ -151,8 +155,15 @@ class PolicyReloader:
                     new.version,
                     len(new.rules),
                 )
-            self.last = ReloadOutcome(trigger, previous, new)
+            self.last = ReloadOutcome(trigger, previous, new, None, tokens_error)
             return self.last
+
+    async def _reload_user_tokens(self) -> str | None:
+        """The user tokens file, read with every reload: a mistake keeps the tokens in
+        force (auth.Tokens logs it) and is returned."""
+        if self.user_tokens is None:
+            return None
+        return await asyncio.to_thread(self.user_tokens)
 
     def _parse(self, raw: bytes | None) -> Policy:
         if self.path is None or raw is None:

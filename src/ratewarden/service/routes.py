@@ -16,6 +16,7 @@ from starlette.convertors import PathConvertor, register_url_convertor
 from ratewarden.audit import RECENT_LIMIT
 from ratewarden.engine import CallIdConflict, Decision, Engine
 from ratewarden.metrics import exposition
+from ratewarden.service import vouch
 from ratewarden.service.convert import to_call, to_response, to_usage_item
 from ratewarden.service.errors import (
     ReadAndRefused,
@@ -99,7 +100,6 @@ class _AnyText(PathConvertor):
 
 register_url_convertor("anytext", _AnyText())
 router = APIRouter(route_class=_Route)
-Subject = Annotated[str, Query(min_length=1, max_length=256)]
 OptionalSubject = Annotated[str | None, Query(min_length=1, max_length=256)]
 ERRORS: dict[int | str, dict[str, object]] = {422: {"model": ErrorResponse}}
 # Routes that take a body: one larger than RATEWARDEN_MAX_BODY_BYTES is a 413 (limits.py).
@@ -127,7 +127,7 @@ async def decide(app: Any, body: CheckRequest) -> Decision:
     """
     engine = engine_of(app)
     policy = engine.policy
-    call = to_call(body)
+    call = to_call(body)  # `body.user` is set: vouched for by the caller (vouch.py)
     started = time.perf_counter()
     decision = await engine.check(call)
     if policy.reads_args:
@@ -175,8 +175,11 @@ async def check(body: CheckRequest, request: Request) -> CheckResponse | JSONRes
     finished call is not run again), as is the same `call_id` for another call. A
     refused call consumed nothing and is decided afresh.
     """
+    vouched = vouch.check_for(vouch.caller_of(request.scope), body)
+    if isinstance(vouched, JSONResponse):
+        return vouched
     try:
-        decision = await decide(request.app, body)
+        decision = await decide(request.app, vouched)
     except CallIdConflict as exc:
         return conflict(exc)
     return to_response(decision)
@@ -187,7 +190,10 @@ async def check(body: CheckRequest, request: Request) -> CheckResponse | JSONRes
 )
 async def check_batch(body: BatchRequest, request: Request) -> BatchResponse | JSONResponse:
     """Decide a model's parallel tool calls, in order; each call is all or nothing on its own."""
-    decided = await decide_batch(request.app, body)
+    vouched = vouch.batch_for(vouch.caller_of(request.scope), body)
+    if isinstance(vouched, JSONResponse):
+        return vouched
+    decided = await decide_batch(request.app, vouched)
     if isinstance(decided, JSONResponse):
         return decided
     return BatchResponse(results=[to_response(d) for d in decided])
@@ -204,12 +210,16 @@ async def settle(
 ) -> SettleResponse | JSONResponse:
     """Report a finished call: charge its actual `cost` (default: its estimate), free its slots.
 
-    Settling twice changes nothing; the second answer says `already_settled`.
+    Settling twice changes nothing; the second answer says `already_settled`. Only a
+    token that could have checked the call settles it (a user token its own user's calls,
+    a service token those of the users it vouches for, an admin token any): for any other,
+    the call does not exist (404).
     """
     cost = body.cost if body else None
     engine = engine_of(request.app)
+    owner = vouch.may_settle(vouch.caller_of(request.scope))
     try:
-        found = await engine.settle(call_id, cost)
+        found = await engine.settle(call_id, cost, owner)
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
     observer_of(request.app).settled(found, engine.policy)
@@ -253,6 +263,13 @@ async def reload_policy(request: Request) -> ReloadResponse | JSONResponse:
     (or SIGHUP) brings the others along."""
     reloader: PolicyReloader = request.app.state.reloader
     outcome = await reloader.reload("POST /v1/admin/reload")
+    if outcome.tokens_error is not None and outcome.error is None:
+        message = (
+            f"policy version {outcome.current.version} in force; user tokens not reloaded, "
+            f"the tokens in force stay: {outcome.tokens_error}"
+        )
+        field = FieldError(field="user_tokens", message=outcome.tokens_error)
+        return error_response(422, "invalid_user_tokens", message, [field])
     if outcome.error is not None:
         lines = outcome.error.lines()
         fields = [
@@ -270,12 +287,19 @@ async def reload_policy(request: Request) -> ReloadResponse | JSONResponse:
 @router.get("/v1/usage", response_model=UsageResponse, responses=ERRORS, tags=["inspect"])
 async def usage(
     request: Request,
-    user: Subject,
+    user: OptionalSubject = None,
     tool: OptionalSubject = None,
     session: OptionalSubject = None,
     team: OptionalSubject = None,
 ) -> UsageResponse | JSONResponse:
-    """A user's counters: used and remaining per rule, read without consuming anything."""
+    """A user's counters: used and remaining per rule, read without consuming anything.
+
+    `user` is required, except with a user token (its own user, the only one it may read).
+    """
+    vouched = vouch.user_for(vouch.caller_of(request.scope), user)
+    if isinstance(vouched, JSONResponse):
+        return vouched
+    user = vouched
     try:
         items = await engine_of(request.app).usage(user, tool, session, team)
     except StoreError as exc:

@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar, TypeVarTuple
 
 from ratewarden.clock import Clock
 from ratewarden.errors import RatewardenError
-from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
+from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Recorded
 from ratewarden.limiter.script import SettleStatus
 
 T = TypeVar("T")
@@ -38,14 +38,21 @@ class Counters(Protocol):
         """Decide `ops` together and record the call if allowed; `dry_run` only reports."""
         ...
 
-    async def read_holds(self, record_key: str) -> list[Hold] | None:
-        """What a recorded call holds (reservations, slots); None if no such record."""
+    async def read_holds(self, record_key: str) -> Recorded | None:
+        """What a recorded call holds (reservations, slots), and its fingerprint; None if
+        no such record."""
         ...
 
     async def settle(
-        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+        self,
+        record_key: str,
+        call_id: str,
+        actual: int | None,
+        holds: Sequence[Hold],
+        fingerprint: str = "",
     ) -> tuple[SettleStatus, list[int]]:
-        """Settle once: its status, and what each hold charged."""
+        """Settle once: its status, and what each hold charged. With a `fingerprint`, only
+        a record of that fingerprint is settled (else UNKNOWN), in the same atomic step."""
         ...
 
     async def reset(self, pattern: str) -> int:
@@ -136,13 +143,20 @@ class Layer:
     ) -> Evaluation:
         return await self.around("evaluate", self.inner.evaluate, ops, record, dry_run)
 
-    async def read_holds(self, record_key: str) -> list[Hold] | None:
+    async def read_holds(self, record_key: str) -> Recorded | None:
         return await self.around("read_holds", self.inner.read_holds, record_key)
 
     async def settle(
-        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+        self,
+        record_key: str,
+        call_id: str,
+        actual: int | None,
+        holds: Sequence[Hold],
+        fingerprint: str = "",
     ) -> tuple[SettleStatus, list[int]]:
-        return await self.around("settle", self.inner.settle, record_key, call_id, actual, holds)
+        return await self.around(
+            "settle", self.inner.settle, record_key, call_id, actual, holds, fingerprint
+        )
 
     async def reset(self, pattern: str) -> int:
         return await self.around("reset", self.inner.reset, pattern)

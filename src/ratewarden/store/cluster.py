@@ -43,11 +43,12 @@ from ratewarden.limiter.ops import (
     CounterOp,
     Evaluation,
     Hold,
-    decode_holds,
+    Recorded,
 )
 from ratewarden.limiter.script import (
     GROUP_NUMBERS,
     NUMBERS,
+    RECORD_FIELDS,
     SHA,
     SOURCE,
     Mode,
@@ -56,6 +57,7 @@ from ratewarden.limiter.script import (
     evaluation_of,
     hold_values,
     op_values,
+    recorded,
     results_from,
     settle_head,
 )
@@ -423,16 +425,18 @@ class ClusterStore(RedisKeyspace):
 
     # -- settling ------------------------------------------------------------------
 
-    async def read_holds(self, record_key: str) -> list[Hold] | None:
+    async def read_holds(self, record_key: str) -> Recorded | None:
         with store_errors():
-            found: list[bytes | str | None] = await self._client.hmget(record_key, ["s", "h"])
-        if found[0] is None or found[0] == b"pending":
-            return None
-        holds = found[1] or b""
-        return decode_holds(holds.decode() if isinstance(holds, bytes) else holds)
+            found: list[Any] = await self._client.hmget(record_key, RECORD_FIELDS)
+        return recorded(found)
 
     async def settle(
-        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+        self,
+        record_key: str,
+        call_id: str,
+        actual: int | None,
+        holds: Sequence[Hold],
+        fingerprint: str = "",
     ) -> tuple[SettleStatus, list[int]]:
         """Mark the record settled first (so a settle counts once), then each slot's holds.
 
@@ -441,7 +445,8 @@ class ClusterStore(RedisKeyspace):
         reclaimed when their leases end.
         """
         now = self._now()
-        status = SettleStatus((await self._run([record_key], [Mode.SETTLE_MARK.value, now]))[0])
+        mark = [Mode.SETTLE_MARK.value, now, fingerprint]  # only the record the caller read
+        status = SettleStatus((await self._run([record_key], mark))[0])
         if status != SettleStatus.SETTLED:
             return status, []
         charged = [0] * len(holds)

@@ -24,7 +24,7 @@ from typing import Any
 
 from ratewarden.clock import Clock, SystemClock
 from ratewarden.limiter import reference
-from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold
+from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Recorded
 from ratewarden.limiter.script import SettleStatus
 from ratewarden.store import snapshot
 from ratewarden.store.snapshot import StateFile, StateFileError
@@ -112,17 +112,24 @@ class MemoryStore:
                 self._changes += 1
             return reference.decide(self._cells, list(ops), record, now, dry_run)
 
-    async def read_holds(self, record_key: str) -> list[Hold] | None:
+    async def read_holds(self, record_key: str) -> Recorded | None:
         with self._lock:
             return reference.read_holds(self._cells, record_key, self.clock.now_ms())
 
     async def settle(
-        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+        self,
+        record_key: str,
+        call_id: str,
+        actual: int | None,
+        holds: Sequence[Hold],
+        fingerprint: str = "",
     ) -> tuple[SettleStatus, list[int]]:
         with self._lock:
             now = self.clock.now_ms()
             self._changes += 1
-            return reference.settle(self._cells, record_key, call_id, actual, list(holds), now)
+            return reference.settle(
+                self._cells, record_key, call_id, actual, list(holds), now, fingerprint
+            )
 
     async def reset(self, pattern: str) -> int:
         with self._lock:

@@ -24,10 +24,11 @@ from ratewarden.limiter.ops import (
     Evaluation,
     Hold,
     Kind,
+    Recorded,
     Role,
-    decode_holds,
 )
 from ratewarden.limiter.script import (
+    RECORD_FIELDS,
     SOURCE,
     Mode,
     SettleStatus,
@@ -35,6 +36,7 @@ from ratewarden.limiter.script import (
     evaluation_of,
     held_values,
     hold_values,
+    recorded,
     rule_values,
     settle_head,
 )
@@ -206,18 +208,21 @@ class RedisStore(RedisKeyspace):
                 args.append(_NOTHING_HELD)
         return evaluation_of(ops, await self._run(keys, args))
 
-    async def read_holds(self, record_key: str) -> list[Hold] | None:
+    async def read_holds(self, record_key: str) -> Recorded | None:
         with store_errors():
-            found: list[bytes | str | None] = await self._client.hmget(record_key, ["s", "h"])
-        if found[0] is None:
-            return None
-        holds = found[1] or b""
-        return decode_holds(holds.decode() if isinstance(holds, bytes) else holds)
+            found: list[Any] = await self._client.hmget(record_key, RECORD_FIELDS)
+        return recorded(found)
 
     async def settle(
-        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+        self,
+        record_key: str,
+        call_id: str,
+        actual: int | None,
+        holds: Sequence[Hold],
+        fingerprint: str = "",
     ) -> tuple[SettleStatus, list[int]]:
         args: list[Any] = settle_head(Mode.SETTLE, self._now(), call_id, actual)
+        args.append(fingerprint)
         for hold in holds:
             args += hold_values(hold)
         reply = await self._run([record_key, *(h.key for h in holds)], args)
