@@ -2,10 +2,12 @@
 
 Patterns are the operator's, texts the caller's. Every pattern, a regex or a glob once
 translated, runs on RE2 (the `google-re2` binding), whose matching time is linear in the
-text whatever the pattern: a hostile argument cannot stall the daemon, and no Python `re`
-ever reads caller text here. Values that are not strings are matched as their compact
-JSON (`ratewarden.arguments.as_text`). Descriptions and failure reasons quote the policy's
-text, never an argument's, since they reach logs, `explain` and refusal messages.
+text whatever the pattern (and about a nanosecond a byte while its DFA has the memory
+the pattern needs: below, a budget on each pattern's program, checked at load); no
+Python `re` ever reads caller text here. Values that are not strings are matched as
+their compact JSON (`ratewarden.arguments.as_text`). Descriptions and failure reasons
+quote the policy's text, never an argument's, since they reach logs, `explain` and
+refusal messages.
 """
 
 from __future__ import annotations
@@ -21,11 +23,25 @@ from ratewarden.arguments import MISSING, ArgPath, as_text, canonical_json
 
 __all__ = ["ArgCondition", "Condition", "compile_condition"]
 
-# RE2 memory per compiled pattern: its program plus the DFA cache that matching grows on
-# demand. A hostile text can fill that cache, so this bounds what each regex rule can
-# cost; when the cache is full RE2 falls back to its NFA, slower but still linear. RE2's
-# own default is 8 MiB; 2 MiB still compiles `\p{L}{100}`.
-RE2_MAX_MEM: Final = 2 << 20
+# What one pattern may cost (issue 25, item 2). RE2's time is linear in the text only
+# while its DFA holds the states a search meets; when that cache fills, RE2 falls back to
+# its NFA, whose time is the text's length times the live instructions: `\w{1,1000}Z`,
+# 4 004 instructions, took 2.6 to 8 s against 64 KiB of word characters. So a pattern's
+# compiled program, forward and reversed (RE2's ProgramSize, about one instruction per
+# byte a match reads: a counted repetition or a Unicode class is copied per count), is
+# held to RE2_MAX_PROGRAM, refused at load over it. RE2_MAX_MEM is the memory each
+# pattern may use, the program and the DFA cache that matching fills on demand: RE2 gives
+# two thirds to the forward program and its DFAs, half of what is left to the DFA a search
+# uses. The hungriest patterns found within 1 000 instructions, a run of counted states
+# like `(a|b|c|d){995}Z` on a run of `a`s, fell back at 5 MiB and not at 6 MiB (about
+# 6 bytes x RE2_MAX_PROGRAM squared); 16 MiB leaves 2.7 times that, and
+# tests/unit/test_conditions.py counts the fallbacks on those patterns (none).
+# A pattern that needs no such cache costs nothing more: RE2 allocates it as it fills.
+# What this does not bound: a small program whose DFA has exponentially many states, as
+# `a[ab]{20}c` (26 instructions, 2^21 states) on random `a`s and `b`s, still makes a
+# state at each byte or falls back (docs/policy.md, docs/benchmarks.md).
+RE2_MAX_PROGRAM: Final = 1000
+RE2_MAX_MEM: Final = 16 << 20
 
 # The same test as `policy.model.is_glob` for tool names (SPEC: "exact or glob, as for
 # `tool`"); written here too so that this module, which the model imports, does not
@@ -315,6 +331,22 @@ def _compile_re2(pattern: str, what: str) -> Any:
         raise ValueError(f"invalid {what}: it contains a lone surrogate") from None
     if not compiled.ok():
         raise ValueError(f"invalid {what}: {_re2_message(compiled.error())}")
+    # The reverse program, which finds where a match starts, is otherwise compiled at the
+    # first match; compiled here, it is held to the budget too. (Within the forward
+    # budget it always fits in memory: -1, its failure, is refused all the same.)
+    size = compiled.ProgramSize()
+    if size <= RE2_MAX_PROGRAM:
+        reverse = compiled.ReverseProgramSize()
+        if reverse < 0:
+            raise ValueError(f"{what} is too costly to match: RE2 cannot reverse it")
+        size = max(size, reverse)
+    if size > RE2_MAX_PROGRAM:
+        raise ValueError(
+            f"{what} is too costly to match: it compiles to {size} RE2 instructions, more "
+            f"than {RE2_MAX_PROGRAM} (each count of a repetition such as {{1,100}} copies "
+            "what it repeats, and a Unicode class or `.` is many: use a smaller count, or + "
+            "or *)"
+        )
     return compiled
 
 
@@ -332,7 +364,7 @@ def _re2_matches(compiled: Any, anchor: Any, value: Any) -> bool:
 def _re2_message(error: bytes | str) -> str:
     text = error.decode("utf-8", "replace") if isinstance(error, bytes) else error
     if "pattern too large" in text:
-        text += f" (a pattern may use at most {RE2_MAX_MEM >> 20} MiB of RE2 memory)"
+        text += f" (a pattern may compile to at most {RE2_MAX_PROGRAM} RE2 instructions)"
     return text
 
 
