@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import random
 import re
 import string
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from re2 import _re2
 
 from ratewarden.arguments import MISSING, ArgPath
+from ratewarden.policy.automaton import automaton_bytes
 from ratewarden.policy.conditions import (
     RE2_MAX_PROGRAM,
     ArgCondition,
@@ -130,6 +132,13 @@ def test_a_condition_describes_itself_in_the_policys_words(spec: Any, described:
         ({"regex": r"\p{L}{100}"}, "compiles to 119604 RE2 instructions, more than 1000"),
         ({"regex": "(a|b|c|d){996}Z"}, "compiles to 1001 RE2 instructions, more than 1000"),
         ("?" * 200, "compiles to 1404 RE2 instructions, more than 1000"),
+        # ... and a small program whose search needs exponentially many states
+        ({"regex": "a[ab]{20}c"}, "regex 'a[ab]{20}c' is too costly to match: a search for "
+                                  "it can need more than 2 MiB of automaton states"),
+        ({"regex": "(?i)a[ab]{14}c"}, "more than 2 MiB of automaton states"),
+        ({"regex": "(a|b)*a(a|b){20}c"}, "more than 2 MiB of automaton states"),
+        ({"regex": "a.{20}!"}, "more than 2 MiB of automaton states"),
+        ("*a" + "?" * 20 + "b", "more than 2 MiB of automaton states"),
         ({"regex": ""}, "regex: expected a non-empty string, got an empty string"),
         ({"regex": 3}, "regex: expected a non-empty string, got a number"),
         ({"contains": ""}, "contains: expected a non-empty string, got an empty string"),
@@ -314,6 +323,44 @@ def test_the_costliest_patterns_within_the_budget_never_fall_back_on_64_kib(
         for anchor in (_re2.RE2.Anchor.UNANCHORED, _re2.RE2.Anchor.ANCHOR_BOTH):
             loud.Match(anchor, data, 0, len(data))
             loud.Match(anchor, data, 0, len(data))  # again, on the states the first made
+    assert "DFA out of memory" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"regex": "a[ab]{13}c"},  # the largest of its kind the count lets through
+        {"regex": "^a[ab]{20}c"},  # anchored: no new match starts at each byte
+        "a" + "?" * 20 + "b",  # a glob is anchored at both ends
+        {"regex": "AKIA[0-9A-Z]{16}"},
+        {"regex": r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z)?sh\b"},
+        {"regex": r"(?i)(password|passwd|secret)\s*[:=]\s*\S{8,}"},
+    ],
+)
+def test_a_pattern_whose_states_fit_is_accepted(spec: Any) -> None:
+    assert compile_condition(spec) is not None
+
+
+def test_the_states_are_counted_as_they_grow() -> None:
+    # `a[ab]{k}c`: a state is which of the last k + 1 characters were `a`s, so each count
+    # more doubles them; anchored, they are one per character read.
+    sizes = [automaton_bytes(f"a[ab]{{{k}}}c") for k in range(6, 13)]
+    assert all(b is not None and 1.9 < b / a < 2.2 for a, b in itertools.pairwise(sizes))  # type: ignore[operator]
+    assert automaton_bytes("^a[ab]{20}c") == automaton_bytes("a[ab]{20}c", whole=True) < 3000  # type: ignore[operator]
+    assert automaton_bytes(r"\p{L}+") is None  # not read: held to the program budget only
+
+
+def test_the_largest_exponential_automaton_let_through_never_falls_back(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    options = compile_condition({"regex": "a[ab]{13}c"}).compiled.options()  # type: ignore[attr-defined]
+    options.log_errors = True
+    loud = _re2.RE2(b"a[ab]{13}c", options)
+    capfd.readouterr()
+    for _ in range(2):
+        for seed in range(8):
+            text = "".join(random.Random(seed).choices("ab", k=KIB_64)).encode()
+            loud.Match(_re2.RE2.Anchor.UNANCHORED, text, 0, len(text))
     assert "DFA out of memory" not in capfd.readouterr().err
 
 

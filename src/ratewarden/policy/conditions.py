@@ -20,6 +20,8 @@ import re2  # type: ignore[import-untyped]  # google-re2 ships no type informati
 from re2 import _re2
 
 from ratewarden.arguments import MISSING, ArgPath, as_text, canonical_json
+from ratewarden.policy.automaton import MAX_BYTES as AUTOMATON_MAX_BYTES
+from ratewarden.policy.automaton import TooLarge, automaton_bytes
 
 __all__ = ["ArgCondition", "Condition", "compile_condition"]
 
@@ -38,8 +40,9 @@ __all__ = ["ArgCondition", "Condition", "compile_condition"]
 # tests/unit/test_conditions.py counts the fallbacks on those patterns (none).
 # A pattern that needs no such cache costs nothing more: RE2 allocates it as it fills.
 # What this does not bound: a small program whose DFA has exponentially many states, as
-# `a[ab]{20}c` (26 instructions, 2^21 states) on random `a`s and `b`s, still makes a
-# state at each byte or falls back (docs/policy.md, docs/benchmarks.md).
+# `a[ab]{20}c` (26 instructions, 2^21 states), which on random `a`s and `b`s makes a
+# state at each byte and falls back. Those states are counted at load instead
+# (policy/automaton.py).
 RE2_MAX_PROGRAM: Final = 1000
 RE2_MAX_MEM: Final = 16 << 20
 
@@ -237,7 +240,8 @@ def _regex(operand: object) -> Condition:
 
 
 def _glob(pattern: str) -> Condition:
-    return _Glob(pattern, _compile_re2(_glob_to_re2(pattern), f"glob {_quoted(pattern)}"))
+    compiled = _compile_re2(_glob_to_re2(pattern), f"glob {_quoted(pattern)}", whole=True)
+    return _Glob(pattern, compiled)
 
 
 def _contains(operand: object) -> Condition:
@@ -320,7 +324,7 @@ _ANYWHERE: Final = _re2.RE2.Anchor.UNANCHORED
 _WHOLE_TEXT: Final = _re2.RE2.Anchor.ANCHOR_BOTH
 
 
-def _compile_re2(pattern: str, what: str) -> Any:
+def _compile_re2(pattern: str, what: str, whole: bool = False) -> Any:
     options = re2.Options()
     options.max_mem = RE2_MAX_MEM
     options.log_errors = False  # a bad pattern is a load error we report, not a stderr line
@@ -347,6 +351,16 @@ def _compile_re2(pattern: str, what: str) -> Any:
             "what it repeats, and a Unicode class or `.` is many: use a smaller count, or + "
             "or *)"
         )
+    # ... and the number of states its search can need (policy/automaton.py).
+    try:
+        automaton_bytes(pattern, whole)
+    except TooLarge:
+        raise ValueError(
+            f"{what} is too costly to match: a search for it can need more than "
+            f"{AUTOMATON_MAX_BYTES >> 20} MiB of automaton states (a counted repetition of "
+            "a class that also holds what comes before it, as in 'a[ab]{20}c', needs a "
+            "state for each mix of the two: count less)"
+        ) from None
     return compiled
 
 
