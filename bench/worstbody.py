@@ -110,13 +110,13 @@ def batch_refused_last() -> bytes:
 # to the one rule a `deny` rule per pattern, each on a tool of its own, so that each body
 # below is checked against one pattern, on a 64 KiB `args.command` it does not match: a
 # typical pattern; the costliest program within the budget (conditions.RE2_MAX_PROGRAM),
-# on the run of `a`s that makes its DFA the largest; and a small program whose DFA has
-# 2^21 states, on random `a`s and `b`s (eight texts in turn), which no budget on the
-# program bounds.
+# on the run of `a`s that makes its DFA the largest; and the largest exponential DFA the
+# count of states lets through (policy/automaton.py: `a[ab]{13}c`, 2^14 states; with 20
+# it is refused at load), on random `a`s and `b`s (eight texts in turn).
 REGEX_RULES = {
     "regex-typical": r"\brm\s+-rf\s+/(\s|$)",
     "regex-costliest": "(a|b|c|d){995}Z",
-    "regex-exponential": "a[ab]{20}c",
+    "regex-exponential": "a[ab]{13}c",
 }
 COMMAND_ROOM = MAX_ARGS_BYTES - len(b'{"command":""}')  # ASCII: args of exactly 64 KiB
 
