@@ -111,12 +111,12 @@ def batch_refused_last() -> bytes:
 # below is checked against one pattern, on a 64 KiB `args.command` it does not match: a
 # typical pattern; the costliest program within the budget (conditions.RE2_MAX_PROGRAM),
 # on the run of `a`s that makes its DFA the largest; and the largest exponential DFA the
-# count of states lets through (policy/automaton.py: `a[ab]{13}c`, 2^14 states; with 20
+# count of states lets through (policy/automaton.py: `a[ab]{12}c`, 2^13 states; with 13
 # it is refused at load), on random `a`s and `b`s (eight texts in turn).
 REGEX_RULES = {
     "regex-typical": r"\brm\s+-rf\s+/(\s|$)",
     "regex-costliest": "(a|b|c|d){995}Z",
-    "regex-exponential": "a[ab]{13}c",
+    "regex-exponential": "a[ab]{12}c",
 }
 COMMAND_ROOM = MAX_ARGS_BYTES - len(b'{"command":""}')  # ASCII: args of exactly 64 KiB
 

@@ -70,7 +70,7 @@ BAD_FILES: dict[str, list[tuple[int, str, str]]] = {
             6,
             "rules[0].match.args.command",
             "regex 'a[ab]{20}c' is too costly to match: a search for it can need more than "
-            "2 MiB of automaton states",
+            "1 MiB of automaton states",
         )
     ],
     "duplicate_rule_name.yaml": [(5, "rules[1].name", "duplicate rule name 'r'")],

@@ -34,11 +34,15 @@ from typing import Any, Final
 
 __all__ = ["MAX_BYTES", "TooLarge", "automaton_bytes"]
 
-# What the states a search can need may take, counted as RE2 counts them: under half of
-# the cache RE2 gives a search at RE2_MAX_MEM (16 MiB: two thirds to the forward program,
-# half of that to the DFA a search uses, 5.3 MiB). The largest programs the budget admits
-# come to 2.0 MB (`(a|b|c|d){995}Z`); `a[ab]{13}c` 1.9 MB; `a[ab]{14}c` 3.9 MB.
-MAX_BYTES: Final = 2 << 20
+# What the states a search can need may take, as counted here. RE2 gives a search 5.3 MiB
+# of cache at RE2_MAX_MEM (16 MiB: two thirds to the forward program, half of that to the
+# DFA a search uses), but needs more than this count for small states: `a[ab]{12}c`,
+# counted 0.93 MB, settled to 1 ms a check from 8 MiB on and not at 6 (2.2-2.9 times the
+# count), and `a[ab]{13}c`, counted 1.9 MB, kept rebuilding its states even at 32 MiB.
+# For large states the count is RE2's (`(a|b|c|d){995}Z`: 2.06 MB counted, fell back with
+# 1.7 MB of cache, not with 2.1). 1 MiB lets `a[ab]{12}c` through with twice the memory
+# it was seen to need, and refuses `a[ab]{13}c`.
+MAX_BYTES: Final = 1 << 20
 _STATE_BYTES: Final = 48  # RE2's state, its hash set's entry: what a state costs besides
 _POSITION_BYTES: Final = 4  # ... each of its positions
 _POINTER_BYTES: Final = 8  # ... and a pointer to the next state per class (and one more)
