@@ -109,13 +109,13 @@ def batch_refused_last() -> bytes:
 # Argument conditions (issue 25, item 2). The worst-body server's policy (`policy`) adds
 # to the one rule a `deny` rule per pattern, each on a tool of its own, so that each body
 # below is checked against one pattern, on a 64 KiB `args.command` it does not match: a
-# typical pattern; the costliest program within the budget (conditions.RE2_MAX_PROGRAM),
-# on the run of `a`s that makes its DFA the largest; and the largest exponential DFA the
-# count of states lets through (policy/automaton.py: `a[ab]{12}c`, 2^13 states; with 13
-# it is refused at load), on random `a`s and `b`s (eight texts in turn).
+# typical pattern; the hungriest run of counted states let through (its states at the
+# limit of policy/automaton.py's count), on the run of `a`s that makes its DFA the
+# largest; and the largest exponential DFA let through (`a[ab]{12}c`, 2^13 states; with
+# 13 it is refused at load), on random `a`s and `b`s (eight texts in turn).
 REGEX_RULES = {
     "regex-typical": r"\brm\s+-rf\s+/(\s|$)",
-    "regex-costliest": "(a|b|c|d){995}Z",
+    "regex-costliest": "(a|b|c|d){690}Z",
     "regex-exponential": "a[ab]{12}c",
 }
 COMMAND_ROOM = MAX_ARGS_BYTES - len(b'{"command":""}')  # ASCII: args of exactly 64 KiB

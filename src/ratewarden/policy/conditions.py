@@ -25,24 +25,21 @@ from ratewarden.policy.automaton import TooLarge, automaton_bytes
 
 __all__ = ["ArgCondition", "Condition", "compile_condition"]
 
-# What one pattern may cost (issue 25, item 2). RE2's time is linear in the text only
-# while its DFA holds the states a search meets; when that cache fills, RE2 falls back to
-# its NFA, whose time is the text's length times the live instructions: `\w{1,1000}Z`,
-# 4 004 instructions, took 2.6 to 8 s against 64 KiB of word characters. So a pattern's
-# compiled program, forward and reversed (RE2's ProgramSize, about one instruction per
-# byte a match reads: a counted repetition or a Unicode class is copied per count), is
-# held to RE2_MAX_PROGRAM, refused at load over it. RE2_MAX_MEM is the memory each
-# pattern may use, the program and the DFA cache that matching fills on demand: RE2 gives
-# two thirds to the forward program and its DFAs, half of what is left to the DFA a search
-# uses. The hungriest patterns found within 1 000 instructions, a run of counted states
-# like `(a|b|c|d){995}Z` on a run of `a`s, fell back at 5 MiB and not at 6 MiB (about
-# 6 bytes x RE2_MAX_PROGRAM squared); 16 MiB leaves 2.7 times that, and
-# tests/unit/test_conditions.py counts the fallbacks on those patterns (none).
-# A pattern that needs no such cache costs nothing more: RE2 allocates it as it fills.
-# What this does not bound: a small program whose DFA has exponentially many states, as
-# `a[ab]{20}c` (26 instructions, 2^21 states), which on random `a`s and `b`s makes a
-# state at each byte and falls back. Those states are counted at load instead
-# (policy/automaton.py).
+# What one pattern may cost (issue 25, item 2). RE2's time is linear in the text, but
+# fast only while its DFA cache holds the states a search meets; when the cache fills
+# twice in quick succession RE2 falls back to its NFA, whose time is the text's length
+# times the live instructions: `\w{1,1000}Z`, 4 004 instructions, took 2.6 to 8 s
+# against 64 KiB of word characters. Two limits keep the states in the cache. A
+# pattern's compiled program, forward and reversed (RE2's ProgramSize: a counted
+# repetition copies what it repeats, a Unicode class is many), is held to
+# RE2_MAX_PROGRAM, which bounds a state's size; and the states a search can need are
+# counted at load (policy/automaton.py: `a[ab]{20}c` is 26 instructions but 2^21
+# states). RE2_MAX_MEM is what each pattern may use, its program and the DFA cache that
+# matching fills on demand (a pattern that needs little costs little): two thirds to the
+# forward program and its DFAs, half of what is left to the DFA a search uses. The
+# hungriest program found within 1 000 instructions, `(a|b|c|d){995}Z` on a run of `a`s,
+# fell back at 5 MiB and not at 6; tests/unit/test_conditions.py counts the fallbacks of
+# the costliest patterns both limits let through (none).
 RE2_MAX_PROGRAM: Final = 1000
 RE2_MAX_MEM: Final = 16 << 20
 
