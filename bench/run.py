@@ -65,6 +65,7 @@ from bench.procstat import busy_cores, cpu_times
 from bench.redis_server import free_port, redis_server
 from bench.workload import FIVE_RULES, ONE_RULE, USERS, check_calls, server_environment
 from bench.worstbody import Target, measure_worst
+from bench.worstbody import policy as worst_body_policy
 from bench.worstbody import report as worst_report
 
 BATCH = 10  # calls per batch request
@@ -300,9 +301,15 @@ WORST_RATE = 200.0
 
 
 def measure_worst_bodies(setup: Setup) -> dict[str, Any]:
-    """bench/worstbody.py against the one-rule server."""
+    """bench/worstbody.py against the one-rule server, its policy with worstbody's regex
+    rules added (on tools of their own: the other bodies and normal checks match none)."""
     port_of = {name: free_port() for name in SERVER_NAMES}
     one = next(s for s in servers(setup, port_of) if s.name == "one rule")
+    # ... with the argument conditions whose bodies the table has (worstbody.REGEX_RULES)
+    worst_policy = setup.workdir / "worst.yaml"
+    worst_policy.write_text(worst_body_policy(ONE_RULE))
+    command = [str(worst_policy) if arg.endswith("one.yaml") else arg for arg in one.command]
+    one = Server(one.name, command)
     redis_command(setup.redis_port, "FLUSHALL")
     with running(one, port_of[one.name], setup.workdir) as pid:
         target = Target(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,43 @@ def batch_refused_last() -> bytes:
     return body
 
 
+# Argument conditions (issue 25, item 2). The worst-body server's policy (`policy`) adds
+# to the one rule a `deny` rule per pattern, each on a tool of its own, so that each body
+# below is checked against one pattern, on a 64 KiB `args.command` it does not match: a
+# typical pattern; the hungriest run of counted states let through (its states at the
+# limit of policy/automaton.py's count), on the run of `a`s that makes its DFA the
+# largest; and the largest exponential DFA let through (`a[ab]{12}c`, 2^13 states; with
+# 13 it is refused at load), on random `a`s and `b`s (eight texts in turn).
+REGEX_RULES = {
+    "regex-typical": r"\brm\s+-rf\s+/(\s|$)",
+    "regex-costliest": "(a|b|c|d){690}Z",
+    "regex-exponential": "a[ab]{12}c",
+}
+COMMAND_ROOM = MAX_ARGS_BYTES - len(b'{"command":""}')  # ASCII: args of exactly 64 KiB
+
+
+def policy(one_rule: str) -> str:
+    """`one_rule` (a policy whose rules come last) with the REGEX_RULES."""
+    rules = "".join(
+        f"  - name: {tool}\n"
+        f"    match: {{tool: {tool}, args: {{command: {{regex: '{pattern}'}}}}}}\n"
+        f"    deny: refused\n"
+        for tool, pattern in REGEX_RULES.items()
+    )
+    return one_rule + rules
+
+
+def commands(tool: str, *texts: str) -> bytes:
+    """A check of `tool` whose `args.command` is each text in turn (one line each)."""
+    lines = [to_json({"user": "u", "tool": tool, "args": {"command": t}}) for t in texts]
+    assert all(len(to_json(json.loads(line)["args"])) <= MAX_ARGS_BYTES for line in lines)
+    return b"\n".join(lines)
+
+
+def random_ab(seed: int) -> str:
+    return "".join(random.Random(seed).choices("ab", k=COMMAND_ROOM))
+
+
 KEYS = b'{"user":"u","tool":"t","args":{'  # a check whose args are an object...
 ESCAPED_COMMAS = b'\\"' + b"," * 62  # 64 bytes, 62 commas in a string: count them out
 # The narrowest strings that fill the body cap without being more than 2 * MAX_ITEMS + 1.
@@ -155,6 +193,16 @@ BODIES: dict[str, Callable[[], bytes]] = {
     "hook: a string to the hook cap (a file to write)": lambda: hook_one_string(b"x"),
     f"hook: {MAX_ITEMS} items of empty arrays": lambda: hook_payload(
         b'{"command":"ls","k":[' + b"[]," * (MAX_ITEMS - 20) + b"[]]}"
+    ),
+    # -- argument conditions: a 64 KiB command against a regex (REGEX_RULES)
+    f"64 KiB command, regex `{REGEX_RULES['regex-typical']}`": lambda: commands(
+        "regex-typical", ("rm -rf " * COMMAND_ROOM)[:COMMAND_ROOM]
+    ),
+    f"64 KiB command, regex `{REGEX_RULES['regex-costliest']}`": lambda: commands(
+        "regex-costliest", "a" * COMMAND_ROOM
+    ),
+    f"64 KiB command, regex `{REGEX_RULES['regex-exponential']}`": lambda: commands(
+        "regex-exponential", *(random_ab(seed) for seed in range(8))
     ),
 }
 HOOK = "/v1/hooks/claude-code?user=u"
@@ -282,8 +330,9 @@ def report(results: dict[str, Any]) -> list[str]:
              "| server CPU us/request | x normal check |", "|---|---|---|---|---|---|"]  # fmt: skip
     for name, row in results["bodies"].items():
         answer = ", ".join(row["statuses"])
+        shown = name.replace("|", "\\|")  # a table cell: the pipe escaped
         lines.append(
-            f"| {name} | {row['bytes']} | {answer} | {row['requests_per_s']:.0f} "
+            f"| {shown} | {row['bytes']} | {answer} | {row['requests_per_s']:.0f} "
             f"| {row['server_cpu_us']:.0f} | {row['vs_normal']:.1f} |"
         )
     seen = results["interference"]

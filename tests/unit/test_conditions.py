@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import fnmatch
+import itertools
+import random
 import re
+import string
 from typing import Any
 
 import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
+from re2 import _re2
 
 from ratewarden.arguments import MISSING, ArgPath
-from ratewarden.policy.conditions import ArgCondition, Condition, compile_condition
+from ratewarden.policy.automaton import MAX_BYTES as AUTOMATON_MAX_BYTES
+from ratewarden.policy.automaton import automaton_bytes
+from ratewarden.policy.conditions import (
+    RE2_MAX_PROGRAM,
+    ArgCondition,
+    Condition,
+    compile_condition,
+)
 
 ROOT_DELETE = r"\brm\s+-rf\s+/(\s|$)"  # SPEC's example
 
@@ -114,7 +125,22 @@ def test_a_condition_describes_itself_in_the_policys_words(spec: Any, described:
         # Backtracking-only features are load errors, not silently different matches.
         ({"regex": "(?=x)"}, "invalid regex '(?=x)': invalid perl operator: (?="),
         ({"regex": r"(a)\1"}, r"invalid regex '(a)\1': invalid escape sequence: \1"),
-        ({"regex": r"(?:\p{L}{100}){10}"}, "pattern too large - compile failed (a pattern may"),
+        ({"regex": r"(?:\p{L}{100}){10}"}, "pattern too large - compile failed (a pattern may "
+                                            "compile to at most 1000 RE2 instructions)"),
+        # Issue 25, item 2: a program too large for RE2's DFA to hold its states.
+        ({"regex": r"\w{1,1000}Z"}, r"regex '\w{1,1000}Z' is too costly to match: it "
+                                    "compiles to 4004 RE2 instructions, more than 1000"),
+        ({"regex": r"\p{L}{100}"}, "compiles to 119604 RE2 instructions, more than 1000"),
+        ({"regex": "(a|b|c|d){996}Z"}, "compiles to 1001 RE2 instructions, more than 1000"),
+        ("?" * 200, "compiles to 1404 RE2 instructions, more than 1000"),
+        # ... and a small program whose search needs exponentially many states
+        ({"regex": "a[ab]{20}c"}, "regex 'a[ab]{20}c' is too costly to match: a search for "
+                                  "it can need more than 1 MiB of automaton states"),
+        ({"regex": "(?i)a[ab]{13}c"}, "more than 1 MiB of automaton states"),
+        ({"regex": "(a|b)*a(a|b){20}c"}, "more than 1 MiB of automaton states"),
+        ({"regex": "a.{20}!"}, "more than 1 MiB of automaton states"),
+        ("*a" + "?" * 20 + "b", "more than 1 MiB of automaton states"),
+        ({"regex": "(a|b|c|d){995}Z"}, "more than 1 MiB of automaton states"),
         ({"regex": ""}, "regex: expected a non-empty string, got an empty string"),
         ({"regex": 3}, "regex: expected a non-empty string, got a number"),
         ({"contains": ""}, "contains: expected a non-empty string, got an empty string"),
@@ -230,6 +256,118 @@ def test_a_glob_also_runs_on_re2() -> None:
     compiled = compile_condition("*a*a*a*a*a*b").compiled  # type: ignore[attr-defined]
     assert type(compiled).__module__.partition(".")[0] == "re2"
     assert not compile_condition("*a*a*a*a*a*b").holds("a" * KIB_64)
+
+
+# --- RE2: what one pattern may cost (issue 25, item 2) ------------------------------------
+#
+# RE2 is linear only while its DFA holds the states a search meets: when the cache fills
+# it falls back to its NFA, whose time is the text's length times the live instructions
+# (`\w{1,1000}Z` on 64 KiB of word characters: 2.6 to 8 s). So a pattern's program is
+# held to RE2_MAX_PROGRAM instructions, and each pattern given the memory that the
+# costliest programs within it need. Counted, not timed: RE2 logs each fallback ("DFA out
+# of memory") when asked to, and these patterns are run with the daemon's own options
+# and that log on.
+
+# The costliest programs found within the budget, one of each kind (each at least 90 % of
+# it, or of the limit on the count of states): counted runs of a class, ASCII,
+# case-folded, UTF-8 and byte-wide, nested counts, a lower bound, a repeated group, a
+# digit class of Unicode.
+COSTLIEST_WITHIN_BUDGET = [
+    "(a|b|c|d){690}Z",  # the hungriest: 690 states up to 690 long (at the count's limit)
+    r"\w{1,249}Z",
+    r"\w{331,}Z",
+    "(?i)[a-z]{1,142}Z",
+    "(?s).{142}Z",
+    "[^Z]{124}Z",
+    "[acegikmoqsuwyACEGIKMOQSUWY02468]{1,52}Z",
+    "(?s)[\\x00-\\x08\\x0a-\\x1f"
+    + "".join(f"\\x{b:02x}" for b in range(0x21, 0x80, 2))
+    + "]{1,26}Z",
+    r"(\w+\s+){99}Z",
+    "((a{1,9}){1,9}){1,6}Z",
+    r"\pN{1,4}Z",
+]
+
+
+def _texts() -> dict[str, str]:
+    """64 KiB texts that drive those patterns through the most states: runs of what they
+    repeat, random text of their classes, a match every so often, Unicode."""
+    rng = random.Random(25)
+
+    def drawn(alphabet: str, size: int = KIB_64) -> str:
+        return "".join(rng.choices(alphabet, k=size))
+
+    return {
+        "a": "a" * KIB_64,
+        "spaces": " " * KIB_64,
+        "word": drawn(string.ascii_lowercase + string.digits + "_"),
+        "ab": drawn("ab"),
+        "ab ": drawn("ab "),
+        "printable": drawn(string.printable),
+        "unicode": drawn("aZ\u00e9\u20ac\u4e2d\U0001f600\u0661\u0662"),  # 1-4 bytes, Nd
+        "runs to Z": ("a" * 999 + "Z") * (KIB_64 // 1000),
+        "runs to space": ("a" * 1000 + " ") * (KIB_64 // 1001),
+    }
+
+
+@pytest.mark.parametrize("pattern", COSTLIEST_WITHIN_BUDGET)
+def test_the_costliest_patterns_within_the_budget_never_fall_back_on_64_kib(
+    pattern: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    compiled = compile_condition({"regex": pattern}).compiled  # type: ignore[attr-defined]
+    size = max(compiled.ProgramSize(), compiled.ReverseProgramSize())
+    states = automaton_bytes(pattern) or 0
+    assert size <= RE2_MAX_PROGRAM  # accepted...
+    assert states <= AUTOMATON_MAX_BYTES
+    assert size >= 0.9 * RE2_MAX_PROGRAM or states >= 0.9 * AUTOMATON_MAX_BYTES  # at an edge
+    options = compiled.options()
+    options.log_errors = True  # the daemon's other options: its memory, no captures
+    loud = _re2.RE2(pattern.encode(), options)
+    capfd.readouterr()
+    for text in _texts().values():
+        data = text.encode()
+        for anchor in (_re2.RE2.Anchor.UNANCHORED, _re2.RE2.Anchor.ANCHOR_BOTH):
+            loud.Match(anchor, data, 0, len(data))
+            loud.Match(anchor, data, 0, len(data))  # again, on the states the first made
+    assert "DFA out of memory" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"regex": "a[ab]{12}c"},  # the largest of its kind the count lets through
+        {"regex": "^a[ab]{20}c"},  # anchored: no new match starts at each byte
+        "a" + "?" * 20 + "b",  # a glob is anchored at both ends
+        {"regex": "AKIA[0-9A-Z]{16}"},
+        {"regex": r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z)?sh\b"},
+        {"regex": r"(?i)(password|passwd|secret)\s*[:=]\s*\S{8,}"},
+    ],
+)
+def test_a_pattern_whose_states_fit_is_accepted(spec: Any) -> None:
+    assert compile_condition(spec) is not None
+
+
+def test_the_states_are_counted_as_they_grow() -> None:
+    # `a[ab]{k}c`: a state is which of the last k + 1 characters were `a`s, so each count
+    # more doubles them; anchored, they are one per character read.
+    sizes = [automaton_bytes(f"a[ab]{{{k}}}c") for k in range(6, 13)]
+    assert all(b is not None and 1.9 < b / a < 2.2 for a, b in itertools.pairwise(sizes))  # type: ignore[operator]
+    assert automaton_bytes("^a[ab]{20}c") == automaton_bytes("a[ab]{20}c", whole=True) < 3000  # type: ignore[operator]
+    assert automaton_bytes(r"\p{L}+") is None  # not read: held to the program budget only
+
+
+def test_the_largest_exponential_automaton_let_through_never_falls_back(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    options = compile_condition({"regex": "a[ab]{12}c"}).compiled.options()  # type: ignore[attr-defined]
+    options.log_errors = True
+    loud = _re2.RE2(b"a[ab]{12}c", options)
+    capfd.readouterr()
+    for _ in range(2):
+        for seed in range(8):
+            text = "".join(random.Random(seed).choices("ab", k=KIB_64)).encode()
+            loud.Match(_re2.RE2.Anchor.UNANCHORED, text, 0, len(text))
+    assert "DFA out of memory" not in capfd.readouterr().err
 
 
 # --- globs read as fnmatch reads them ------------------------------------------------------

@@ -57,6 +57,22 @@ BAD_FILES: dict[str, list[tuple[int, str, str]]] = {
         )
     ],
     "unknown_field.yaml": [(5, "rules[0].mach", "unknown field")],
+    # issue 25, item 2: a program RE2's DFA cannot hold, refused at load
+    "regex_too_costly.yaml": [
+        (
+            9,
+            "rules[1].match.args.command",
+            r"regex '\w{1,1000}Z' is too costly to match: it compiles to 4004 RE2 instructions",
+        )
+    ],
+    "regex_exponential.yaml": [
+        (
+            6,
+            "rules[0].match.args.command",
+            "regex 'a[ab]{20}c' is too costly to match: a search for it can need more than "
+            "1 MiB of automaton states",
+        )
+    ],
     "duplicate_rule_name.yaml": [(5, "rules[1].name", "duplicate rule name 'r'")],
     "bad_rule_name.yaml": [
         (3, "rules[0].name", "String should match pattern"),

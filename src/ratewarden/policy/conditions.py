@@ -2,10 +2,12 @@
 
 Patterns are the operator's, texts the caller's. Every pattern, a regex or a glob once
 translated, runs on RE2 (the `google-re2` binding), whose matching time is linear in the
-text whatever the pattern: a hostile argument cannot stall the daemon, and no Python `re`
-ever reads caller text here. Values that are not strings are matched as their compact
-JSON (`ratewarden.arguments.as_text`). Descriptions and failure reasons quote the policy's
-text, never an argument's, since they reach logs, `explain` and refusal messages.
+text whatever the pattern (and about a nanosecond a byte while its DFA has the memory
+the pattern needs: below, a budget on each pattern's program, checked at load); no
+Python `re` ever reads caller text here. Values that are not strings are matched as
+their compact JSON (`ratewarden.arguments.as_text`). Descriptions and failure reasons
+quote the policy's text, never an argument's, since they reach logs, `explain` and
+refusal messages.
 """
 
 from __future__ import annotations
@@ -18,14 +20,28 @@ import re2  # type: ignore[import-untyped]  # google-re2 ships no type informati
 from re2 import _re2
 
 from ratewarden.arguments import MISSING, ArgPath, as_text, canonical_json
+from ratewarden.policy.automaton import MAX_BYTES as AUTOMATON_MAX_BYTES
+from ratewarden.policy.automaton import TooLarge, automaton_bytes
 
 __all__ = ["ArgCondition", "Condition", "compile_condition"]
 
-# RE2 memory per compiled pattern: its program plus the DFA cache that matching grows on
-# demand. A hostile text can fill that cache, so this bounds what each regex rule can
-# cost; when the cache is full RE2 falls back to its NFA, slower but still linear. RE2's
-# own default is 8 MiB; 2 MiB still compiles `\p{L}{100}`.
-RE2_MAX_MEM: Final = 2 << 20
+# What one pattern may cost (issue 25, item 2). RE2's time is linear in the text, but
+# fast only while its DFA cache holds the states a search meets; when the cache fills
+# twice in quick succession RE2 falls back to its NFA, whose time is the text's length
+# times the live instructions: `\w{1,1000}Z`, 4 004 instructions, took 2.6 to 8 s
+# against 64 KiB of word characters. Two limits keep the states in the cache. A
+# pattern's compiled program, forward and reversed (RE2's ProgramSize: a counted
+# repetition copies what it repeats, a Unicode class is many), is held to
+# RE2_MAX_PROGRAM, which bounds a state's size; and the states a search can need are
+# counted at load (policy/automaton.py: `a[ab]{20}c` is 26 instructions but 2^21
+# states). RE2_MAX_MEM is what each pattern may use, its program and the DFA cache that
+# matching fills on demand (a pattern that needs little costs little): two thirds to the
+# forward program and its DFAs, half of what is left to the DFA a search uses. The
+# hungriest program found within 1 000 instructions, `(a|b|c|d){995}Z` on a run of `a`s,
+# fell back at 5 MiB and not at 6; tests/unit/test_conditions.py counts the fallbacks of
+# the costliest patterns both limits let through (none).
+RE2_MAX_PROGRAM: Final = 1000
+RE2_MAX_MEM: Final = 16 << 20
 
 # The same test as `policy.model.is_glob` for tool names (SPEC: "exact or glob, as for
 # `tool`"); written here too so that this module, which the model imports, does not
@@ -221,7 +237,8 @@ def _regex(operand: object) -> Condition:
 
 
 def _glob(pattern: str) -> Condition:
-    return _Glob(pattern, _compile_re2(_glob_to_re2(pattern), f"glob {_quoted(pattern)}"))
+    compiled = _compile_re2(_glob_to_re2(pattern), f"glob {_quoted(pattern)}", whole=True)
+    return _Glob(pattern, compiled)
 
 
 def _contains(operand: object) -> Condition:
@@ -304,7 +321,7 @@ _ANYWHERE: Final = _re2.RE2.Anchor.UNANCHORED
 _WHOLE_TEXT: Final = _re2.RE2.Anchor.ANCHOR_BOTH
 
 
-def _compile_re2(pattern: str, what: str) -> Any:
+def _compile_re2(pattern: str, what: str, whole: bool = False) -> Any:
     options = re2.Options()
     options.max_mem = RE2_MAX_MEM
     options.log_errors = False  # a bad pattern is a load error we report, not a stderr line
@@ -315,6 +332,32 @@ def _compile_re2(pattern: str, what: str) -> Any:
         raise ValueError(f"invalid {what}: it contains a lone surrogate") from None
     if not compiled.ok():
         raise ValueError(f"invalid {what}: {_re2_message(compiled.error())}")
+    # The reverse program, which finds where a match starts, is otherwise compiled at the
+    # first match; compiled here, it is held to the budget too. (Within the forward
+    # budget it always fits in memory: -1, its failure, is refused all the same.)
+    size = compiled.ProgramSize()
+    if size <= RE2_MAX_PROGRAM:
+        reverse = compiled.ReverseProgramSize()
+        if reverse < 0:
+            raise ValueError(f"{what} is too costly to match: RE2 cannot reverse it")
+        size = max(size, reverse)
+    if size > RE2_MAX_PROGRAM:
+        raise ValueError(
+            f"{what} is too costly to match: it compiles to {size} RE2 instructions, more "
+            f"than {RE2_MAX_PROGRAM} (each count of a repetition such as {{1,100}} copies "
+            "what it repeats, and a Unicode class or `.` is many: use a smaller count, or + "
+            "or *)"
+        )
+    # ... and the number of states its search can need (policy/automaton.py).
+    try:
+        automaton_bytes(pattern, whole)
+    except TooLarge:
+        raise ValueError(
+            f"{what} is too costly to match: a search for it can need more than "
+            f"{AUTOMATON_MAX_BYTES >> 20} MiB of automaton states (a counted repetition of "
+            "a class that also holds what comes before it, as in 'a[ab]{20}c', needs a "
+            "state for each mix of the two: count less)"
+        ) from None
     return compiled
 
 
@@ -332,7 +375,7 @@ def _re2_matches(compiled: Any, anchor: Any, value: Any) -> bool:
 def _re2_message(error: bytes | str) -> str:
     text = error.decode("utf-8", "replace") if isinstance(error, bytes) else error
     if "pattern too large" in text:
-        text += f" (a pattern may use at most {RE2_MAX_MEM >> 20} MiB of RE2 memory)"
+        text += f" (a pattern may compile to at most {RE2_MAX_PROGRAM} RE2 instructions)"
     return text
 
 
