@@ -242,6 +242,15 @@ def count_items(body: bytes) -> int:
     return len(_outside(_ITEM_MARKS.marks(_utf8(body))))
 
 
+def too_deep(body: bytes, levels: int) -> bool:
+    """Whether the JSON `body` nests arrays and objects more than `levels` deep, read on
+    its bytes as `args` are (brackets outside strings, escapes resolved), before a parse."""
+    marks = _ARGS_MARKS.marks(_utf8(body))
+    if marks.count(b"f") <= levels:  # too few brackets, strings included
+        return False
+    return _depth(_outside(marks)) > levels
+
+
 def _utf8(body: bytes) -> bytes:
     """`body` as UTF-8, as `json.loads` reads it (UTF-16 and UTF-32 too); empty if it
     cannot be decoded (then nothing of it is read)."""

@@ -60,12 +60,18 @@ from ratewarden.mcp.upstream import SERVER_NAME, Upstream
 from ratewarden.service import connections
 from ratewarden.settings import Settings
 from ratewarden.vocabulary import ClientSettings, fail_mode
+from ratewarden.wire import MAX_ARGS_DEPTH, TooManyItems, too_deep, too_many_items
 
 __all__ = ["Gateway", "run"]
 log = logging.getLogger("ratewarden.mcp")
 
 ROUTE = re.compile(rf"/({SERVER_NAME.pattern})/mcp/?")
 MAX_BODY = 4 * 1024 * 1024  # bytes of one request (the SDK's own default)
+# Reading JSON makes a Python object of every item, and the SDK reads each body whole: 2 MB
+# of 500 000 small items held the gateway's event loop 1.1-2.2 s (issue 25, item 7). So a
+# body is held to the daemon's caps on its items and depth (wire.py), counted on its bytes
+# before anything reads it; a call's arguments sit two levels down (a message, its params).
+MAX_DEPTH = MAX_ARGS_DEPTH + 2
 PROTOCOL_HEADER = "mcp-protocol-version"
 REALM = 'Bearer realm="ratewarden-mcp"'
 
@@ -206,6 +212,9 @@ class Gateway:
         body = await read_body(receive)
         if body is None:
             return  # the client left before its request arrived: nobody to answer
+        if (refusal := _unread(body)) is not None:
+            await refusal(scope, receive, send)
+            return
         transport = _Transport(mcp_session_id=uuid.uuid4().hex, idle_timeout=self.idle_timeout)
         session_id = transport.mcp_session_id
         assert session_id is not None
@@ -274,6 +283,18 @@ def _params(body: bytes) -> dict[str, Any]:
     return params if isinstance(params, dict) else {}
 
 
+def _unread(body: bytes) -> Response | None:
+    """The refusal of a body over the caps on its items or depth, counted on its bytes
+    (in C, a few passes) before anything parses it; None for any other."""
+    if too_many_items(body):
+        problem = f"a message of {TooManyItems()}"
+    elif too_deep(body, MAX_DEPTH):
+        problem = f"a message nested more than {MAX_DEPTH} levels deep"
+    else:
+        return None
+    return _error(413, f"ratewarden MCP gateway: {problem}, refused unread")
+
+
 def _can_be_asked(body: bytes) -> bool:
     """Whether the `initialize` request in `body` declares form elicitation."""
     return can_elicit(_params(body).get("capabilities"))
@@ -292,8 +313,12 @@ async def _answer(
     if scope["method"] != "POST":  # the GET stream, the DELETE: as the SDK answers them
         await transport.handle_request(scope, receive, send)
         return
-    if body is None and (body := await read_body(receive)) is None:
-        return  # the client left before its request arrived
+    if body is None:
+        if (body := await read_body(receive)) is None:
+            return  # the client left before its request arrived
+        if (refusal := _unread(body)) is not None:
+            await refusal(scope, receive, send)
+            return
     in_json = not can_be_asked and not _asks_for_progress(body)
     token = _ANSWER_IN_JSON.set(in_json)
     try:
