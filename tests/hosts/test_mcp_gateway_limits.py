@@ -82,6 +82,53 @@ def drive(python: Path, config: dict[str, Any], scenario: str) -> dict[str, Any]
     return run_driver(python, DRIVER, {**config, "scenario": scenario}, timeout=300)
 
 
+def test_opening_sessions_starts_no_server_until_a_request_needs_it(
+    daemon: str, tmp_path: Path
+) -> None:
+    with gateway(daemon, tmp_path) as config:
+        report = drive(host_python("mcp"), config, "lazy")
+    assert report["before"] == 0
+    assert report["after_warm"] == 1  # the first session's initialize: only the server knows
+    assert report["opened"] == [200] * 3
+    assert report["pinged"] == [200] * 3  # answered by the gateway
+    assert report["after_open"] == 1  # three sessions opened and pinged: no process
+    assert report["first_call"] == "ran echo lazy-1"
+    assert report["after_call"] == 2  # the call's session started its own
+    assert report["pinged_after"] == 200
+    # An SDK client sees the server's own greeting, its tools, and its call run.
+    assert report["sdk_server"] == "ratewarden-test-server"
+    assert report["sdk_tools"] > 5
+    assert report["sdk_call"] == ["ran echo lazy-2"]
+    assert report["ran"] == ["terminal echo lazy-1", "terminal echo lazy-2"]
+
+
+def test_one_user_cannot_take_every_session(daemon: str, tmp_path: Path) -> None:
+    flags = ["--max-user-sessions", str(MAX_USER_SESSIONS), "--max-sessions", str(MAX_SESSIONS)]
+    with gateway(daemon, tmp_path, *flags) as config:
+        report = drive(
+            host_python("mcp"), {**config, "max_user_sessions": MAX_USER_SESSIONS}, "caps"
+        )
+    opened = MAX_USER_SESSIONS + 5
+    # Each open past the cap closed the user's idle session unused longest.
+    assert report["hog_opened"] == [200] * opened
+    assert report["hog_alive"] == [404] * 5 + [200] * MAX_USER_SESSIONS
+    # None of them used: one server process, the first session's (whose initialize only
+    # the server could answer), and none since.
+    assert report["started_idle"] == 1
+    # Meanwhile another user connects, and their call runs.
+    assert report["bob_opened"] == 200
+    assert report["bob_call"] == "ran echo caps-bob"
+    # With a call in flight in each of their sessions, the user gets no more; the calls
+    # are not cut, and others still connect.
+    assert report["hog_busy_open"] == 429
+    assert report["busy_alive"] == [200] * MAX_USER_SESSIONS
+    assert report["carol_opened"] == 200
+    # Two users opening at once: each gets in, neither holds more than their cap (how many
+    # each holds depends on the order the opens arrive in).
+    assert set(report["race_alive"]) == {"gw-race-a", "gw-race-b"}
+    assert all(1 <= held <= MAX_USER_SESSIONS for held in report["race_alive"].values())
+
+
 def test_a_body_over_the_wires_caps_is_refused_unread(daemon: str, tmp_path: Path) -> None:
     with gateway(daemon, tmp_path) as config:
         report = drive(host_python("mcp"), config, "bodies")

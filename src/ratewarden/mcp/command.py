@@ -41,6 +41,9 @@ MISSING_SDK = "ratewarden mcp needs the MCP SDK, an optional extra: pip install 
 # less, which is most of what the proxy adds to a call.
 LOOP = {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
 DEFAULT_MAX_SESSIONS = 200  # each may hold a server process
+# A user's own: two windows of a client, each with five servers open. At the cap, their
+# idle session unused longest is closed for the next: one user cannot fill the gateway.
+DEFAULT_MAX_USER_SESSIONS = 10
 DEFAULT_IDLE_S = 30 * 60.0  # a session with no request in flight for this long is closed
 
 
@@ -130,6 +133,13 @@ def _gateway_parser() -> argparse.ArgumentParser:
         type=_flag(_positive),
         default=DEFAULT_MAX_SESSIONS,
         help=f"sessions open at once ({DEFAULT_MAX_SESSIONS})",
+    )
+    parser.add_argument(
+        "--max-user-sessions",
+        type=_flag(_positive),
+        default=DEFAULT_MAX_USER_SESSIONS,
+        help=f"sessions one user holds at once; their oldest idle one makes room for "
+        f"the next ({DEFAULT_MAX_USER_SESSIONS})",
     )
     parser.add_argument(
         "--idle-timeout",
