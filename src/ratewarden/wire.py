@@ -245,10 +245,9 @@ def count_items(body: bytes) -> int:
 def too_deep(body: bytes, levels: int) -> bool:
     """Whether the JSON `body` nests arrays and objects more than `levels` deep, read on
     its bytes as `args` are (brackets outside strings, escapes resolved), before a parse."""
-    marks = _ARGS_MARKS.marks(_utf8(body))
-    if marks.count(b"f") <= levels:  # too few brackets, strings included
-        return False
-    return _depth(_outside(marks)) > levels
+    if body.count(b"[") + body.count(b"{") <= levels:  # too few brackets to go deeper
+        return False  # (a bracket's byte is in it in UTF-16 and UTF-32 too)
+    return _depth(_outside(_ARGS_MARKS.marks(_utf8(body)))) > levels
 
 
 def _utf8(body: bytes) -> bytes:

@@ -140,6 +140,7 @@ def test_a_body_over_the_wires_caps_is_refused_unread(daemon: str, tmp_path: Pat
     for name in ("500 000 items", "one item over"):
         assert answers[name]["status"] == 413, name
         assert too_many in answers[name]["text"], name
+    assert answers["2 MB of 500 000 items"]["status"] == 413  # --max-body-bytes, 1 MiB
     assert answers["one level over"]["status"] == 413
     assert too_deep in answers["one level over"]["text"]
     for name, command in [

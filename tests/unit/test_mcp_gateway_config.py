@@ -167,6 +167,8 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
          "--max-user-sessions: expected a whole number above 0"),
         (["--listen", "h:9", "--server", "a=b", "--user-header", "X", "--max-user-sessions",
           "few"], "--max-user-sessions: expected a whole number above 0"),
+        (["--listen", "h:9", "--server", "a=b", "--user-header", "X", "--max-body-bytes", "1e6"],
+         "--max-body-bytes: expected a whole number above 0"),
         (["--listen", "h:9", "--server", "a=b", "--user-header", "X", "--idle-timeout", "-1"],
          "--idle-timeout: expected seconds"),
         (["--listen", "h:9", "--server", "a=b", "--user-header", "X", "--user", "u"],

@@ -53,6 +53,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from ratewarden.asgi import read_body, replay
+from ratewarden.mcp.command import DEFAULT_MAX_BODY
 from ratewarden.mcp.daemons import DaemonPool
 from ratewarden.mcp.guard import Daemon, SessionGuard, can_elicit
 from ratewarden.mcp.identity import Identities
@@ -68,7 +69,6 @@ __all__ = ["Gateway", "run"]
 log = logging.getLogger("ratewarden.mcp")
 
 ROUTE = re.compile(rf"/({SERVER_NAME.pattern})/mcp/?")
-MAX_BODY = 4 * 1024 * 1024  # bytes of one request (the SDK's own default)
 # Reading JSON makes a Python object of every item, and the SDK reads each body whole: 2 MB
 # of 500 000 small items held the gateway's event loop 1.1-2.2 s (issue 25, item 7). So a
 # body is held to the daemon's caps on its items and depth (wire.py), counted on its bytes
@@ -147,6 +147,7 @@ class Gateway:
         team: str | None = None,
         max_sessions: int = 200,
         max_user_sessions: int = 10,
+        max_body: int = DEFAULT_MAX_BODY,
         idle_timeout: float | None = 1800.0,
     ) -> None:
         self.upstreams = {upstream.name: upstream for upstream in upstreams}
@@ -157,7 +158,7 @@ class Gateway:
         self._opening: Counter[str] = Counter()  # sessions being opened, by user
         self._greetings: Greetings = {}  # each upstream's answer to initialize (lazy.py)
         self._tasks: TaskGroup | None = None
-        self._limited = RequestBodyLimitMiddleware(self._mcp, MAX_BODY)
+        self._limited = RequestBodyLimitMiddleware(self._mcp, max_body)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -471,6 +472,7 @@ async def run(options: argparse.Namespace, identities: Identities) -> None:
         team=options.team,
         max_sessions=options.max_sessions,
         max_user_sessions=options.max_user_sessions,
+        max_body=options.max_body_bytes,
         idle_timeout=options.idle_timeout,
     )
     host, port = options.listen
