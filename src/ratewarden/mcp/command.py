@@ -45,7 +45,7 @@ DEFAULT_MAX_SESSIONS = 200  # each may hold a server process
 # idle session unused longest is closed for the next: one user cannot fill the gateway.
 DEFAULT_MAX_USER_SESSIONS = 10
 # A body is read whole, and a call's is written again to its server: 4 MB of escapes (the
-# SDK's default cap) cost the gateway 14-23 tool calls' CPU; 1 MiB, at most about 6
+# SDK's default cap) cost the gateway 14-23 tool calls' CPU; 1 MiB, at most about 8
 # (bench/mcp_worstbody.py). A server that takes larger arguments needs --max-body-bytes.
 DEFAULT_MAX_BODY = 1024 * 1024
 DEFAULT_IDLE_S = 30 * 60.0  # a session with no request in flight for this long is closed
