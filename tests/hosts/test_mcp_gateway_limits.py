@@ -59,7 +59,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @contextlib.contextmanager
 def gateway(daemon: str, work: Path, *flags: str) -> Iterator[dict[str, Any]]:
-    """A gateway fronting the test server as `demo`: the driver's config."""
+    """A gateway fronting the test server as `demo`, and as `flaky` while a flag file is
+    there: the driver's config."""
     python = host_python("mcp")
     tokens = {user: f"token-for-{user}-0123456789" for user in USERS}
     (work / "tokens.yaml").write_text(yaml.safe_dump(tokens))
@@ -69,13 +70,19 @@ def gateway(daemon: str, work: Path, *flags: str) -> Iterator[dict[str, Any]]:
         "MCP_STARTED": str(work / "demo.started"),
     }
     port = free_port()
+    server = f"{python} {Path(__file__).parent / 'drivers' / 'mcp_server.py'}"
+    flag = work / "flaky.flag"
+    flag.touch()
     command = [
         str(python.parent / "ratewarden"), "mcp", "--listen", f"127.0.0.1:{port}",
-        "--server", f"demo={python} {Path(__file__).parent / 'drivers' / 'mcp_server.py'}",
+        "--server", f"demo={server}", "--server", f"flaky=sh -c 'test -f {flag} && exec {server}'",
         "--tokens", str(work / "tokens.yaml"), "--url", daemon, *flags,
     ]  # fmt: skip
     with started(command, env, f"http://127.0.0.1:{port}/healthz", work / "gateway.log"):
-        yield {"gateway": f"http://127.0.0.1:{port}", "tokens": tokens, "work": str(work)}
+        yield {
+            "gateway": f"http://127.0.0.1:{port}", "tokens": tokens, "work": str(work),
+            "flag": str(flag),
+        }  # fmt: skip
 
 
 def drive(python: Path, config: dict[str, Any], scenario: str) -> dict[str, Any]:
@@ -100,6 +107,13 @@ def test_opening_sessions_starts_no_server_until_a_request_needs_it(
     assert report["sdk_tools"] > 5
     assert report["sdk_call"] == ["ran echo lazy-2"]
     assert report["ran"] == ["terminal echo lazy-1", "terminal echo lazy-2"]
+    # A server that cannot start when a session first needs it: that request and the
+    # session's later ones are answered with an error, and the gateway goes on.
+    unstartable = report["unstartable"]
+    assert unstartable["opened"] == 200
+    assert unstartable["call"] == "error MCP server 'flaky' is unavailable: EndOfStream"
+    assert unstartable["again"] == "MCP server 'flaky' is unavailable: EndOfStream"
+    assert unstartable["pinged"] == 200
 
 
 def test_one_user_cannot_take_every_session(daemon: str, tmp_path: Path) -> None:

@@ -40,6 +40,8 @@ log = logging.getLogger("ratewarden.mcp")
 Greetings = dict[tuple[str, str], dict[str, Any]]  # (server, version asked) -> its result
 GREETING_TIMEOUT_S = 30.0  # for a server started late to start and answer initialize
 WITHOUT_SERVER = frozenset({"initialize", "ping"})  # the requests answered before it starts
+# Notifications wait for the server in memory: past this many, it starts and takes them.
+MAX_HELD = 64
 
 
 @contextlib.asynccontextmanager
@@ -74,10 +76,6 @@ class LazyServer:
         self._failure: str | None = None
 
     @property
-    def started(self) -> bool:
-        return self._server is not None
-
-    @property
     def streams(self) -> tuple[Incoming, Outgoing]:
         return _FromServer(self), _ToServer(self)  # type: ignore[return-value]
 
@@ -86,6 +84,7 @@ class LazyServer:
         return _FromClient(client, self)  # type: ignore[return-value]
 
     def greeted(self, version: object) -> bool:
+        """Whether an initialize asking `version` is answered without the server."""
         return (self.upstream.name, str(version)) in self.greetings
 
     async def connect_now(self) -> None:
@@ -93,6 +92,7 @@ class LazyServer:
         self._server = await self._tasks.start(self._connected)
 
     def need(self, item: SessionMessage) -> None:
+        """A message from the client: a request other than initialize or ping starts it."""
         message = item.message
         if isinstance(message, types.JSONRPCRequest) and message.method not in WITHOUT_SERVER:
             self._needed.set()
@@ -102,17 +102,19 @@ class LazyServer:
     async def hold(self, item: SessionMessage) -> None:
         """A message the relay sends before the server is greeted."""
         message = item.message
-        if not isinstance(message, types.JSONRPCRequest):
-            self._held.append(item)
-        elif message.method == "initialize" and self._hello is None:
+        request = isinstance(message, types.JSONRPCRequest)
+        if request and message.method == "ping":
+            await self._answer(types.JSONRPCResponse(jsonrpc="2.0", id=message.id, result={}))
+        elif self._failure is not None:  # nothing waits for a server that could not start
+            if request:
+                await self._fail(message.id)
+        elif request and message.method == "initialize" and self._hello is None:
             self._hello = item
             await self._greet_from_memory(message)
-        elif message.method == "ping":
-            await self._answer(types.JSONRPCResponse(jsonrpc="2.0", id=message.id, result={}))
-        elif self._failure is not None:
-            await self._fail(message.id)
         else:
             self._held.append(item)
+            if len(self._held) > MAX_HELD:
+                self._needed.set()
 
     async def _greet_from_memory(self, hello: types.JSONRPCRequest) -> None:
         greeting = self.greetings.get((self.upstream.name, str(_version(hello))))

@@ -58,9 +58,11 @@ def call(request_id: int, name: str, arguments: dict[str, Any]) -> dict[str, Any
     return request("tools/call", request_id, name=name, arguments=arguments)
 
 
-async def open_session(http: httpx2.AsyncClient, user: str) -> tuple[int, dict[str, str]]:
+async def open_session(
+    http: httpx2.AsyncClient, user: str, url: str = URL
+) -> tuple[int, dict[str, str]]:
     """initialize, then initialized, by raw HTTP: the status, and the session's headers."""
-    answer = await http.post(URL, json=request("initialize", 0, **INIT), headers=bearer(user))
+    answer = await http.post(url, json=request("initialize", 0, **INIT), headers=bearer(user))
     if answer.status_code != 200:
         return answer.status_code, {}
     headers = bearer(user) | {
@@ -68,13 +70,13 @@ async def open_session(http: httpx2.AsyncClient, user: str) -> tuple[int, dict[s
         "mcp-protocol-version": VERSION,
     }
     await http.post(
-        URL, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
+        url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
     )
     return 200, headers
 
 
-async def ping(http: httpx2.AsyncClient, headers: dict[str, str]) -> int:
-    return (await http.post(URL, json=request("ping", 7), headers=headers)).status_code
+async def ping(http: httpx2.AsyncClient, headers: dict[str, str], url: str = URL) -> int:
+    return (await http.post(url, json=request("ping", 7), headers=headers)).status_code
 
 
 def result_text(answer: httpx2.Response) -> str:
@@ -135,6 +137,29 @@ async def lazy() -> dict[str, Any]:
         report["sdk_tools"] = len(listed.tools)
         report["sdk_call"] = [block.text for block in result.content if hasattr(block, "text")]
     report["ran"] = ran("echo lazy-")
+    report["unstartable"] = await unstartable()
+    return report
+
+
+async def unstartable() -> dict[str, Any]:
+    """`flaky` runs the server only while its flag file is there: a session opened after
+    the flag went is greeted from memory, and its first call is answered with an error."""
+    url = f"{CONFIG['gateway']}/flaky/mcp"
+    report: dict[str, Any] = {}
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
+        _, headers = await open_session(http, "gw-lazy", url)  # its server learns the greeting
+        await http.post(url, json=request("tools/list", 1), headers=headers)
+        await http.delete(url, headers=headers)
+        Path(CONFIG["flag"]).unlink()
+        report["opened"], headers = await open_session(http, "gw-lazy", url)
+        answer = await http.post(
+            url, json=call(2, "terminal", {"command": "echo lazy-never"}), headers=headers
+        )
+        report["call"] = result_text(answer)
+        again = await http.post(url, json=request("tools/list", 3), headers=headers)
+        report["again"] = again.json().get("error", {}).get("message")
+        report["pinged"] = await ping(http, headers, url)
+        await http.delete(url, headers=headers)
     return report
 
 
