@@ -134,6 +134,8 @@ def measure(requests: int = 200) -> dict[str, Any]:
         session.post(call({}))  # the server starts (lazily) before anything is measured
         rows = {name: cost(session, pid, make(), requests) for name, make in BODIES.items()}
     normal = rows[NORMAL]["cpu_us"]
+    if normal <= 0:  # /proc counts CPU in ticks (10 ms): too few requests to see one
+        raise RuntimeError(f"a tools/call cost no CPU in {requests} requests: send more")
     for row in rows.values():
         row["vs_normal"] = row["cpu_us"] / normal
     worst = max((name for name in rows if name != NORMAL), key=lambda n: rows[n]["vs_normal"])

@@ -508,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("MCP tool calls through ratewarden mcp…", file=sys.stderr)
     mcp = measure_mcp(calls=100 if args.quick else 1000)
     print("worst bodies at the MCP gateway…", file=sys.stderr)
-    mcp["worst_bodies"] = measure_mcp_worst(requests=30 if args.quick else 200)
+    mcp["worst_bodies"] = measure_mcp_worst(requests=50 if args.quick else 200)
     results = {
         "machine": machine(),
         "command": " ".join(["bench/run", *(argv if argv is not None else sys.argv[1:])]),
