@@ -138,7 +138,8 @@ def _http_pair(workdir: Path, daemon_url: str) -> Iterator[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def _process(command: list[str], ready: str) -> Iterator[None]:
+def _process(command: list[str], ready: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`command` started, once `ready` answers (then yielded); stopped after."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -154,7 +155,7 @@ def _process(command: list[str], ready: str) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{command[:3]} did not answer in 30 s") from None
                 time.sleep(0.1)
-        yield
+        yield process
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -25,8 +25,10 @@ engine side by side with `limits` and `throttled-py` (bench/peers.py), Redis mem
 per counter (bench/memory.py), and in process what access rules and argument conditions
 cost a call (bench/inprocess.py), and how long a command hook takes per tool call next to
 a bare interpreter (bench/hookstart.py), and what `ratewarden mcp` adds to an MCP tool
-call over stdio and HTTP (bench/mcp_overhead.py). Results: a Markdown report on stdout (the table
-in docs/benchmarks.md) and every figure as JSON (`--out`), each target marked met or not.
+call over stdio and HTTP (bench/mcp_overhead.py), and what the costliest bodies cost the
+MCP gateway next to a tool call (bench/mcp_worstbody.py). Results: a Markdown report on
+stdout (the table in docs/benchmarks.md) and every figure as JSON (`--out`), each target
+marked met or not.
 Absolute numbers depend on the machine; the targets are ratios within one run.
 """
 
@@ -59,6 +61,8 @@ from bench.inprocess import report as inprocess_report
 from bench.inprocess import run_inprocess
 from bench.mcp_overhead import measure as measure_mcp
 from bench.mcp_overhead import report as mcp_report
+from bench.mcp_worstbody import measure as measure_mcp_worst
+from bench.mcp_worstbody import report as mcp_worst_report
 from bench.memory import run_memory
 from bench.peers import run_peers
 from bench.procstat import busy_cores, cpu_times
@@ -85,6 +89,7 @@ TARGETS = {
     "MCP stdio proxy: ms added per call": ("<=", 2.0),
     "MCP HTTP gateway, command upstream: ms added per call": ("<=", 2.0),
     "MCP HTTP gateway, URL upstream: ms added per call": ("<=", 2.0),
+    "MCP gateway: worst body / a tools/call relay": ("<=", 10.0),
 }
 MCP_ROWS = {  # target row -> the way bench/mcp_overhead.py measured it
     "MCP stdio proxy: ms added per call": "stdio proxy",
@@ -353,6 +358,9 @@ def ratios(
         "catastrophic regex / trivial regex (64 KiB)": float(inprocess["regex"]["ratio"]),
         "hook start / python -c pass": float(hooks["ratio"]),
         **{row: float(mcp[way]["added_ms"]) for row, way in MCP_ROWS.items()},
+        "MCP gateway: worst body / a tools/call relay": float(
+            mcp["worst_bodies"]["worst_vs_normal"]
+        ),
     }
 
 
@@ -449,6 +457,8 @@ def report(results: dict[str, Any]) -> str:
     lines += inprocess_report(results["inprocess"])
     lines += ["", "### An MCP tool call, straight to the server and through ratewarden mcp", ""]
     lines += mcp_report(results["mcp"])
+    lines += ["", "### Worst bodies at the MCP gateway", ""]
+    lines += mcp_worst_report(results["mcp"]["worst_bodies"])
     return "\n".join(lines)
 
 
@@ -504,6 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     hooks = measure_hook_start(runs=11 if args.quick else 41)
     print("MCP tool calls through ratewarden mcp…", file=sys.stderr)
     mcp = measure_mcp(calls=100 if args.quick else 1000)
+    print("worst bodies at the MCP gateway…", file=sys.stderr)
+    mcp["worst_bodies"] = measure_mcp_worst(requests=50 if args.quick else 200)
     results = {
         "machine": machine(),
         "command": " ".join(["bench/run", *(argv if argv is not None else sys.argv[1:])]),

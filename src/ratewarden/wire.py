@@ -260,6 +260,14 @@ def count_items(body: bytes) -> int:
     return len(_outside(_ITEM_MARKS.marks(_utf8(body))))
 
 
+def too_deep(body: bytes, levels: int) -> bool:
+    """Whether the JSON `body` nests arrays and objects more than `levels` deep, read on
+    its bytes as `args` are (brackets outside strings, escapes resolved), before a parse."""
+    if body.count(b"[") + body.count(b"{") <= levels:  # too few brackets to go deeper
+        return False  # (a bracket's byte is in it in UTF-16 and UTF-32 too)
+    return _depth(_outside(_ARGS_MARKS.marks(_utf8(body)))) > levels
+
+
 def _utf8(body: bytes) -> bytes:
     """`body` as UTF-8, as `json.loads` reads it (UTF-16 and UTF-32 too); empty if it
     cannot be decoded (then nothing of it is read)."""

@@ -90,20 +90,13 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert 0 < hooks["python_pass_ms"] < hooks["hook_ms"]  # a hook does more than start
     assert hooks["ratio"] == results["ratios"]["hook start / python -c pass"]
 
-    mcp = results["mcp"]
-    assert set(mcp["median_ms"]) == {
-        "stdio direct", "stdio proxy", "http direct", "http gateway", "http gateway (command)",
-    }  # fmt: skip
-    for way in ("stdio proxy", "http gateway", "http gateway (command)"):
-        direct = mcp["median_ms"][f"{way.split()[0]} direct"]
-        assert mcp[way]["added_ms"] == pytest.approx(mcp["median_ms"][way] - direct)
-        assert mcp["median_ms"][way] > 0
-    assert results["ratios"]["MCP stdio proxy: ms added per call"] == mcp["stdio proxy"]["added_ms"]
+    check_mcp(results)
 
     assert set(results["ratios"]) == set(results["targets_met"])
-    assert len(results["ratios"]) == 13
+    assert len(results["ratios"]) == 14
     assert "| target | measured | goal | met |" in done.stdout
     assert "| http gateway (command) |" in done.stdout
+    assert "| body (MCP gateway) |" in done.stdout
     assert "| refused hammer | attempts/s |" in done.stdout
     assert "| regex on a 64 KiB argument |" in done.stdout
 
@@ -119,6 +112,26 @@ def check_refused_hammer(results: dict[str, Any]) -> None:
     assert hammer["attempts_per_s"] > 0
     assert hammer["one_rule_decisions_per_s"] > 0
     assert len(hammer["ratio_by_round"]) == len(results["http"]["rounds"]["one rule"])
+
+
+def check_mcp(results: dict[str, Any]) -> None:
+    """bench/mcp_overhead.py and bench/mcp_worstbody.py."""
+    mcp = results["mcp"]
+    assert set(mcp["median_ms"]) == {
+        "stdio direct", "stdio proxy", "http direct", "http gateway", "http gateway (command)",
+    }  # fmt: skip
+    for way in ("stdio proxy", "http gateway", "http gateway (command)"):
+        direct = mcp["median_ms"][f"{way.split()[0]} direct"]
+        assert mcp[way]["added_ms"] == pytest.approx(mcp["median_ms"][way] - direct)
+        assert mcp["median_ms"][way] > 0
+    assert results["ratios"]["MCP stdio proxy: ms added per call"] == mcp["stdio proxy"]["added_ms"]
+    worst = mcp["worst_bodies"]  # bench/mcp_worstbody.py: refused unread, or relayed
+    for name, row in worst["bodies"].items():
+        assert list(row["statuses"]) == ["200" if "normal" in name or "relayed" in name else "413"]
+        assert row["cpu_us"] >= 0, name  # a small refused body may cost less than a tick
+    assert worst["bodies"]["tools/call (normal)"]["cpu_us"] > 0
+    worst_ratio = results["ratios"]["MCP gateway: worst body / a tools/call relay"]
+    assert worst_ratio == worst["worst_vs_normal"]
 
 
 def check_inprocess(found: dict[str, Any]) -> None:

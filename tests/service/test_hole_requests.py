@@ -48,6 +48,7 @@ from ratewarden.wire import (
     BatchRequest,
     CheckRequest,
     count_items,
+    too_deep,
     too_many_items,
 )
 from tests.helpers.app import assert_error_shape, serving
@@ -393,6 +394,17 @@ def test_hole6_items_are_counted_exactly_from_the_bytes(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(wire, "MAX_ITEMS", cap)
         assert too_many_items(body) == (exact > cap), (body, cap)
+
+
+@settings(max_examples=500, deadline=None)
+@given(VALUES, WRITTEN, ENCODINGS, st.integers(0, 5))
+def test_a_bodys_depth_is_read_exactly_from_its_bytes(
+    value: Any, written: dict[str, Any], encoding: str, levels: int
+) -> None:
+    """What the MCP gateway holds a body to before it is read (issue 25, item 7): brackets
+    in strings, escaped or not, and any encoding JSON allows never fool it."""
+    body = json.dumps(value, **written).encode(encoding, "surrogatepass")
+    assert too_deep(body, levels) == (depth_of(value) > levels), (body, levels)
 
 
 @settings(max_examples=300, deadline=None)

@@ -43,6 +43,13 @@ MISSING_SDK = "ratewarden mcp needs the MCP SDK, an optional extra: pip install 
 # less, which is most of what the proxy adds to a call.
 LOOP = {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
 DEFAULT_MAX_SESSIONS = 200  # each may hold a server process
+# A user's own: two windows of a client, each with five servers open. At the cap, their
+# idle session unused longest is closed for the next: one user cannot fill the gateway.
+DEFAULT_MAX_USER_SESSIONS = 10
+# A body is read whole, and a call's is written again to its server: 4 MB of escapes (the
+# SDK's default cap) cost the gateway 14-23 tool calls' CPU; 1 MiB, at most about 8
+# (bench/mcp_worstbody.py). A server that takes larger arguments needs --max-body-bytes.
+DEFAULT_MAX_BODY = 1024 * 1024
 DEFAULT_IDLE_S = 30 * 60.0  # a session with no request in flight for this long is closed
 
 
@@ -136,6 +143,20 @@ def _gateway_parser() -> argparse.ArgumentParser:
         type=_flag(_positive),
         default=DEFAULT_MAX_SESSIONS,
         help=f"sessions open at once ({DEFAULT_MAX_SESSIONS})",
+    )
+    parser.add_argument(
+        "--max-user-sessions",
+        type=_flag(_positive),
+        default=DEFAULT_MAX_USER_SESSIONS,
+        help=f"sessions one user holds at once; their oldest idle one makes room for "
+        f"the next ({DEFAULT_MAX_USER_SESSIONS})",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=_flag(_positive),
+        default=DEFAULT_MAX_BODY,
+        metavar="BYTES",
+        help=f"the largest request (413 above it; {DEFAULT_MAX_BODY})",
     )
     parser.add_argument(
         "--idle-timeout",

@@ -38,9 +38,10 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -52,20 +53,27 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from ratewarden.asgi import read_body, replay
+from ratewarden.mcp.command import DEFAULT_MAX_BODY
 from ratewarden.mcp.daemons import DaemonPool
 from ratewarden.mcp.guard import Daemon, SessionGuard, can_elicit
 from ratewarden.mcp.identity import Identities
+from ratewarden.mcp.lazy import Greetings, lazily
 from ratewarden.mcp.relay import Relay
 from ratewarden.mcp.upstream import SERVER_NAME, Upstream
 from ratewarden.service import connections
 from ratewarden.settings import Settings
 from ratewarden.vocabulary import ClientSettings, fail_mode
+from ratewarden.wire import MAX_ARGS_DEPTH, TooManyItems, too_deep, too_many_items
 
 __all__ = ["Gateway", "run"]
 log = logging.getLogger("ratewarden.mcp")
 
 ROUTE = re.compile(rf"/({SERVER_NAME.pattern})/mcp/?")
-MAX_BODY = 4 * 1024 * 1024  # bytes of one request (the SDK's own default)
+# Reading JSON makes a Python object of every item, and the SDK reads each body whole: 2 MB
+# of 500 000 small items held the gateway's event loop 1.1-2.2 s (issue 25, item 7). So a
+# body is held to the daemon's caps on its items and depth (wire.py), counted on its bytes
+# before anything reads it; a call's arguments sit two levels down (a message, its params).
+MAX_DEPTH = MAX_ARGS_DEPTH + 2
 PROTOCOL_HEADER = "mcp-protocol-version"
 REALM = 'Bearer realm="ratewarden-mcp"'
 
@@ -103,12 +111,28 @@ class _Transport(StreamableHTTPServerTransport):  # type: ignore[misc]  # (mcp: 
         pass  # the SDK sets it once, for the session; the gateway chooses per request
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Session:
     transport: _Transport
     user: str
     server: str
     can_be_asked: bool  # its client declared form elicitation: every answer is streamed
+    last_used: float = field(default_factory=anyio.current_time)  # when a POST last ended
+    posts: int = 0  # POSTs being answered: a call may be among them
+
+    @contextlib.contextmanager
+    def answering(self, method: str) -> Iterator[None]:
+        """While one of its requests is answered: a POST (a call, maybe) in flight keeps
+        the session from being closed to make room for its user's next one."""
+        if method != "POST":  # a GET stream only listens; a DELETE ends it anyway
+            yield
+            return
+        self.posts += 1
+        try:
+            yield
+        finally:
+            self.posts -= 1
+            self.last_used = anyio.current_time()
 
 
 class Gateway:
@@ -122,14 +146,19 @@ class Gateway:
         *,
         team: str | None = None,
         max_sessions: int = 200,
+        max_user_sessions: int = 10,
+        max_body: int = DEFAULT_MAX_BODY,
         idle_timeout: float | None = 1800.0,
     ) -> None:
         self.upstreams = {upstream.name: upstream for upstream in upstreams}
         self.identities, self.daemon, self.team = identities, daemon, team
         self.max_sessions, self.idle_timeout = max_sessions, idle_timeout
+        self.max_user_sessions = max_user_sessions
         self._sessions: dict[str, _Session] = {}
+        self._opening: Counter[str] = Counter()  # sessions being opened, by user
+        self._greetings: Greetings = {}  # each upstream's answer to initialize (lazy.py)
         self._tasks: TaskGroup | None = None
-        self._limited = RequestBodyLimitMiddleware(self._mcp, MAX_BODY)
+        self._limited = RequestBodyLimitMiddleware(self._mcp, max_body)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -186,7 +215,8 @@ class Gateway:
             # Another user's session answers as one that does not exist.
             await _error(404, "Session not found")(scope, receive, send)
             return
-        await _answer(session.transport, session.can_be_asked, scope, receive, send)
+        with session.answering(scope["method"]):
+            await _answer(session.transport, session.can_be_asked, scope, receive, send)
         if session.transport.is_terminated:  # the client ended it (DELETE)
             await self._discard(session_id, session.transport)
 
@@ -199,30 +229,66 @@ class Gateway:
             )
             await _error(400, message)(scope, receive, send)
             return
-        if len(self._sessions) >= self.max_sessions:
-            await _error(503, "Too many open sessions", -32603)(scope, receive, send)
-            return
+        user = scope["ratewarden.user"]
+        self._opening[user] += 1  # before any wait: a user's opens at once count each other
+        try:
+            refusal = await self._room_for(user)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+            else:
+                await self._start(scope, receive, send)
+        finally:
+            self._opening[user] -= 1
+            if not self._opening[user]:
+                del self._opening[user]
+
+    async def _room_for(self, user: str) -> Response | None:
+        """Room for the session `user` is opening (counted in `_opening`): their idle
+        session unused longest is closed if they are at their cap; else None, or the
+        answer refusing it."""
+        theirs = [(key, held) for key, held in self._sessions.items() if held.user == user]
+        at_cap = len(theirs) + self._opening[user] > self.max_user_sessions
+        idle = [(key, held) for key, held in theirs if held.posts == 0] if at_cap else []
+        if at_cap and not idle:
+            message = (
+                f"ratewarden MCP gateway: you have {self.max_user_sessions} sessions open, "
+                "each answering a request; end one (DELETE) or wait for one to finish"
+            )
+            return _error(429, message, -32603)
+        # Nothing is closed for an open the gateway's own cap refuses anyway.
+        if len(self._sessions) + self._opening.total() - len(idle[:1]) > self.max_sessions:
+            return _error(503, "Too many open sessions", -32603)
+        if idle:
+            key, oldest = min(idle, key=lambda pair: pair[1].last_used)
+            await self._discard(key, oldest.transport)
+        return None
+
+    async def _start(self, scope: Scope, receive: Receive, send: Send) -> None:
         upstream = self.upstreams[scope["ratewarden.server"]]
         body = await read_body(receive)
         if body is None:
             return  # the client left before its request arrived: nobody to answer
+        if (refusal := _unread(body)) is not None:
+            await refusal(scope, receive, send)
+            return
+        params = _params(body)
         transport = _Transport(mcp_session_id=uuid.uuid4().hex, idle_timeout=self.idle_timeout)
         session_id = transport.mcp_session_id
         assert session_id is not None
         assert self._tasks is not None
+        user, version = scope["ratewarden.user"], params.get("protocolVersion")
         try:
-            await self._tasks.start(self._run, transport, upstream, scope["ratewarden.user"])
+            await self._tasks.start(self._run, transport, upstream, user, version)
         except Exception as exc:  # the server could not be started or reached
             log.error("mcp: server %s: %s: %s", upstream.name, type(exc).__name__, exc)
             message = f"MCP server {upstream.name!r} is unavailable: {type(exc).__name__}"
             await _error(502, message, -32603)(scope, receive, send)
             return
-        asked = _can_be_asked(body)
-        self._sessions[session_id] = _Session(
-            transport, scope["ratewarden.user"], upstream.name, asked
-        )
+        asked = can_elicit(params.get("capabilities"))
+        session = self._sessions[session_id] = _Session(transport, user, upstream.name, asked)
         answering = functools.partial(_answer, transport, asked, body=body)
-        status = await _status_of(answering, scope, receive, send)
+        with session.answering(scope["method"]):
+            status = await _status_of(answering, scope, receive, send)
         if status is None or status >= 400:  # not an initialize that succeeded
             await self._discard(session_id, transport)
 
@@ -231,22 +297,31 @@ class Gateway:
         transport: _Transport,
         upstream: Upstream,
         user: str,
+        version: object,
         *,
         task_status: TaskStatus[None],
     ) -> None:
-        """One session, from its server's start to its end (DELETE, idle, gateway stop)."""
+        """One session, from its opening to its end (DELETE, idle, gateway stop). Its
+        server starts at its first request that needs it, or at once when only the server
+        can answer its `initialize` (lazy.py)."""
         session_id = transport.mcp_session_id
         assert session_id is not None
         started = False
         try:
-            async with upstream.connect() as server, transport.connect() as client:
+            async with lazily(upstream, self._greetings) as server, transport.connect() as client:
+                if not server.greeted(version):
+                    await server.connect_now()
                 task_status.started()
                 started = True
                 guard = SessionGuard(
                     self.daemon, user=user, team=self.team, session=session_id, server=upstream.name
                 )
+                from_client, to_client = client
+                relay = Relay(
+                    guard, (server.watching(from_client), to_client), server.streams, server.ready
+                )
                 with transport.idle_scope or anyio.CancelScope():
-                    await Relay(guard, client, server).run()
+                    await relay.run()
         except Exception as exc:
             if not started:
                 raise  # `_open` answers 502
@@ -274,9 +349,16 @@ def _params(body: bytes) -> dict[str, Any]:
     return params if isinstance(params, dict) else {}
 
 
-def _can_be_asked(body: bytes) -> bool:
-    """Whether the `initialize` request in `body` declares form elicitation."""
-    return can_elicit(_params(body).get("capabilities"))
+def _unread(body: bytes) -> Response | None:
+    """The refusal of a body over the caps on its items or depth, counted on its bytes
+    (in C, a few passes) before anything parses it; None for any other."""
+    if too_many_items(body):
+        problem = f"a message of {TooManyItems()}"
+    elif too_deep(body, MAX_DEPTH):
+        problem = f"a message nested more than {MAX_DEPTH} levels deep"
+    else:
+        return None
+    return _error(413, f"ratewarden MCP gateway: {problem}, refused unread")
 
 
 async def _answer(
@@ -292,8 +374,12 @@ async def _answer(
     if scope["method"] != "POST":  # the GET stream, the DELETE: as the SDK answers them
         await transport.handle_request(scope, receive, send)
         return
-    if body is None and (body := await read_body(receive)) is None:
-        return  # the client left before its request arrived
+    if body is None:
+        if (body := await read_body(receive)) is None:
+            return  # the client left before its request arrived
+        if (refusal := _unread(body)) is not None:
+            await refusal(scope, receive, send)
+            return
     in_json = not can_be_asked and not _asks_for_progress(body)
     token = _ANSWER_IN_JSON.set(in_json)
     try:
@@ -385,6 +471,8 @@ async def run(options: argparse.Namespace, identities: Identities) -> None:
         daemons,
         team=options.team,
         max_sessions=options.max_sessions,
+        max_user_sessions=options.max_user_sessions,
+        max_body=options.max_body_bytes,
         idle_timeout=options.idle_timeout,
     )
     host, port = options.listen

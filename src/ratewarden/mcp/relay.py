@@ -13,8 +13,9 @@ The relay adds requests of its own, with ids no SDK uses (`ratewarden-…` strin
 `tools/list` to the server after `notifications/initialized` and after
 `notifications/tools/list_changed` (its answers are not forwarded), and an
 `elicitation/create` to the client for an `ask`. While one of those listings is being
-read, a `tools/call` waits for it (`LISTING_WAIT_S` at most), so that a call made at once
-is checked with the server's annotations, not as unclassified or with stale ones.
+read, a `tools/call` waits for it (`LISTING_WAIT_S` at most, once the server is `ready`:
+the gateway starts a session's server at its first call), so that a call made at once is
+checked with the server's annotations, not as unclassified or with stale ones.
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ class Relay:
         guard: SessionGuard,
         client: tuple[Incoming, Outgoing],
         server: tuple[Incoming, Outgoing],
+        ready: anyio.Event | None = None,
     ) -> None:
         self.guard = guard
+        self._ready = ready  # set once the server can answer (None: it can from the start)
         self._from_client, self._to_client = client
         self._from_server, self._to_server = server
         self._client_lists: set[RequestId] = set()  # the client's tools/list requests
@@ -138,6 +141,8 @@ class Relay:
         """Check one `tools/call`: forward it, or answer it with the refusal."""
         # A call made as soon as the session starts, or the server's list changes, is
         # checked with the annotations being read, not without or with the old ones.
+        if self._ready is not None and not self._ready.is_set():
+            await self._ready.wait()  # its start is not the listing's time (lazy.py bounds it)
         if not self._listed.is_set():  # (no cancel scope per call when none is under way)
             with anyio.move_on_after(LISTING_WAIT_S):
                 await self._listed.wait()

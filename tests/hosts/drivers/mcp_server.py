@@ -4,8 +4,9 @@ Each tool appends a line to `$MCP_RAN` when it runs, so the tests count what rea
 `read_file` is annotated read-only, `drop_table` destructive; `terminal` and the others
 are unannotated. `interactive` uses what a server asks of its client through the proxy:
 progress, an elicitation, and sampling. `shred` starts marked not destructive; `arm`
-marks it destructive and tells the client the list changed. Over stdio by default;
-`--http PORT` serves streamable HTTP at `http://127.0.0.1:PORT/mcp` (the gateway's URL upstream).
+marks it destructive and tells the client the list changed. `$MCP_STARTED`, if set, gets
+a line per process started. Over stdio by default; `--http PORT` serves streamable HTTP
+at `http://127.0.0.1:PORT/mcp` (the gateway's URL upstream).
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ def greet(name: str) -> str:
 
 
 if __name__ == "__main__":
+    if os.environ.get("MCP_STARTED"):  # one line per process: the gateway's tests count them
+        with open(os.environ["MCP_STARTED"], "a") as started:
+            started.write(f"{os.getpid()}\n")
     if sys.argv[1:2] == ["--http"]:  # `--http PORT`: streamable HTTP at /mcp
         server.run("streamable-http", port=int(sys.argv[2]))
     else:
