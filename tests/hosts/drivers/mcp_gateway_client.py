@@ -315,11 +315,9 @@ async def arguments(server: str) -> dict[str, Any]:
     """A call an args rule refuses by its arguments, and one it lets through."""
     user = f"gw-{server}-args"
     args = [{"command": "rm -rf / --no-preserve-root"}, {"command": f"ls /{user}"}]
-    # Issue 25: the same command padded past the wire's caps, each way, is still refused.
-    deep: Any = 1
-    for _ in range(40):
-        deep = {"a": deep}
-    pads = [{"pad": "x" * 70_000}, {"deep": deep}, {"escapes": ["\u0001" * 100] * 500}]
+    # Issue 25: the same command padded past the wire's caps is still refused (a body
+    # nested past them the gateway refuses itself, unread: test_mcp_gateway_limits.py).
+    pads = [{"pad": "x" * 70_000}, {"escapes": ["\u0001" * 100] * 500}]
     args += [{"command": "rm -rf / --no-preserve-root", **pad} for pad in pads]
     results = await session(server, bearer(user), lambda c: calls(c, "terminal", args))
     return {"results": results, "ran": ran(server, user) + ran(server, "rm -rf")}
