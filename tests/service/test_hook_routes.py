@@ -279,3 +279,43 @@ async def test_a_large_payload_is_read_up_to_the_hook_cap_and_refused_past_it() 
             unread = await claude_hook(client, many, f"user=w&fail={fail}")
             assert permission(unread)[0] == "deny"
             assert "more than 4000 items" in permission(unread)[1]
+
+
+HOOK_REQUESTS: list[tuple[str, bytes]] = [
+    ("claude-code?user=a", json.dumps(claude("PreToolUse", "Read", "r1")).encode()),
+    (
+        "claude-code?user=a",
+        json.dumps(claude("PreToolUse", "Bash", "b1", command="rm -rf /")).encode(),
+    ),
+    ("claude-code?user=a", json.dumps(claude("PreToolUse", "deploy", "d1")).encode()),
+    ("claude-code?user=a", json.dumps(claude("PostToolUse", "Read", "r1")).encode()),
+    ("claude-code?user=a&fail=closed", b"not json"),
+    ("claude-code?user=a", b"not json"),
+    ("claude-code?user=a", json.dumps(claude("PreToolUse", "Read", "r2", k=[[]] * 5000)).encode()),
+    ("claude-code?user=a&team=t", json.dumps(claude("Stop", "Read", "r3")).encode()),
+    ("claude-code", json.dumps(claude("PreToolUse", "Read", "r4")).encode()),
+    ("claude-code?user=", json.dumps(claude("PreToolUse", "Read", "r5")).encode()),
+    ("claude-code?user=" + "u" * 4097, json.dumps(claude("PreToolUse", "Read", "r6")).encode()),
+    ("claude-code?user=a&user=b", json.dumps(claude("PreToolUse", "Read", "r7")).encode()),
+    ("claude-code?user=a&fail=sometimes", json.dumps(claude("PreToolUse", "Read", "r8")).encode()),
+    ("nobody?user=a", b"{}"),
+    ("codex?user=a", b"{}"),  # a command hook only
+    ("agent-code?user=a&tool=Bash&event=pre_tool_use", b'{"command": "rm -rf /"}'),
+    ("agent-code?user=a&event=pre_tool_use", b'{"command": "ls"}'),
+]
+
+
+async def test_the_hot_path_answers_a_hook_exactly_as_fastapi_does() -> None:
+    """Issue 25 item 6: `POST /v1/hooks/{host}` is served in front of FastAPI (its routing
+    cost a small payload several normal checks); every answer, refusals of the query
+    included, is the one the FastAPI route gives."""
+    answers: dict[bool, list[tuple[int, str, bytes]]] = {}
+    for hot in (True, False):
+        async with serving(build_app(POLICY, hot=hot)) as client:
+            answers[hot] = []
+            for query, body in HOOK_REQUESTS:
+                answer = await client.post(f"/v1/hooks/{query}", content=body)
+                kind = answer.headers.get("content-type", "")
+                answers[hot].append((answer.status_code, kind, answer.content))
+    for request, hot, stack in zip(HOOK_REQUESTS, answers[True], answers[False], strict=True):
+        assert hot == stack, request[0]

@@ -146,17 +146,19 @@ def call_args(value: object) -> BoundedArgs | None:
         value = parsed
     if not isinstance(value, Mapping):
         return bounded_args(value)
+    if _surely_too_large(value):  # no copy of what will be cut anyway
+        return bounded_args(value)
     try:
         # JSON's own types, which the client can send: a host's Python objects (a date
         # pydantic-ai validated, a tuple) become what the wire would read them as.
         plain = to_jsonable_python(dict(value), fallback=str)
     except (ValueError, PydanticSerializationError, RecursionError):
         return bounded_args(value)
-    whole = None if _surely_too_large(plain) else _sendable(plain)
+    whole = _sendable(plain)
     return BoundedArgs(whole) if whole is not None else bounded_args(plain)
 
 
-def _surely_too_large(args: dict[str, Any]) -> bool:
+def _surely_too_large(args: Mapping[str, Any]) -> bool:
     """Whether `args` hold more characters than the wire takes bytes, or more items: then
     they cannot be sent whole, and validating them (writing megabytes as JSON) is skipped.
     A count of lengths, without reading any text, stopping at the first cap it passes."""
@@ -166,7 +168,7 @@ def _surely_too_large(args: dict[str, Any]) -> bool:
         value = stack.pop()
         if isinstance(value, str):
             room -= len(value)
-        elif isinstance(value, dict):
+        elif isinstance(value, Mapping):
             items -= len(value)
             room -= sum(len(key) for key in value)
             stack.extend(value.values())

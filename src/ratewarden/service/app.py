@@ -20,7 +20,7 @@ from ratewarden.metrics import Metrics, TimedStore
 from ratewarden.policy import Policy, load_example_policy, load_policy
 from ratewarden.service import apidocs, auth, console, hooks, overrides
 from ratewarden.service.errors import install_error_handlers
-from ratewarden.service.hotpath import HOT_ROUTES, HotPath
+from ratewarden.service.hotpath import HotPath, serves
 from ratewarden.service.limits import BodySizeLimit
 from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader
@@ -195,7 +195,7 @@ class Daemon(FastAPI):
     front: ASGIApp | None = None  # None: every request through the whole stack
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.front is not None and scope["type"] == "http" and scope["path"] in HOT_ROUTES:
+        if self.front is not None and scope["type"] == "http" and serves(scope["path"]):
             scope["app"] = self
             await self.front(scope, receive, send)
         else:

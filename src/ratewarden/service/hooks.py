@@ -22,11 +22,13 @@ allowed id without counting it, and a host that reuses ids must not get free cal
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import Scope
 
 from ratewarden.engine import CallIdConflict, Decision
 from ratewarden.hooks.contract import BadInput, HookOutput, Host, PostCall, PreCall
@@ -50,7 +52,8 @@ router = APIRouter(tags=["hooks"])
 UNKNOWN_CALL = (
     "no allowed call by that id holds anything to settle (never checked, refused, or expired)"
 )
-HookText = Annotated[str | None, Query(min_length=1, max_length=4096)]
+MAX_HOOK_TEXT = 4096
+HookText = Annotated[str | None, Query(min_length=1, max_length=MAX_HOOK_TEXT)]
 
 
 @router.post(
@@ -106,15 +109,32 @@ async def native(
 
     With a user token the URL need not name the user; one naming another user is
     refused in the host's own deny form (a host runs the call on an error status).
+    Valid requests are answered by the hot path (`answer`, from service/hotpath.py)
+    before they reach FastAPI; this route answers the rest and describes it in OpenAPI.
     """
+    payload = await request.body()
+    query = request.query_params
+    return await answer(request.app, request.scope, host, query, payload, user, team, fail)
+
+
+async def answer(
+    app: Any,
+    scope: Scope,
+    host: str,
+    query: Mapping[str, str],
+    payload: bytes,
+    user: str | None,
+    team: str | None,
+    fail: FailMode,
+) -> Response:
+    """The host's answer to its hook payload; `user`, `team` and `fail` as the URL says."""
     found = HOSTS.get(host)
     if found is None or found.http is None:
         return _unknown_host(host, http=True)
-    context = {name: request.query_params.get(key, "") for key, name in found.context.items()}
+    context = {name: query.get(key, "") for key, name in found.context.items()}
     for key, name in found.context.items():
         if not context[name]:  # the host keeps it out of its payload: the URL must say it
             return _missing(key, f"the hook's URL must name it (?{key}=...)", query=True)
-    payload = await request.body()
     if too_many_items(payload):  # as for every body: counted on its bytes, not read
         # Refused whatever the fail mode: failing open, padding would pass any rule.
         refused = TOO_LARGE.format(reason=TooManyItems().args[0])
@@ -125,10 +145,31 @@ async def native(
         return _http(found, _unreadable(found, fail, str(exc)))
     if event is None:
         return _http(found, None)
-    caller = vouch.caller_of(request.scope)
+    caller = vouch.caller_of(scope)
     if isinstance(event, PostCall):
-        return _http(found, await settle(request.app, event, vouch.may_settle(caller)))
-    return await _native_check(request.app, found, event, caller, user, team)
+        return _http(found, await settle(app, event, vouch.may_settle(caller)))
+    return await _native_check(app, found, event, caller, user, team)
+
+
+def plain_query(scope: Scope) -> tuple[dict[str, str], str | None, str | None, FailMode] | None:
+    """The hook URL's query when `native`'s own parameters would take it as it is: the
+    query, `user`, `team` and `fail`; None for anything FastAPI would refuse or read
+    otherwise (an empty or too long name, an unknown fail mode, a repeated key), which
+    the hot path hands to FastAPI for its exact answer."""
+    pairs = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    query = dict(pairs)
+    if len(query) != len(pairs):
+        return None
+    user, team = query.get("user"), query.get("team")
+    if any(name is not None and not 0 < len(name) <= MAX_HOOK_TEXT for name in (user, team)):
+        return None
+    fail = query.get("fail", FailMode.OPEN.value)
+    if fail not in _FAIL_MODES:
+        return None
+    return query, user, team, FailMode(fail)
+
+
+_FAIL_MODES = frozenset(mode.value for mode in FailMode)
 
 
 async def _native_check(

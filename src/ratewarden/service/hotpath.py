@@ -1,4 +1,5 @@
-"""The hot path: valid `POST /v1/check` and `/v1/check/batch` straight to the engine.
+"""The hot path: valid `POST /v1/check` and `/v1/check/batch` straight to the engine,
+and a host's own HTTP hook (`POST /v1/hooks/{host}`) straight to service/hooks.py.
 
 These two routes are what every tool call of a gateway waits on. Through FastAPI's
 router, dependency solver and response serialiser a decision spent more time in the
@@ -20,6 +21,11 @@ and FastAPI reads it with `wire.read_json` and gives the exact error (counting i
 items again costs nothing: it is smaller than MAX_ITEMS bytes). The OpenAPI schema
 still describes both routes (routes.py). tests/service/test_hotpath.py holds the two
 paths to the same answers.
+
+A host's HTTP hook is answered here when its query is one FastAPI's route takes as it
+is (`hooks.plain_query`): FastAPI's routing and parameter handling cost a small hook
+payload five to seven normal checks, most of what it cost (docs/benchmarks.md, issue 25
+item 6). tests/service/test_hook_routes.py holds both paths to the same answers.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratewarden.asgi import read_body, replay
 from ratewarden.engine import CallIdConflict
-from ratewarden.service import routes, vouch
+from ratewarden.service import hooks, routes, vouch
 from ratewarden.service.convert import batch_json, check_json
 from ratewarden.service.errors import (
     internal_error,
@@ -55,6 +61,19 @@ from ratewarden.wire import (
 _JSON = (b"content-type", b"application/json")
 _SERVERS = {"/v1/check": "_check", "/v1/check/batch": "_batch"}  # path -> method
 HOT_ROUTES = frozenset(_SERVERS)
+HOOK_PREFIX = "/v1/hooks/"  # and a host's name: `POST /v1/hooks/{host}`
+
+
+def is_hook(path: str) -> bool:
+    """Whether `path` is a host's own HTTP hook (not the command hook's `/decision`)."""
+    return path.startswith(HOOK_PREFIX) and "/" not in path[len(HOOK_PREFIX) :]
+
+
+def serves(path: str) -> bool:
+    """Whether the hot path answers requests for `path` (those it cannot, it hands on)."""
+    return path in HOT_ROUTES or is_hook(path)
+
+
 Body = TypeVar("Body", CheckRequest, BatchRequest)
 
 
@@ -66,8 +85,14 @@ class HotPath:
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        serve = self._routes.get(scope["path"]) if scope["type"] == "http" else None
-        if serve is None or scope["method"] != "POST" or not _sends_json(scope):
+        path = scope["path"]
+        serve = self._routes.get(path) if scope["type"] == "http" else None
+        hook = serve is None and is_hook(path)
+        if hook:
+            serve = self._hook  # a host's own payload: any content type
+        elif serve is None or not _sends_json(scope):
+            serve = None
+        if serve is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         body = await read_body(receive)
@@ -75,7 +100,7 @@ class HotPath:
             return  # the client left before its body arrived: nobody to answer
         answer: bytes | Any
         try:
-            if too_many_items(body):  # counted once, here, for both paths
+            if not hook and too_many_items(body):  # counted once, here, for both paths
                 answer = items_refusal()
             else:
                 answer = await serve(scope, body)
@@ -113,6 +138,16 @@ class HotPath:
         except CallIdConflict as exc:
             return routes.conflict(exc)
         return check_json(decision)
+
+    async def _hook(self, scope: Scope, body: bytes) -> Any:
+        """A host's own HTTP hook (service/hooks.py): FastAPI's routing and parameter
+        handling cost a small payload several normal checks (docs/benchmarks.md)."""
+        query = hooks.plain_query(scope)
+        if query is None:
+            return None  # a parameter FastAPI refuses: its exact answer
+        params, user, team, fail = query
+        host = scope["path"].removeprefix(HOOK_PREFIX)
+        return await hooks.answer(scope["app"], scope, host, params, body, user, team, fail)
 
     async def _batch(self, scope: Scope, body: bytes) -> Any:
         if len(body) > LARGE_BODY:
