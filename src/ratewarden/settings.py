@@ -82,7 +82,7 @@ class Settings(BaseSettings):
     # the host's own form (a host runs the call on a 413); each MiB read costs the daemon
     # about as much as a few normal checks (docs/benchmarks.md, "Worst bodies"), so the
     # cap bounds what one hook request can cost. The command hook has no such cap.
-    max_hook_body_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    max_hook_body_bytes: int = Field(128 * 1024, ge=1024, le=64 * 1024 * 1024)
     # Seconds a connection has to deliver a whole request (headers and body), counted from
     # its opening or from its previous answer; past it, the connection is closed. Without
     # it a silent or slow socket held a file descriptor for ever (service/connections.py).

@@ -9,8 +9,8 @@ its own terms, and the decisions `ratewarden hook HOST` asks for.
   call. Who calls comes from the query (`?user=alice&team=a`), as do what the host keeps
   out of its payload (agent-code's `tool`); `fail=closed` makes a payload that cannot be
   read a refusal rather than a hook error. Its body has a cap of its own
-  (RATEWARDEN_MAX_HOOK_BODY_BYTES, 256 KiB as the API's: the tool's input, say a file
-  being written), holds no more items than any body (wire.MAX_ITEMS, counted on its
+  (RATEWARDEN_MAX_HOOK_BODY_BYTES, 128 KiB: the tool's input, say a file being
+  written), holds no more items than any body (wire.MAX_ITEMS, counted on its
   bytes before it is read), and past either is refused as too large to check.
 
 Either way the same steps follow, here: the names and ids are made acceptable
