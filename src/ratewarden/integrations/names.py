@@ -170,7 +170,7 @@ def _surely_too_large(args: Mapping[str, Any]) -> bool:
             room -= len(value)
         elif isinstance(value, Mapping):
             items -= len(value)
-            room -= sum(len(key) for key in value)
+            room -= sum(len(key) for key in value if isinstance(key, str))
             stack.extend(value.values())
         elif isinstance(value, list):
             items -= len(value)
