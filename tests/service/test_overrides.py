@@ -148,6 +148,7 @@ async def test_the_newest_runtime_override_for_a_user_wins() -> None:
         ({"reason": "x" * 501}, "reason"),
         ({"reason": "line\nbreak"}, "reason"),
         ({"reason": "ok\u202egnp.exe"}, "reason"),  # a right-to-left override
+        ({"reason": "two\u2028lines"}, "reason"),  # a line separator
         ({"rule": "no-such-rule"}, "rule"),
         ({"rate": None, "budget": "5/day"}, "budget"),  # a rate rule
         ({"rate": "lots"}, "rate"),
@@ -372,3 +373,75 @@ def test_a_decision_reads_nothing_of_the_overrides(tmp_path: Path) -> None:
         seconds = time.monotonic() - started
         polls = 2 * (int(seconds) + 2)  # two daemons, each at most once a second (+ edges)
         assert redis_commands(redis, "get") - gets <= polls
+
+
+# -- names an admin sets are plain text; what the CLI prints is escaped (issue 25, item 11) --
+
+UNREADABLE = ["\x1b[31mroot", "a\x00b", "a\u2028b", "a\x7fb", "ok\u202egnp", "a\u200fb"]
+
+
+@pytest.mark.parametrize("name", UNREADABLE)
+@pytest.mark.parametrize("field", ["users", "groups", "rule"])
+async def test_a_name_with_a_control_character_is_refused_naming_its_field(
+    field: str, name: str
+) -> None:
+    change = {"rule": f"terminal-per-minute{name}"} if field == "rule" else {field: [name]}
+    body = {**GRANT, **change}
+    async with serving(make_app()) as client:
+        refused = await client.post("/v1/admin/overrides", json=body, headers=AS_ADMIN)
+        assert refused.status_code == 422, refused.text
+        (entry,) = refused.json()["fields"]
+        assert field in entry["field"]
+        assert "plain text" in entry["message"], entry  # not "unknown group", not a pattern
+
+
+@pytest.mark.parametrize("name", UNREADABLE)
+async def test_a_reset_of_a_name_with_a_control_character_is_refused(name: str) -> None:
+    async with serving(make_app()) as client:
+        for field in ("user", "rule"):
+            refused = await client.post("/v1/admin/reset", json={field: name}, headers=AS_ADMIN)
+            assert refused.status_code == 422, refused.text
+            assert any(field in entry["field"] for entry in refused.json()["fields"])
+
+
+@pytest.mark.parametrize("name", UNREADABLE)
+def test_a_policy_file_naming_a_user_or_group_with_a_control_character_is_refused(
+    name: str,
+) -> None:
+    from ratewarden.policy import PolicyError, parse_policy
+
+    quoted = json.dumps(name)  # a YAML double-quoted scalar reads JSON's escapes
+    for text in (
+        POLICY.replace("pro: [carol]", f"pro: [{quoted}]"),
+        POLICY.replace("pro: [carol]", f"{quoted}: [carol]"),
+        POLICY.replace("users: [dave]", f"users: [{quoted}]"),
+    ):
+        with pytest.raises(PolicyError, match="plain text"):
+            parse_policy(text.encode())
+
+
+@pytest.mark.redis
+def test_the_cli_escapes_names_stored_before_they_were_checked(tmp_path: Path) -> None:
+    """An older daemon took any name: `override list` prints what such a store holds with
+    its control characters escaped, and the daemon no longer applies such an override
+    (the file's rules refuse the name now)."""
+    user = "\x1b[2J\x1b[31mroot\u202e"
+    documents = [
+        {"id": "ovr_0123456789ab", "users": [user], "rule": "terminal-per-minute",
+         "rate": "9/minute", "reason": "set\x1b[8m hidden", "set_by": "ops\u2028ana",
+         "set_at": "2026-11-25T02:12:00Z"},
+        {"id": "ovr_0123456789ac", "users": ["bob"], "rule": "x\x1b]0;pwned\x07",
+         "rate": "9/minute", "reason": "r", "set_by": "ops", "set_at": "2026-11-25T02:12:00Z"},
+    ]  # fmt: skip
+    with two_daemons(tmp_path) as (one, _, redis):
+        client = redis.client()
+        for document in documents:
+            client.hset("rw:admin:{overrides}", document["id"], json.dumps(document))
+        client.incr("rw:admin:{overrides}:version")
+        listed = cli(one, ADMIN, "list")
+        assert listed.returncode == 0, listed.stderr
+        assert all(c.isprintable() or c == "\n" for c in listed.stdout), listed.stdout
+        assert "\\x1b[2J\\x1b[31mroot\\u202e: terminal-per-minute" in listed.stdout
+        assert "by ops\\u2028ana (set\\x1b[8m hidden)" in listed.stdout
+        assert "bob: x\\x1b]0;pwned\\x07 rate" in listed.stdout
+        assert limit_of(one, user) == 2  # not applied
