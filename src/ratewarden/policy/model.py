@@ -30,6 +30,7 @@ __all__ = [
     "Applied",
     "Bounded",
     "BudgetLimit",
+    "CompiledOverride",
     "ConcurrencyLimit",
     "Explanation",
     "Glob",
@@ -342,6 +343,20 @@ def _surely_excluded(
 
 
 @dataclass(frozen=True, slots=True)
+class CompiledOverride:
+    """One override (the file's or a runtime one) compiled against one policy file: its
+    entries for each level of `Overrides`, or why it cannot apply (`idle`). Kept on the
+    policy, so that a change of the runtime overrides compiles only the ones it adds."""
+
+    spec: Any  # the schema.OverrideSpec it was compiled from
+    rule: str
+    exact: dict[str, tuple[Limit, str]] = field(default_factory=dict)
+    groups: tuple[tuple[str, Limit, str], ...] = ()
+    globs: tuple[tuple[Glob, Limit, str], ...] = ()
+    idle: str | None = None  # "field: why" when it does not fit the file
+
+
+@dataclass(frozen=True, slots=True)
 class Overrides:
     """Per-user limits for one rule, by precedence: exact user > group > glob."""
 
@@ -456,6 +471,12 @@ class Policy:
     idle_overrides: dict[str, str] = field(default_factory=dict)
     # The validated file (a schema.PolicySpec), compiled again with other runtime overrides.
     spec: Any = field(default=None, repr=False, compare=False)
+    # Its overrides compiled, the file's in file order and the runtime ones by id (newest
+    # first): what a change of the runtime overrides reuses (policy/compile.py).
+    file_overrides: tuple[CompiledOverride, ...] = field(default=(), repr=False, compare=False)
+    runtime_overrides: dict[str, CompiledOverride] = field(
+        default_factory=dict, repr=False, compare=False
+    )
     _periods: dict[str, PeriodClock] = field(init=False, repr=False)
     _metric_tool: Callable[[str], str] = field(init=False, repr=False)
     _by_name: dict[str, Rule] = field(init=False, repr=False)
