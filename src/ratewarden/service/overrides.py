@@ -162,11 +162,13 @@ class RuntimeOverrides:
     def listed(self) -> list[Override]:
         """The overrides in force, newest first, each saying whether the policy in force
         applies it (a reload of the file may have removed its rule since)."""
-        idle = {**self.reloader.engine.policy.idle_overrides, **self._unusable}
-        return [
-            o.model_copy(update={"active": o.id not in idle, "idle": idle.get(o.id)})
-            for o in sorted(self.overrides.values(), key=lambda o: o.set_at, reverse=True)
-        ]
+        newest_first = sorted(self.overrides.values(), key=lambda o: o.set_at, reverse=True)
+        return [self._shown(o) for o in newest_first]
+
+    def _shown(self, override: Override) -> Override:
+        why = self.reloader.engine.policy.idle_overrides.get(override.id)
+        why = why or self._unusable.get(override.id)
+        return override.model_copy(update={"active": why is None, "idle": why})
 
     # -- changes ----------------------------------------------------------------------------
 
@@ -192,7 +194,7 @@ class RuntimeOverrides:
             self.reloader.forget_tried(override.id)
         self.metrics.override_changes.labels("set").inc()
         admin_change("override_set", **_audited(override))
-        return next((o for o in self.listed() if o.id == override.id), override)
+        return self._shown(override)  # this one only: a set costs no copy of them all
 
     async def _store_new(self, override: Override, spec: OverrideSpec) -> None:
         tried = await self.reloader.try_override(override.id, spec)  # its one compile
