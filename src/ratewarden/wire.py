@@ -517,7 +517,7 @@ def plain_text(value: str) -> str:
 
 
 Reason = Annotated[str, Field(min_length=1, max_length=500), AfterValidator(plain_text)]
-# A name an admin sets (an override's users and groups, a reset's user): plain text too,
+# A name an admin sets (an override's users and groups): plain text too,
 # since `override list`, the console and the audit log show it. Only what an admin sends
 # is checked: a stored override is read as it is, and shown escaped (vocabulary.shown).
 AdminName = Annotated[str, Field(min_length=1, max_length=MAX_NAME), AfterValidator(plain_text)]
@@ -526,7 +526,9 @@ AdminNames = Annotated[list[AdminName], Field(min_length=1, max_length=MAX_OVERR
 
 
 class ResetRequest(_Body):
-    user: AdminName | None = None
+    # The user as the check API took it (any name a caller gave, so an admin can reset
+    # what it counted); the rule as the file names it, plain text.
+    user: Subject | None = None
     rule: RuleRef | None = None
 
 
