@@ -65,6 +65,7 @@ def _asking(run: Callable[[Any], int], args: argparse.Namespace) -> int:
     """Run `run(client)`, saying plainly why the daemon did not do it."""
     from ratewarden.cli import EXIT_UNREACHABLE, EXIT_USAGE
     from ratewarden.client import ClientError, DaemonUnavailable
+    from ratewarden.vocabulary import shown
 
     try:
         with _client(args) as client:
@@ -73,7 +74,7 @@ def _asking(run: Callable[[Any], int], args: argparse.Namespace) -> int:
         print(f"ratewarden daemon unreachable: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except ClientError as exc:
-        print(f"ratewarden: the daemon refused the request: {exc}", file=sys.stderr)
+        print(f"ratewarden: the daemon refused the request: {shown(exc)}", file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -109,6 +110,8 @@ def _set(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from ratewarden.vocabulary import shown
+
     def run(client: Any) -> int:
         found = client.overrides()
         if args.json:
@@ -118,7 +121,7 @@ def _list(args: argparse.Namespace) -> int:
             print("(no runtime overrides)")
             return 0
         for override in found.overrides:
-            print(f"{override.id}  {_describe(override)}")
+            print(f"{shown(override.id)}  {_describe(override)}")
         return 0
 
     return _asking(run, args)
@@ -134,7 +137,15 @@ def _remove(args: argparse.Namespace) -> int:
 
 
 def _describe(override: Any) -> str:
-    """`alice, group pro: terminal-per-minute rate 20/minute until …; by ops-ana (reason)`."""
+    """`alice, group pro: terminal-per-minute rate 20/minute until …; by ops-ana (reason)`,
+    each stored text escaped: an override stored before names were checked, or by anything
+    else that can write the store, must not send an ANSI sequence to the terminal."""
+    from ratewarden.vocabulary import shown
+
+    return shown(_line(override))
+
+
+def _line(override: Any) -> str:
     who = [*(override.users or []), *(f"group {g}" for g in override.groups or [])]
     limit = next(
         (f"{name} {value}" for name in ("rate", "budget", "concurrency")

@@ -292,6 +292,39 @@ def _sendable(value: str, limit: int) -> str:
     return "".join(itertools.islice(kept, max(limit, 0)))
 
 
+# -- names an operator reads ---------------------------------------------------------------
+
+# What no name or text an admin sets may hold, and what a terminal must not be handed raw:
+# control characters (an ESC starts an ANSI sequence, a NUL or newline cuts a line),
+# invisible formatting (a right-to-left override makes a name read otherwise), lone
+# surrogates, and the line and paragraph separators (a line break to many readers).
+_UNREADABLE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+UNREADABLE_MESSAGE = (
+    "must be plain text: no control characters, invisible formatting (such as a "
+    "right-to-left override) or line separators"
+)
+
+
+def readable(value: str) -> bool:
+    """Whether `value` holds nothing of `_UNREADABLE` (what an admin may name)."""
+    if value.isprintable():  # holds none of them (the common case, read at C speed)
+        return True
+    import unicodedata  # not at import: a hook process seldom needs it
+
+    return not any(unicodedata.category(char) in _UNREADABLE for char in value)
+
+
+def shown(value: object) -> str:
+    """`value` as text safe to print to a terminal: each unreadable character (and any
+    other that is not printable, such as a no-break space) as its Python escape, `\\x1b`,
+    `\\u202e`. A name stored by an older version, or by anything else with the store's
+    password, reaches the operator's terminal only this way."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
+
+
 # -- the client side's settings ------------------------------------------------------------
 
 DEFAULT_URL = "http://127.0.0.1:8470"

@@ -40,8 +40,10 @@ from ratewarden.vocabulary import (
     MAX_TAG,
     MAX_TAGS,
     MCP_HINTS,
+    UNREADABLE_MESSAGE,
     DecisionName,
     SettledOutcome,
+    readable,
 )
 
 Subject = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
@@ -538,9 +540,34 @@ class HookDecision(BaseModel):
     notes: list[str] = []
 
 
+# -- what an admin names -------------------------------------------------------------------
+
+MAX_OVERRIDE_NAMES = 100  # users or groups in one override
+
+
+def plain_text(value: str) -> str:
+    """A text an operator reads in a list, a page or a log: no control characters, no
+    invisible formatting (a right-to-left override would make it read otherwise), no line
+    separators (vocabulary.readable)."""
+    if not readable(value):
+        raise ValueError(UNREADABLE_MESSAGE)
+    return value
+
+
+Reason = Annotated[str, Field(min_length=1, max_length=500), AfterValidator(plain_text)]
+# A name an admin sets (an override's users and groups): plain text too,
+# since `override list`, the console and the audit log show it. Only what an admin sends
+# is checked: a stored override is read as it is, and shown escaped (vocabulary.shown).
+AdminName = Annotated[str, Field(min_length=1, max_length=MAX_NAME), AfterValidator(plain_text)]
+RuleRef = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(plain_text)]
+AdminNames = Annotated[list[AdminName], Field(min_length=1, max_length=MAX_OVERRIDE_NAMES)]
+
+
 class ResetRequest(_Body):
+    # The user as the check API took it (any name a caller gave, so an admin can reset
+    # what it counted); the rule as the file names it, plain text.
     user: Subject | None = None
-    rule: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    rule: RuleRef | None = None
 
 
 class ResetResponse(BaseModel):
@@ -582,18 +609,6 @@ class ErrorResponse(BaseModel):
 # -- runtime overrides (POST/GET /v1/admin/overrides, DELETE /v1/admin/overrides/{id}) --
 
 
-def plain_text(value: str) -> str:
-    """A text an operator reads in a list, a page or a log: no control characters and no
-    invisible formatting (a right-to-left override would make it read otherwise)."""
-    if any(unicodedata.category(char) in ("Cc", "Cf") for char in value):
-        raise ValueError("must be plain text: no control or invisible formatting characters")
-    return value
-
-
-Reason = Annotated[str, Field(min_length=1, max_length=500), AfterValidator(plain_text)]
-MAX_OVERRIDE_NAMES = 100  # users or groups in one override
-
-
 class OverrideLimit(BaseModel):
     """Who and what an override changes: the file's `overrides` vocabulary."""
 
@@ -614,6 +629,9 @@ class OverrideLimit(BaseModel):
 class OverrideRequest(_Body, OverrideLimit):
     """One runtime override: the file's `overrides` vocabulary, an expiry, and why."""
 
+    users: AdminNames | None = None
+    groups: AdminNames | None = None
+    rule: RuleRef
     ttl: Annotated[str, Field(min_length=1, max_length=32)] | None = None  # "10m", "2h"
     until: AwareDatetime | None = None
     reason: Reason

@@ -5,10 +5,14 @@ counted; admin only."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import fnmatch
 import json
 import logging
+import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,6 +152,7 @@ async def test_the_newest_runtime_override_for_a_user_wins() -> None:
         ({"reason": "x" * 501}, "reason"),
         ({"reason": "line\nbreak"}, "reason"),
         ({"reason": "ok\u202egnp.exe"}, "reason"),  # a right-to-left override
+        ({"reason": "two\u2028lines"}, "reason"),  # a line separator
         ({"rule": "no-such-rule"}, "rule"),
         ({"rate": None, "budget": "5/day"}, "budget"),  # a rate rule
         ({"rate": "lots"}, "rate"),
@@ -372,3 +377,247 @@ def test_a_decision_reads_nothing_of_the_overrides(tmp_path: Path) -> None:
         seconds = time.monotonic() - started
         polls = 2 * (int(seconds) + 2)  # two daemons, each at most once a second (+ edges)
         assert redis_commands(redis, "get") - gets <= polls
+
+
+# -- names an admin sets are plain text; what the CLI prints is escaped (issue 25, item 11) --
+
+UNREADABLE = ["\x1b[31mroot", "a\x00b", "a\u2028b", "a\x7fb", "ok\u202egnp", "a\u200fb"]
+
+
+@pytest.mark.parametrize("name", UNREADABLE)
+@pytest.mark.parametrize("field", ["users", "groups", "rule"])
+async def test_a_name_with_a_control_character_is_refused_naming_its_field(
+    field: str, name: str
+) -> None:
+    change = {"rule": f"terminal-per-minute{name}"} if field == "rule" else {field: [name]}
+    body = {**GRANT, **change}
+    async with serving(make_app()) as client:
+        refused = await client.post("/v1/admin/overrides", json=body, headers=AS_ADMIN)
+        assert refused.status_code == 422, refused.text
+        (entry,) = refused.json()["fields"]
+        assert field in entry["field"]
+        assert "plain text" in entry["message"], entry  # not "unknown group", not a pattern
+
+
+@pytest.mark.parametrize("name", UNREADABLE)
+async def test_a_reset_of_a_rule_with_a_control_character_is_refused(name: str) -> None:
+    """A reset's rule is a name of the file: plain text. Its user is any name the check
+    API took (tests/service/test_hostile_input.py resets such names), so it is not."""
+    async with serving(make_app()) as client:
+        refused = await client.post("/v1/admin/reset", json={"rule": name}, headers=AS_ADMIN)
+        assert refused.status_code == 422, refused.text
+        (entry,) = refused.json()["fields"]
+        assert entry["field"] == "rule"
+        assert "plain text" in entry["message"]  # not an unknown rule
+        done = await client.post("/v1/admin/reset", json={"user": name}, headers=AS_ADMIN)
+        assert done.status_code == 200, done.text
+
+
+@pytest.mark.parametrize("name", UNREADABLE)
+def test_a_policy_file_naming_a_user_or_group_with_a_control_character_is_refused(
+    name: str,
+) -> None:
+    from ratewarden.policy import PolicyError, parse_policy
+
+    quoted = json.dumps(name)  # a YAML double-quoted scalar reads JSON's escapes
+    for text in (
+        POLICY.replace("pro: [carol]", f"pro: [{quoted}]"),
+        POLICY.replace("pro: [carol]", f"{quoted}: [carol]"),
+        POLICY.replace("users: [dave]", f"users: [{quoted}]"),
+    ):
+        with pytest.raises(PolicyError, match="plain text"):
+            parse_policy(text.encode())
+
+
+@pytest.mark.redis
+def test_the_cli_escapes_names_stored_before_they_were_checked(tmp_path: Path) -> None:
+    """An older daemon took any name: `override list` prints what such a store holds with
+    its control characters escaped, and the daemon lists such an override idle, not in
+    force (the file's rules refuse the name now)."""
+    user = "\x1b[2J\x1b[31mroot\u202e"
+    documents = [
+        {"id": "ovr_0123456789ab", "users": [user], "rule": "terminal-per-minute",
+         "rate": "9/minute", "reason": "set\x1b[8m hidden", "set_by": "ops\u2028ana",
+         "set_at": "2026-11-25T02:12:00Z"},
+        {"id": "ovr_0123456789ac", "users": ["bob"], "rule": "x\x1b]0;pwned\x07",
+         "rate": "9/minute", "reason": "r", "set_by": "ops", "set_at": "2026-11-25T02:12:00Z"},
+    ]  # fmt: skip
+    with two_daemons(tmp_path) as (one, _, redis):
+        client = redis.client()
+        for document in documents:
+            client.hset("rw:admin:{overrides}", document["id"], json.dumps(document))
+        client.incr("rw:admin:{overrides}:version")
+        listed = cli(one, ADMIN, "list")
+        assert listed.returncode == 0, listed.stderr
+        assert all(c.isprintable() or c == "\n" for c in listed.stdout), listed.stdout
+        assert "\\x1b[2J\\x1b[31mroot\\u202e: terminal-per-minute" in listed.stdout
+        assert "by ops\\u2028ana (set\\x1b[8m hidden) [idle: users" in listed.stdout
+        assert "bob: x\\x1b]0;pwned\\x07 rate" in listed.stdout
+        assert limit_of(one, user) == 2  # not applied
+
+
+# -- a change costs what it changes; the cap holds under races (issue 25, item 9) ------------
+
+MAX = 1000  # service/overrides.py MAX_OVERRIDES
+
+
+def glob_grant(n: int, expires: str | None = None, users: int = 100) -> str:
+    """The stored document of an override of 100 glob users (the most an override names)."""
+    return json.dumps({
+        "id": f"ovr_seed{n:08x}", "users": [f"team-{n}-{k}-*" for k in range(users)],
+        "set_at": "2026-11-25T02:12:00Z",
+        "rule": "terminal-per-minute", "rate": "9/minute", "reason": "seeded",
+        "set_by": "ops", "expires_at": expires,
+    })  # fmt: skip
+
+
+def seed(store: MemoryStore, documents: dict[str, str]) -> None:
+    """Stored as an older daemon would have: straight into the store, one version later."""
+    store._overrides.update(documents)
+    store._overrides_version += 1
+
+
+@contextlib.contextmanager
+def counting_globs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every glob user of an override compiled meanwhile: the costly step of compiling
+    overrides (policy/compile.py; cfe3e0b compiled them through NameSet.of, so on it this
+    counts none while the test's timeout catches it). Each must be compiled off the event
+    loop, so that checks go on meanwhile."""
+    from ratewarden.policy import compile as compiler
+    from ratewarden.policy import model
+
+    compile_glob = getattr(model, "compile_glob", lambda p: re.compile(fnmatch.translate(p)))
+    compiled: list[str] = []
+    loop = threading.get_ident()  # the test's event loop runs the daemon's too
+
+    def counted(pattern: str) -> Any:
+        assert threading.get_ident() != loop, "compiled on the event loop: checks would wait"
+        compiled.append(pattern)
+        return compile_glob(pattern)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(compiler, "compile_glob", counted, raising=False)
+        yield compiled
+
+
+GLOB_GRANT = {**GRANT, "users": [f"new-{k}-*" for k in range(100)]}
+
+
+async def test_a_change_at_the_cap_compiles_only_what_it_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """999 overrides of 100 glob users each are in force (99 900 globs). Setting one more
+    compiles its 100 globs once on the daemon that took it and once on a peer; removing
+    one compiles nothing; and the 1 001st is refused, compiling only its own. (cfe3e0b
+    compiled every override twice on the daemon that took it, once on each peer.)"""
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    seed(store, {f"ovr_seed{n:08x}": glob_grant(n) for n in range(MAX - 1)})
+    one, peer = make_app(clock, store), make_app(clock, store)
+    async with serving(one) as client, serving(peer):
+        with counting_globs(monkeypatch) as compiled:
+            made = await client.post("/v1/admin/overrides", json=GLOB_GRANT, headers=AS_ADMIN)
+            assert made.status_code == 201, made.text
+            assert len(compiled) == 100  # its own globs, once: its trial is what is applied
+        with counting_globs(monkeypatch) as compiled:
+            assert await peer.state.overrides.refresh()  # the peer's next poll
+            assert sorted(compiled) == sorted(GLOB_GRANT["users"])
+        with counting_globs(monkeypatch) as compiled:
+            full = await client.post("/v1/admin/overrides", json=GLOB_GRANT, headers=AS_ADMIN)
+            assert full.status_code == 422, full.text
+            assert full.json()["fields"][0]["field"] == "overrides"
+            assert len(compiled) <= 100
+        with counting_globs(monkeypatch) as compiled:
+            gone = await client.delete(f"/v1/admin/overrides/{made.json()['id']}",
+                                       headers=AS_ADMIN)  # fmt: skip
+            assert gone.status_code == 200
+            assert await peer.state.overrides.refresh()
+            assert compiled == []
+        # And the merged policy is the one a whole compile gives: precedence kept.
+        usage = await client.get("/v1/usage", params={"user": "team-5-7-x"}, headers=AS_CHECK)
+        assert {i["rule"]: i["limit"] for i in usage.json()["limits"]}["terminal-per-minute"] == 9
+        assert await allowed(client, "new-1-x", 3) == [True, True, False]  # removed
+
+
+async def test_the_cap_holds_when_sets_race_on_two_daemons_of_one_store() -> None:
+    """At 997 stored, ten sets at once over two daemons of one store: three are stored,
+    seven refused naming `overrides` (cfe3e0b counted before writing, and stored 1 007)."""
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    seed(store, {f"ovr_seed{n:08x}": glob_grant(n, users=1) for n in range(MAX - 3)})
+    one, two = make_app(clock, store), make_app(clock, store)
+    async with serving(one) as first, serving(two) as second:
+        answers = await asyncio.gather(*(
+            client.post("/v1/admin/overrides", json={**GRANT, "users": [f"u{n}"]},
+                        headers=AS_ADMIN)
+            for n, client in enumerate([first, second] * 5)
+        ))  # fmt: skip
+        codes = sorted(a.status_code for a in answers)
+        assert codes == [201] * 3 + [422] * 7, [a.text for a in answers]
+        assert {a.json()["fields"][0]["field"] for a in answers if a.status_code == 422} == {
+            "overrides"
+        }
+        assert len(store._overrides) == MAX
+
+
+async def test_an_expired_override_makes_room_under_the_cap() -> None:
+    """The cap counts what the store holds: a set at the cap drops the expired ones in the
+    same step (cfe3e0b never removed them, so they stayed stored past the cap)."""
+    clock = FakeClock()  # in 2023: the seeded one expired in 2000
+    store = MemoryStore(clock)
+    documents = {f"ovr_seed{n:08x}": glob_grant(n, users=1) for n in range(MAX - 1)}
+    documents["ovr_seed_expired"] = glob_grant(MAX, expires="2000-01-01T00:00:00Z", users=1)
+    seed(store, documents)
+    async with serving(make_app(clock, store)) as client:
+        made = await client.post("/v1/admin/overrides", json=GRANT, headers=AS_ADMIN)
+        assert made.status_code == 201, made.text
+        assert "ovr_seed_expired" not in store._overrides
+        assert len(store._overrides) == MAX
+
+
+def post_at_barrier(urls: list[str], barrier: Any, results: Any, n: int) -> None:
+    """One racer: waits for the others, then sets (even n) or, with `rm:` urls, removes."""
+    url = urls[n % len(urls)]
+    barrier.wait(timeout=60)
+    if url.startswith("rm:"):
+        _, base, override_id = url.split("|")
+        answer = httpx.delete(f"{base}/v1/admin/overrides/{override_id}", headers=AS_ADMIN,
+                              trust_env=False, timeout=30)  # fmt: skip
+    else:
+        body = {**GRANT, "users": [f"racer-{n}"]}
+        answer = httpx.post(f"{url}/v1/admin/overrides", json=body, headers=AS_ADMIN,
+                            trust_env=False, timeout=30)  # fmt: skip
+    fields = answer.json().get("fields") or [{}]
+    results.put((answer.status_code, fields[0].get("field")))
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(300)  # two daemons and twenty spawned processes: slow on a busy CI box
+def test_the_cap_holds_when_processes_race_on_two_daemons_of_one_redis(tmp_path: Path) -> None:
+    """At 997 stored on a real Redis, ten processes set at once through two daemons: three
+    are stored and seven refused naming `overrides` (cfe3e0b stored 1 007). Then at the
+    cap, five removals race five sets: the store never holds more than the cap, and what
+    it holds is what the answers say."""
+    from tests.helpers.races import race
+
+    with two_daemons(tmp_path) as (one, two, redis):
+        client = redis.client()
+        seeded = {f"ovr_seed{n:08x}": glob_grant(n, users=1) for n in range(MAX - 3)}
+        client.hset("rw:admin:{overrides}", mapping=seeded)
+        client.incr("rw:admin:{overrides}:version")
+        answers, exits = race(post_at_barrier, ([one, two],), 10)
+        assert exits == [0] * 10
+        assert sorted(answers, key=str) == [(201, None)] * 3 + [(422, "overrides")] * 7
+        assert client.hlen("rw:admin:{overrides}") == MAX
+
+        doomed = [f"rm:|{(one, two)[n % 2]}|ovr_seed{n:08x}" for n in range(5)]
+        racers = [x for pair in zip(doomed, [one, two, one, two, one], strict=True)
+                  for x in pair]  # fmt: skip
+        answers, exits = race(post_at_barrier, (racers,), 10)
+        assert exits == [0] * 10
+        removed = sum(1 for code, _ in answers if code == 200)
+        stored = sum(1 for code, _ in answers if code == 201)
+        assert removed == 5
+        assert client.hlen("rw:admin:{overrides}") == MAX - removed + stored <= MAX
+        listed = httpx.get(f"{two}/v1/admin/overrides", headers=AS_ADMIN, trust_env=False)
+        assert len(listed.json()["overrides"]) == MAX - removed + stored

@@ -8,8 +8,8 @@ reports them all at once.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from zoneinfo import ZoneInfo
 
 from ratewarden.arguments import ArgPath
@@ -20,7 +20,9 @@ from ratewarden.policy.model import (
     AccessLimit,
     Bounded,
     BudgetLimit,
+    CompiledOverride,
     ConcurrencyLimit,
+    Glob,
     Limit,
     Match,
     NameSet,
@@ -30,6 +32,7 @@ from ratewarden.policy.model import (
     Rule,
     ToolEntry,
     Unlimited,
+    compile_glob,
     is_glob,
 )
 from ratewarden.policy.schema import (
@@ -66,10 +69,19 @@ def compile_policy(
     `Policy.idle_overrides` says which and why. `version`: the file's, when `raw` is not
     the file (a recompile with other runtime overrides keeps the version it had)."""
     issues: list[PolicyIssue] = []  # names and groups were checked by references.py
-    idle: dict[str, str] = {}
-    overrides = _compile_overrides(spec, issues, runtime, idle)
+    rules_by_name = {rule.name: rule for rule in spec.rules}
+    mine = []
+    for i, override in enumerate(spec.overrides):
+        compiled, found = _compile_override(spec, rules_by_name, override, ("overrides", i))
+        issues += found
+        mine.append(compiled)
     if issues:
         return None, issues
+    runtime_compiled = {
+        override_id: compile_runtime_override(spec, override_id, override, rules_by_name)
+        for override_id, override in runtime
+    }
+    overrides = _merge([*runtime_compiled.values(), *mine])
     rules = tuple(
         _compile_rule(spec, i, r, overrides.get(r.name)) for i, r in enumerate(spec.rules)
     )
@@ -90,10 +102,54 @@ def compile_policy(
         timezone=ZoneInfo(spec.defaults.timezone),
         reservation_ttl_ms=spec.defaults.reservation_ttl,
         call_ttl_ms=spec.defaults.call_ttl,
-        idle_overrides=idle,
+        idle_overrides=_idle(runtime_compiled),
         spec=spec,
+        file_overrides=tuple(mine),
+        runtime_overrides=runtime_compiled,
     )
     return policy, []
+
+
+def with_runtime(
+    policy: Policy,
+    runtime: Sequence[tuple[str, OverrideSpec]],
+    compiled: Mapping[str, CompiledOverride] | None = None,
+) -> Policy:
+    """`policy` with these runtime overrides (newest first) instead of its own, compiling
+    only the ones it has not compiled yet (nor `compiled`, ones compiled against this same
+    file): its rules, conditions and messages are reused, and each rule gets its merged
+    overrides. So a change costs the overrides it adds plus a merge of the entries in
+    force (dict and tuple work in C), not a compile of every glob of every override."""
+    rules_by_name: dict[str, RuleSpec] | None = None
+    known = {**policy.runtime_overrides, **(compiled or {})}
+    fresh: dict[str, CompiledOverride] = {}
+    for override_id, override in runtime:
+        found = known.get(override_id)
+        if found is None or (found.spec is not override and found.spec != override):
+            rules_by_name = rules_by_name or {rule.name: rule for rule in policy.spec.rules}
+            found = compile_runtime_override(policy.spec, override_id, override, rules_by_name)
+        fresh[override_id] = found
+    overrides = _merge([*fresh.values(), *policy.file_overrides])
+    rules = tuple(
+        replace(rule, overrides=overrides.get(rule.name) or Overrides()) for rule in policy.rules
+    )
+    return replace(policy, rules=rules, idle_overrides=_idle(fresh), runtime_overrides=fresh)
+
+
+def compile_runtime_override(
+    spec: PolicySpec,
+    override_id: str,
+    override: OverrideSpec,
+    rules_by_name: Mapping[str, RuleSpec] | None = None,
+) -> CompiledOverride:
+    """One runtime override compiled against the file `spec` (`idle` if it does not fit)."""
+    rules_by_name = rules_by_name or {rule.name: rule for rule in spec.rules}
+    compiled, _ = _compile_override(spec, rules_by_name, override, ("runtime", override_id))
+    return compiled
+
+
+def _idle(runtime: Mapping[str, CompiledOverride]) -> dict[str, str]:
+    return {i: c.idle for i, c in runtime.items() if c.idle is not None}
 
 
 def _compile_rule(
@@ -170,57 +226,61 @@ def _compile_match(spec: MatchSpec, *, cut_holds: bool = True) -> Match:
     )
 
 
-def _compile_overrides(
+def _compile_override(
     spec: PolicySpec,
-    issues: list[PolicyIssue],
-    runtime: Sequence[tuple[str, OverrideSpec]],
-    idle: dict[str, str],
-) -> dict[str, Overrides]:
-    """Index overrides per rule by precedence; report the file's that do not fit, and
-    leave out (in `idle`, by id) the runtime ones that do not."""
-    rules = {rule.name: rule for rule in spec.rules}
+    rules: Mapping[str, RuleSpec],
+    override: OverrideSpec,
+    where: tuple[str, str | int],
+) -> tuple[CompiledOverride, list[PolicyIssue]]:
+    """One override's entries for each level of precedence, and what does not fit; one
+    that does not fit has no entries (a runtime one is left out; the file's is refused)."""
+    rule = rules.get(override.rule)
+    if rule is None:  # a runtime one (references.py checked the file's)
+        return CompiledOverride(override, override.rule, idle=f"rule: no rule "
+                                f"{override.rule!r} in the policy"), []  # fmt: skip
+    found = [
+        PolicyIssue((*where, "groups"), f"unknown group {group!r}")
+        for group in override.groups or []
+        if group not in spec.groups
+    ]
+    limit = _override_limit(spec, rule, override, where, found)
+    if found:
+        return CompiledOverride(override, rule.name, idle=_why(found[0])), found
+    origin = f"runtime override {where[1]}" if where[0] == "runtime" else f"overrides[{where[1]}]"
+    exact: dict[str, tuple[Limit, str]] = {}
+    globs = []
+    for user in override.users or []:
+        if is_glob(user):
+            globs.append((compile_glob(user), limit, origin))
+        else:
+            exact.setdefault(user, (limit, origin))
+    groups = tuple((group, limit, origin) for group in override.groups or [])
+    return CompiledOverride(override, rule.name, exact, groups, tuple(globs)), []
+
+
+def _why(issue: PolicyIssue) -> str:
+    return f"{issue.path[-1]}: {issue.message}"
+
+
+def _merge(compiled: Sequence[CompiledOverride]) -> dict[str, Overrides]:
+    """Each rule's overrides from compiled ones in precedence order (the first wins at
+    each level): exact users in one dict, groups and globs in one tuple each."""
     exact: dict[str, dict[str, tuple[Limit, str]]] = {}
     groups: dict[str, list[tuple[str, Limit, str]]] = {}
-    globs: dict[str, list[Any]] = {}
-    for origin, override, where in _every_override(spec, runtime):
-        if override.rule not in rules:  # a runtime one (references.py checked the file's)
-            idle[str(where[1])] = f"rule: no rule {override.rule!r} in the policy"
-            continue
-        rule = rules[override.rule]
-        found = [
-            PolicyIssue((*where, "groups"), f"unknown group {group!r}")
-            for group in override.groups or []
-            if group not in spec.groups
-        ]
-        limit = _override_limit(spec, rule, override, where, found)
-        if found and where[0] == "runtime":
-            idle[str(where[1])] = f"{found[0].path[-1]}: {found[0].message}"
-            continue
-        issues += found
-        for group in override.groups or []:
-            groups.setdefault(rule.name, []).append((group, limit, origin))
-        for user in override.users or []:
-            if is_glob(user):
-                pattern = NameSet.of(user).globs[0]
-                globs.setdefault(rule.name, []).append((pattern, limit, origin))
-            else:
-                exact.setdefault(rule.name, {}).setdefault(user, (limit, origin))
+    globs: dict[str, list[tuple[Glob, Limit, str]]] = {}
+    for one in reversed(compiled):  # a later update wins: the first in order, as it must
+        if one.idle is None and one.exact:
+            exact.setdefault(one.rule, {}).update(one.exact)
+    for one in compiled:
+        if one.idle is None:
+            groups.setdefault(one.rule, []).extend(one.groups)
+            globs.setdefault(one.rule, []).extend(one.globs)
     return {
         name: Overrides(
             exact.get(name, {}), tuple(groups.get(name, ())), tuple(globs.get(name, ()))
         )
-        for name in rules
+        for name in {*exact, *groups, *globs}
     }
-
-
-def _every_override(
-    spec: PolicySpec, runtime: Sequence[tuple[str, OverrideSpec]]
-) -> Iterator[tuple[str, OverrideSpec, tuple[str, str | int]]]:
-    """(origin, override, where its issues point) of each override, runtime ones first."""
-    for override_id, override in runtime:
-        yield f"runtime override {override_id}", override, ("runtime", override_id)
-    for i, override in enumerate(spec.overrides):
-        yield f"overrides[{i}]", override, ("overrides", i)
 
 
 def _override_limit(

@@ -39,15 +39,25 @@ from ratewarden.vocabulary import (
     ACCESS_ANSWERS,
     ARGS_DIMENSION,
     COUNTED_KINDS,
+    UNREADABLE_MESSAGE,
     Algorithm,
     Dimension,
     FailMode,
     Mode,
     OnExceed,
     RuleKind,
+    readable,
 )
 
-Name = Annotated[str, Field(min_length=1, max_length=256)]
+
+def _plain(value: str) -> str:
+    if not readable(value):  # it reaches metrics, logs, the console and the CLI
+        raise ValueError(UNREADABLE_MESSAGE)
+    return value
+
+
+# A user, group, tool, tag or label: what an admin names, shown to operators.
+Name = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_plain)]
 
 
 def _listify(value: object) -> object:

@@ -23,7 +23,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
@@ -79,6 +80,9 @@ class RuntimeOverrides:
         self.clock = clock or SystemClock()
         self.version = -1  # of the overrides applied (-1: none read yet)
         self.overrides: dict[str, Override] = {}
+        self._unusable: dict[str, str] = {}  # stored ones the file's checks refuse: id -> why
+        self._read: dict[str, _Stored] = {}  # what the store held at the last read, parsed
+        self._expired: list[str] = []  # stored but expired: dropped by the next write
         self._next_expiry: datetime | None = None
         self._lock = asyncio.Lock()
         self._poller: asyncio.Task[None] | None = None
@@ -96,28 +100,31 @@ class RuntimeOverrides:
             expired = self._next_expiry is not None and self._next_expiry <= self.now()
             if version == self.version and not expired:
                 return False
-            version, documents = await self.store.read_overrides()
+            version, documents = await self.store.read_overrides(self._read.keys())
             await self._apply(version, documents)
             return True
 
-    async def _apply(self, version: int, documents: dict[str, str]) -> None:
+    async def _apply(self, version: int, documents: dict[str, str | None]) -> None:
+        """Apply what the store holds. Each document is parsed once (an id is never given
+        to another override), and the reloader compiles only the overrides it has not
+        compiled: a change costs what it changes, whatever else is in force."""
         now = self.now()
-        found = {}
-        for override_id, document in documents.items():
-            try:
-                found[override_id] = Override.model_validate_json(document)
-            except ValidationError:  # written by something else: never let it stop the rest
-                log.error("runtime override %s in the store is unreadable; ignored", override_id)
-        live = {i: o for i, o in found.items() if o.expires_at is None or o.expires_at > now}
+        read = {i: self._read_one(i, document) for i, document in documents.items()}
+        live = {i: r.override for i, r in read.items() if r.override and r.live(now)}
         # Newest first: of two runtime overrides for one user and rule, the later one wins.
-        newest_first = sorted(live.items(), key=lambda item: item[1].set_at, reverse=True)
-        await self.reloader.use_overrides(
-            [(i, spec) for i, o in newest_first if (spec := _stored_spec(i, o)) is not None]
-        )
-        self.overrides, self.version = live, version
-        expiries = [o.expires_at for o in live.values() if o.expires_at is not None]
-        self._next_expiry = min(expiries, default=None)
+        newest_first = sorted(live, key=lambda i: live[i].set_at, reverse=True)
+        specs = [(i, spec) for i in newest_first if (spec := read[i].spec) is not None]
+        await self.reloader.use_overrides(specs)
+        self._read, self.version, self.overrides = read, version, live
+        self._unusable = {i: why for i in live if (why := read[i].why) is not None}
+        self._expired = [i for i, r in read.items() if r.override and i not in live]
+        self._next_expiry = min(filter(None, (o.expires_at for o in live.values())), default=None)
         log.info("runtime overrides: version %d, %d in force", version, len(live))
+
+    def _read_one(self, override_id: str, document: str | None) -> _Stored:
+        if document is None:  # one this daemon read before (store.read_overrides)
+            return self._read[override_id]
+        return _Stored.parse(override_id, document)
 
     async def start(self) -> None:
         """Apply the store's overrides now (if it answers), then poll their version."""
@@ -155,17 +162,20 @@ class RuntimeOverrides:
     def listed(self) -> list[Override]:
         """The overrides in force, newest first, each saying whether the policy in force
         applies it (a reload of the file may have removed its rule since)."""
-        idle = self.reloader.engine.policy.idle_overrides
-        return [
-            o.model_copy(update={"active": o.id not in idle, "idle": idle.get(o.id)})
-            for o in sorted(self.overrides.values(), key=lambda o: o.set_at, reverse=True)
-        ]
+        newest_first = sorted(self.overrides.values(), key=lambda o: o.set_at, reverse=True)
+        return [self._shown(o) for o in newest_first]
+
+    def _shown(self, override: Override) -> Override:
+        why = self.reloader.engine.policy.idle_overrides.get(override.id)
+        why = why or self._unusable.get(override.id)
+        return override.model_copy(update={"active": why is None, "idle": why})
 
     # -- changes ----------------------------------------------------------------------------
 
     async def add(self, request: OverrideRequest, set_by: str) -> Override:
-        """Store a new override and apply it here; ValueError (field, message) if it
-        cannot apply to the policy in force."""
+        """Store a new override and apply it here; OverrideRefused (field, message) if it
+        cannot apply to the policy in force or `MAX_OVERRIDES` are stored already (the
+        store counts and writes in one step, so racing daemons cannot pass the cap)."""
         now = self.now()
         override = Override(
             id=f"ovr_{secrets.token_hex(6)}",
@@ -177,18 +187,24 @@ class RuntimeOverrides:
         )
         spec = _spec(override)  # the file's own checks of rate and budget texts
         await self.refresh()
-        if len(self.overrides) >= MAX_OVERRIDES:
-            raise OverrideRefused("overrides", f"at most {MAX_OVERRIDES} runtime overrides")
-        current = [(i, s) for i, o in self.overrides.items() if (s := _stored_spec(i, o))]
-        trial = await self.reloader.compile_with([(override.id, spec), *current])
-        if (why := trial.idle_overrides.get(override.id)) is not None:
-            raise OverrideRefused(_field_of(why), why.partition(": ")[2] or why)
-        document = override.model_dump_json(exclude={"active", "idle"})
-        await self.store.put_override(override.id, document)
-        await self.refresh()
+        try:
+            await self._store_new(override, spec)
+            await self.refresh()  # applies it from its trial: not compiled a second time
+        finally:
+            self.reloader.forget_tried(override.id)
         self.metrics.override_changes.labels("set").inc()
         admin_change("override_set", **_audited(override))
-        return next((o for o in self.listed() if o.id == override.id), override)
+        return self._shown(override)  # this one only: a set costs no copy of them all
+
+    async def _store_new(self, override: Override, spec: OverrideSpec) -> None:
+        tried = await self.reloader.try_override(override.id, spec)  # its one compile
+        if (why := tried.idle) is not None:
+            raise OverrideRefused(_field_of(why), why.partition(": ")[2] or why)
+        document = override.model_dump_json(exclude={"active", "idle"})
+        stored = await self.store.put_override(override.id, document, MAX_OVERRIDES, self._expired)
+        if stored is None:
+            raise OverrideRefused("overrides", f"at most {MAX_OVERRIDES} runtime overrides")
+        self._read[override.id] = _Stored(document, override, spec)  # not parsed again
 
     async def remove(self, override_id: str, removed_by: str) -> bool:
         if await self.store.remove_override(override_id) is None:
@@ -197,6 +213,34 @@ class RuntimeOverrides:
         self.metrics.override_changes.labels("remove").inc()
         admin_change("override_removed", id=override_id, by=removed_by, at=self.now().isoformat())
         return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """One document of the store, parsed: the override, its spec for the policy (None if
+    the file's checks refuse it: `why`), or neither when it does not parse at all."""
+
+    document: str
+    override: Override | None
+    spec: OverrideSpec | None = None
+    why: str | None = None
+
+    @classmethod
+    def parse(cls, override_id: str, document: str) -> _Stored:
+        try:
+            override = Override.model_validate_json(document)
+        except ValidationError:  # written by something else: never let it stop the rest
+            log.error("runtime override %s in the store is unreadable; ignored", override_id)
+            return cls(document, None)
+        try:
+            return cls(document, override, _spec(override))
+        except OverrideRefused as exc:  # stored by an older or newer daemon: listed idle
+            log.error("runtime override %s in the store is refused: %s", override_id, exc)
+            return cls(document, override, why=f"{exc.field}: {exc}")
+
+    def live(self, now: datetime) -> bool:
+        expires_at = self.override.expires_at if self.override is not None else None
+        return expires_at is None or expires_at > now
 
 
 class _Deadlined:
@@ -208,11 +252,13 @@ class _Deadlined:
     async def overrides_version(self) -> int:
         return await self._within(self._store.overrides_version())
 
-    async def read_overrides(self) -> tuple[int, dict[str, str]]:
-        return await self._within(self._store.read_overrides())
+    async def read_overrides(self, known: Collection[str]) -> tuple[int, dict[str, str | None]]:
+        return await self._within(self._store.read_overrides(known))
 
-    async def put_override(self, override_id: str, document: str) -> int:
-        return await self._within(self._store.put_override(override_id, document))
+    async def put_override(
+        self, override_id: str, document: str, cap: int, drop: Sequence[str] = ()
+    ) -> int | None:
+        return await self._within(self._store.put_override(override_id, document, cap, drop))
 
     async def remove_override(self, override_id: str) -> int | None:
         return await self._within(self._store.remove_override(override_id))
@@ -248,14 +294,6 @@ def _whole_field(message: str) -> str:
     if "users or groups" in message:
         return "users"
     return "unlimited" if message.startswith("unlimited") else "rate"
-
-
-def _stored_spec(override_id: str, override: Override) -> OverrideSpec | None:
-    try:
-        return _spec(override)
-    except OverrideRefused as exc:  # stored by an older or newer daemon: skip, say so
-        log.error("runtime override %s in the store does not parse (%s); ignored", override_id, exc)
-        return None
 
 
 def _expiry(request: OverrideRequest, now: datetime) -> datetime | None:

@@ -45,7 +45,8 @@ from ratewarden.policy import (
     parse_policy,
 )
 from ratewarden.policy.bounded_yaml import read_bounded
-from ratewarden.policy.compile import compile_policy
+from ratewarden.policy.compile import compile_runtime_override, with_runtime
+from ratewarden.policy.model import CompiledOverride
 from ratewarden.policy.schema import OverrideSpec
 
 log = logging.getLogger("ratewarden.reload")
@@ -108,6 +109,9 @@ class PolicyReloader:
         # Runtime overrides in force (service/overrides.py): (id, override), compiled into
         # every policy this loads, the file's own reloads included.
         self.runtime: tuple[tuple[str, OverrideSpec], ...] = ()
+        # Ones compiled by `try_override` against the file (spec) in force: what the next
+        # `use_overrides` reuses rather than compiles again.
+        self._tried: tuple[object, dict[str, CompiledOverride]] = (None, {})
         # The last attempt, kept for the console's overview (GET /v1/admin/stats).
         self.last: ReloadOutcome | None = None
         # Reads the user tokens file again (auth.Tokens.reload_users): its mistake, or None.
@@ -170,17 +174,31 @@ class PolicyReloader:
             return load_example_policy(self.runtime)
         return parse_policy(raw, source=str(self.path), runtime=self.runtime)
 
-    async def compile_with(self, runtime: Sequence[tuple[str, OverrideSpec]]) -> Policy:
-        """The policy in force with these runtime overrides instead of its own, not swapped
-        in (its `idle_overrides` say which cannot apply). Built from the policy's own
-        document, so it is the source in force that is recompiled, not whatever the file
-        holds now (a change there is the watcher's to load)."""
-        return await asyncio.to_thread(with_overrides, self.engine.policy, runtime)
+    async def try_override(self, override_id: str, override: OverrideSpec) -> CompiledOverride:
+        """One runtime override compiled against the file in force, not applied: its `idle`
+        says why it cannot apply. Kept, so applying it (`use_overrides`) does not compile
+        it again, unless the file was reloaded in between."""
+        policy = self.engine.policy
+        compiled = await asyncio.to_thread(
+            compile_runtime_override, policy.spec, override_id, override
+        )
+        if self._tried[0] is not policy.spec:
+            self._tried = (policy.spec, {})
+        self._tried[1][override_id] = compiled
+        return compiled
+
+    def forget_tried(self, override_id: str) -> None:
+        """Its trial is applied or refused: nothing more to reuse (kept no longer)."""
+        self._tried[1].pop(override_id, None)
 
     async def use_overrides(self, runtime: Sequence[tuple[str, OverrideSpec]]) -> Policy:
-        """Swap in the policy in force with these runtime overrides instead of the last."""
+        """Swap in the policy in force with these runtime overrides (newest first) instead of
+        the last, compiling only those it has not (policy/compile.py `with_runtime`). Off
+        the event loop: checks go on while it merges."""
         async with self._lock:
-            new = await self.compile_with(runtime)
+            policy = self.engine.policy
+            tried = self._tried[1] if self._tried[0] is policy.spec else {}
+            new = await asyncio.to_thread(with_runtime, policy, runtime, tried)
             self.runtime = tuple(runtime)
             self.engine.policy = new
             self.engine.refusals.clear()  # a refusal remembered under the old limits
@@ -244,14 +262,6 @@ class PolicyReloader:
             self._last_tried = digest  # report a missing file once, not every poll
         await self.reload("file change", first)
         return True
-
-
-def with_overrides(policy: Policy, runtime: Sequence[tuple[str, OverrideSpec]]) -> Policy:
-    """`policy` compiled again with `runtime` overrides (its document holds the file's)."""
-    new, issues = compile_policy(policy.spec, policy.source, b"", runtime, version=policy.version)
-    if new is None:  # the document compiled before, so only a bug lands here
-        raise PolicyError(policy.source, issues)
-    return new
 
 
 def version_of(raw: bytes) -> str:

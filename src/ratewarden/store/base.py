@@ -13,7 +13,7 @@ and called for nothing.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Protocol, TypeVar, TypeVarTuple
 
 from ratewarden.clock import Clock
@@ -79,11 +79,19 @@ class OverrideLog(Protocol):
     async def overrides_version(self) -> int:
         """The version now (0: never changed)."""
 
-    async def read_overrides(self) -> tuple[int, dict[str, str]]:
-        """The version and every override document, read together."""
+    async def read_overrides(
+        self, known: Collection[str] = ()
+    ) -> tuple[int, dict[str, str | None]]:
+        """The version and every override, read together: its document, or None for the
+        ids in `known` (the reader has them: an id is never given to another override, so
+        a change moves only the documents it adds)."""
 
-    async def put_override(self, override_id: str, document: str) -> int:
-        """Store (or replace) one override; the new version."""
+    async def put_override(
+        self, override_id: str, document: str, cap: int, drop: Sequence[str] = ()
+    ) -> int | None:
+        """Remove the overrides `drop` (expired ones), then store (or replace) one, unless
+        `cap` others are stored already: both in one atomic step, so that daemons racing
+        to add cannot pass the cap together. The new version, or None when full."""
 
     async def remove_override(self, override_id: str) -> int | None:
         """Remove one override; the new version, or None if there was no such one."""
@@ -170,11 +178,17 @@ class Layer:
     async def overrides_version(self) -> int:
         return await self.around("overrides_version", self.inner.overrides_version)
 
-    async def read_overrides(self) -> tuple[int, dict[str, str]]:
-        return await self.around("read_overrides", self.inner.read_overrides)
+    async def read_overrides(
+        self, known: Collection[str] = ()
+    ) -> tuple[int, dict[str, str | None]]:
+        return await self.around("read_overrides", self.inner.read_overrides, known)
 
-    async def put_override(self, override_id: str, document: str) -> int:
-        return await self.around("put_override", self.inner.put_override, override_id, document)
+    async def put_override(
+        self, override_id: str, document: str, cap: int, drop: Sequence[str] = ()
+    ) -> int | None:
+        return await self.around(
+            "put_override", self.inner.put_override, override_id, document, cap, drop
+        )
 
     async def remove_override(self, override_id: str) -> int | None:
         return await self.around("remove_override", self.inner.remove_override, override_id)

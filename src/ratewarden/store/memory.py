@@ -18,7 +18,7 @@ import fnmatch
 import itertools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -153,12 +153,23 @@ class MemoryStore:
     async def overrides_version(self) -> int:
         return self._overrides_version
 
-    async def read_overrides(self) -> tuple[int, dict[str, str]]:
+    async def read_overrides(
+        self, known: Collection[str] = ()
+    ) -> tuple[int, dict[str, str | None]]:
         with self._lock:
-            return self._overrides_version, dict(self._overrides)
+            return self._overrides_version, {
+                i: None if i in known else document for i, document in self._overrides.items()
+            }
 
-    async def put_override(self, override_id: str, document: str) -> int:
-        with self._lock:
+    async def put_override(
+        self, override_id: str, document: str, cap: int, drop: Sequence[str] = ()
+    ) -> int | None:
+        with self._lock:  # the count and the write under one lock: the cap holds
+            dropped = [self._overrides.pop(i) for i in drop if i in self._overrides]
+            if override_id not in self._overrides and len(self._overrides) >= cap:
+                if dropped:  # gone all the same: every daemon must read them gone
+                    self._bump_overrides()
+                return None
             self._overrides[override_id] = document
             return self._bump_overrides()
 
