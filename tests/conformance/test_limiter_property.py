@@ -715,7 +715,9 @@ def test_memory_and_lua_agree_on_every_field(
 
     async def settle(store: Store, call_id: str, step: SettleStep, now: int, n: int) -> object:
         found = await store.read_holds(record_key(call_id))
-        holds = None if found is None else [with_period(h, now, step.forgotten) for h in found]
+        holds = (
+            None if found is None else [with_period(h, now, step.forgotten) for h in found.holds]
+        )
         if isinstance(store, MemoryStore):
             skipped.append(
                 any(h.kind is Kind.BUDGET and store._cells.get(h.key, now) is None for h in holds)
@@ -781,7 +783,8 @@ def test_amounts_of_a_hundred_million_and_more_survive_the_lua_twin(
             record = CallRecord(record_key(call_id), call_id, "u|t", RECORD_TTL, named=True)
             out.append(await store.evaluate([op], record))
             out.append(await store.evaluate([op], record))  # answered from the record
-            holds = [replace(h, period=period) for h in await store.read_holds(record.key) or []]
+            found = await store.read_holds(record.key)
+            holds = [replace(h, period=period) for h in (found.holds if found else [])]
             out.append(holds)
             try:
                 out.append(await store.settle(record.key, call_id, cost + 1, holds))

@@ -425,14 +425,18 @@ def test_agent_code_hook_sends_no_args_when_the_policy_does_not_read_them(blind:
     assert_args_not_sent(blind, user)
 
 
-def test_arguments_the_daemon_would_not_take_are_left_out_not_failed(reads_args: Daemon) -> None:
-    """Not a JSON object, or past the wire's caps: the call is still checked, without args."""
+def test_arguments_the_daemon_would_not_take_are_bounded_not_left_out(reads_args: Daemon) -> None:
+    """Not a JSON object, or past the wire's caps: the call is still checked, never as one
+    without arguments (issue 25): unreadable arguments meet the rule's condition, and an
+    `rm` padded past the caps is read as `rm`, while an `ls` padded alike runs."""
     user = new_user("agent-code")
     too_many_items = {"command": "rm -rf /home", "files": list(range(5000))}
     for tool_input in ["rm -rf /home", ["rm", "-rf"], too_many_items]:
         answer = agent_code(reads_args, user, tool_input)
-        assert (answer.returncode, answer.stderr) == (0, "")  # checked and allowed, no note
-    assert denials(reads_args, user) == []
+        assert answer.returncode == 1, tool_input
+        assert answer.stderr.splitlines()[0] == RM_REFUSED  # agent-code's veto reason
+    padded_ls = {"command": "ls -la", "files": list(range(5000))}
+    assert agent_code(reads_args, user, padded_ls).returncode == 0
 
 
 # -- end to end: hermes' AIAgent loop ----------------------------------------------------

@@ -26,7 +26,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from ratewarden.clock import FakeClock
-from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Kind, Role
+from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Kind, Recorded, Role
 from ratewarden.policy import parse_policy
 from ratewarden.service.app import create_app
 from ratewarden.settings import Settings
@@ -232,7 +232,7 @@ class HangingStore(MemoryStore):
         await self._trouble()
         return await super().evaluate(ops, record, dry_run)
 
-    async def read_holds(self, record_key: str) -> list[Hold] | None:
+    async def read_holds(self, record_key: str) -> Recorded | None:
         await self._trouble()
         return await super().read_holds(record_key)
 
@@ -245,10 +245,15 @@ class HangingStore(MemoryStore):
         return await super().recent_denials(count)
 
     async def settle(
-        self, record_key: str, call_id: str, actual: int | None, holds: Sequence[Hold]
+        self,
+        record_key: str,
+        call_id: str,
+        actual: int | None,
+        holds: Sequence[Hold],
+        fingerprint: str = "",
     ) -> tuple[int, list[int]]:
         await self._trouble()
-        return await super().settle(record_key, call_id, actual, holds)
+        return await super().settle(record_key, call_id, actual, holds, fingerprint)
 
     async def reset(self, pattern: str) -> int:
         await self._trouble()
