@@ -123,7 +123,7 @@ class ArgsGate:
         """`request` without its args unless the daemon wants them (known() is set)."""
         if request.args is None or self._send:
             return request
-        return request.model_copy(update={"args": None, "args_cut": []})
+        return request.model_copy(update={"args": None, "args_cut": None})
 
 
 def _capabilities(body: Any) -> bool:

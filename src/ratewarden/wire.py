@@ -392,7 +392,7 @@ class CheckRequest(_Body):
     cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)] | None = None
     metadata: ToolMetadata | None = None
     args: Args | None = None
-    args_cut: ArgsCut = []
+    args_cut: ArgsCut | None = None  # None, not []: a default list is copied per call
     approved: StrictBool = False
 
 
@@ -525,7 +525,7 @@ class HookEvent(_Body):
     session: HookText | None = None
     call_id: HookText | None = None
     args: Any = Field(None, description="the tool's input; never stored or logged")
-    args_cut: ArgsCut = []
+    args_cut: ArgsCut | None = None
     finished: bool = False
     status: Annotated[str, Field(min_length=1, max_length=32)] | None = None
     duration_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None

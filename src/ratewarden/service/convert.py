@@ -42,7 +42,7 @@ def to_call(request: CheckRequest) -> Call:
         approved=request.approved,
         named=request.call_id is not None,
         args=request.args if request.args is not None or not request.args_cut else {},
-        args_cut=tuple(_steps(path) for path in request.args_cut),
+        args_cut=tuple(_steps(path) for path in request.args_cut or ()),
     )
 
 
