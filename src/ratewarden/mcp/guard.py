@@ -15,9 +15,9 @@ gateway (one `SessionGuard` per client session) share it.
 - **Ask.** With the client's form elicitation capability declared in `initialize`, the
   user is asked by the relay's `ask`; an accepted ask is checked again with
   `approved: true`. Otherwise the call is refused with `vocabulary.needs_approval`. A
-  client on the 2026-07-28 protocol (no `initialize`; Claude Code 2.x) is never asked: it
-  drops a server's `elicitation/create` sent outside a request ("not servable on this
-  connection's protocol era"), and the call would wait for ever.
+  client on the 2026-07-28 protocol (no `initialize` the server accepted; Claude Code 2.x)
+  is never asked: it drops a server's `elicitation/create` sent outside a request ("not
+  servable on this connection's protocol era"), and the call would wait for ever.
 - **Settle.** An admitted call that holds a concurrency slot or budget money is settled
   when the server answers (`ok`, or `error` for `isError` or a JSON-RPC error), when it
   is cancelled (`cancelled`), or when the session ends first (`abandoned`), with the time

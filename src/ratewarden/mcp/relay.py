@@ -65,6 +65,8 @@ class Relay:
         self._from_client, self._to_client = client
         self._from_server, self._to_server = server
         self._client_lists: set[RequestId] = set()  # the client's tools/list requests
+        # The client's `initialize` requests, until the server answers: their params.
+        self._initializing: dict[RequestId, Mapping[str, Any] | None] = {}
         self._progress: dict[object, RequestId] = {}  # a request's progress token -> its id
         self._progress_token: dict[RequestId, object] = {}  # and back
         self._own_lists: dict[str, list[dict[str, Any]]] = {}  # ours: the pages so far
@@ -123,7 +125,7 @@ class Relay:
             tasks.start_soon(self._call, item, message)
             return
         if message.method == "initialize":
-            self.guard.initialize(message.params)
+            self._initializing[message.id] = message.params
         elif message.method == "tools/list":
             self._client_lists.add(message.id)
         await self._to_server.send(item)
@@ -200,12 +202,24 @@ class Relay:
         if request_id is None:
             return None
         self._answered(request_id)
+        if request_id in self._initializing:
+            self._initialized(request_id, accepted=isinstance(message, types.JSONRPCResponse))
         if request_id in self._client_lists:
             self._client_lists.discard(request_id)
             if isinstance(message, types.JSONRPCResponse):
                 self.guard.catalog.read(message.result)
         error = isinstance(message, types.JSONRPCError) or _is_error(message.result)
         return self.guard.finish(request_id, error=error)
+
+    def _initialized(self, request_id: RequestId, *, accepted: bool) -> None:
+        """The server answered an `initialize`: its capabilities hold only if accepted. Claude
+        Code 2.x, whose 2026-07-28 probe the server is slow to answer, tries the old
+        handshake with elicitation declared; the server refuses it and the session goes on
+        in the new era, which drops an `elicitation/create` sent outside a request: were the
+        refused capabilities kept, an ask would wait for ever."""
+        params = self._initializing.pop(request_id)
+        if accepted:
+            self.guard.initialize(params)
 
     # -- the relay's own requests ---------------------------------------------------------
 
