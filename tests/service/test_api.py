@@ -475,14 +475,17 @@ async def test_a_different_policy_has_a_different_version(clock: FakeClock) -> N
 
 async def test_healthz_and_readyz(client: httpx.AsyncClient) -> None:
     health = await client.get("/healthz")
-    assert (health.status_code, health.json()) == (200, {"status": "ok"})
+    assert (health.status_code, health.json()) == (200, {"status": "ok", "store": "ok"})
     ready = await client.get("/readyz")
     version = parse_policy(POLICY.encode()).version
-    assert (ready.status_code, ready.json()) == (200, {"status": "ready", "policy": version})
+    expected = {"status": "ready", "policy": version, "store": "ok", "answering": "store"}
+    assert (ready.status_code, ready.json()) == (200, expected)
 
 
 @pytest.mark.redis
-async def test_readyz_is_503_once_the_store_goes_away(tmp_path: Path) -> None:
+async def test_readyz_stays_ready_and_says_the_store_went_away(tmp_path: Path) -> None:
+    """Ready means "can answer": by the fail mode too. Were it 503, every pod would leave
+    its Service at once and the hosts would follow their own fail mode (open by default)."""
     redis_server = start_redis(tmp_path / "redis")
     try:
         app = build_app(POLICY, store=store_from_url(redis_server.url))
@@ -490,9 +493,12 @@ async def test_readyz_is_503_once_the_store_goes_away(tmp_path: Path) -> None:
             assert (await client.get("/readyz")).status_code == 200
             redis_server.stop()
             ready = await client.get("/readyz")
-            assert ready.status_code == 503
-            assert ready.json()["status"] == "unavailable"
-            assert (await client.get("/healthz")).status_code == 200
+            assert ready.status_code == 200
+            assert ready.json()["answering"] == "fail mode"
+            assert ready.json()["store"].startswith("unavailable: ")
+            health = await client.get("/healthz")
+            assert health.status_code == 200
+            assert health.json()["store"].startswith("unavailable: ")
             # Decisions still answer (fail open by default), flagged as degraded.
             answer = await check(client, user="u", tool="terminal")
             assert (answer["decision"], answer["degraded"]) == ("allow", True)
@@ -504,13 +510,13 @@ async def test_readyz_is_503_once_the_store_goes_away(tmp_path: Path) -> None:
         redis_server.stop()
 
 
-async def test_readyz_is_503_when_the_store_is_down_from_the_start() -> None:
+async def test_readyz_is_ready_by_the_fail_mode_when_the_store_is_down_from_the_start() -> None:
     store = store_from_url(f"redis://127.0.0.1:{free_port()}/0")
     try:
         async with serving(build_app(POLICY, store=store)) as client:
             ready = await client.get("/readyz")
-            assert ready.status_code == 503
-            assert ready.json()["status"] == "unavailable"
+            assert ready.status_code == 200
+            assert (ready.json()["status"], ready.json()["answering"]) == ("ready", "fail mode")
             assert (await client.get("/healthz")).status_code == 200
             answer = await check(client, user="u", tool="terminal")
             assert (answer["decision"], answer["degraded"]) == ("allow", True)

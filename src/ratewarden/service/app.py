@@ -133,7 +133,7 @@ class _Services:
         try:
             await self.timed.start()
         except StoreError as exc:
-            # Keep serving: decisions follow the fail mode and /readyz says 503 until the
+            # Keep serving: decisions follow the fail mode (/readyz says so) until the
             # store answers; the script is loaded again on first use.
             log.warning("store not reachable at start-up (%s); will retry on use", exc)
         self.metrics.policy_loaded(self.policy)
