@@ -22,6 +22,7 @@ import httpx
 import pytest
 import redis
 
+from ratewarden.wire import CheckResponse
 from tests.helpers.daemon import Daemon, clean_environment, running_daemon
 from tests.helpers.redis_server import running_redis
 
@@ -128,6 +129,8 @@ def test_a_fail_open_cap_admits_its_slots_until_a_settle_frees_one(http: httpx.C
     held = [check(http, "dave", "browser", f"dave-{i}") for i in range(3)]
     assert outcomes(held) == [("allow", True), ("allow", True), ("deny", True)]
     assert held[-1]["message"].startswith("Concurrency limit: max 2 browser calls at once")
+    # Clients settle what holds a slot; a degraded answer counted here does hold one.
+    assert CheckResponse.model_validate(held[0]).holds
     settled = http.post("/v1/calls/dave-0/settle", json={})
     assert settled.status_code == 200, settled.text
     assert settled.json()["outcome"] == "settled"
