@@ -81,7 +81,7 @@ METRICS = {
     "soft_limit": Spec(Counter, "ratewarden_budget_soft_limit_total",
         "Allowed calls flagged by a budget's soft limit.", ("rule",)),
     "degraded": Spec(Counter, "ratewarden_degraded_decisions_total",
-        "Decisions made without the store (by the fail mode): allow is fail-open.",
+        "Decisions made without the store: fail closed, or a fail-open rule's local count.",
         ("decision",)),
     "duration": Spec(Histogram, "ratewarden_check_duration_seconds",
         "Time to decide one call, store round trip included."),

@@ -451,12 +451,10 @@ class CheckResponse(BaseModel):
     @property
     def holds(self) -> bool:
         """Whether this allowed call holds a concurrency slot or budget money until it is
-        settled (a fail-open answer holds nothing: the store was not asked)."""
-        return (
-            self.allowed
-            and not self.degraded
-            and any(limit.kind in HOLDING_KINDS for limit in self.limits)
-        )
+        settled. A degraded answer may: the daemon counts fail-open rules in its own
+        process while the store is down, and frees the slot at the settle. A client's own
+        fail-open answer (no daemon) lists no limits, so it holds nothing."""
+        return self.allowed and any(limit.kind in HOLDING_KINDS for limit in self.limits)
 
 
 class BatchResponse(BaseModel):

@@ -26,6 +26,7 @@ from ratewarden.engine.decision import (
     soft_limit_warning,
     verdict,
 )
+from ratewarden.engine.fallback import LOCAL_KEYS, LocalCounts
 from ratewarden.engine.refusals import MAX_ENTRIES, RefusalCache
 from ratewarden.errors import RatewardenError
 from ratewarden.limiter.ops import (
@@ -36,6 +37,7 @@ from ratewarden.limiter.ops import (
     Hold,
     Kind,
     OpResult,
+    Recorded,
     Role,
 )
 from ratewarden.limiter.script import SettleStatus
@@ -53,7 +55,7 @@ from ratewarden.policy.model import (
     RateLimit,
     Unlimited,
 )
-from ratewarden.store.base import Store, StoreError
+from ratewarden.store.base import Counters, Store, StoreError
 from ratewarden.store.breaker import CircuitOpenError
 from ratewarden.store.keys import CounterKeys, encode, record_key, reset_patterns
 from ratewarden.vocabulary import APPROVED_PAST, UNAVAILABLE
@@ -166,6 +168,7 @@ class Engine:
         clock: Clock | None = None,
         *,
         remember_refusals: bool = True,
+        local_keys: int = LOCAL_KEYS,
     ) -> None:
         self.policy = policy
         self.store = store
@@ -175,6 +178,8 @@ class Engine:
         self._plan_of: dict[int, _Plan] = {}  # by id() of the policy's Applied
         # Rate refusals, until their wait ends (room for none: every call asks the store).
         self.refusals = RefusalCache(self.clock, MAX_ENTRIES if remember_refusals else 0)
+        # Fail-open rules' counts while the store is down (fallback.py): bounded, not free.
+        self.local = LocalCounts(self.clock, local_keys)
 
     async def check(self, call: Call) -> Decision:
         """Decide `call` against every rule that applies, consuming all or nothing."""
@@ -196,10 +201,11 @@ class Engine:
         if refusals.entries and (known := self._known_refusal(policy, call, plans, ops)):
             return known if gate is None else gate.joined(known)
         asked_at = refusals.clock()
+        record = self._record(policy, call, ops)
         try:
-            found = await self.store.evaluate(ops, self._record(policy, call, ops))
+            found = await self.store.evaluate(ops, record)
         except StoreError as exc:
-            return self._unavailable(policy, applied, call, exc)
+            return self._unavailable(policy, call, plans, ops, record, exc)
         decided = self._counted(policy, call, plans, ops, found)
         if decided.violations:  # a refusal (a replay is an allow)
             refusals.remember(ops, found.results, [p.denies for p in plans], asked_at)
@@ -284,14 +290,36 @@ class Engine:
         settles only the record read here (its fingerprint), in one atomic step.
         """
         key = record_key(call_id)
-        found = await self.store.read_holds(key)
-        if found is None:
-            return Settlement(call_id, "unknown")
+        local = self.local
+        try:
+            found = await self.store.read_holds(key)
+        except StoreError:
+            if not local.knows(key):
+                raise
+            found = None
+        if found is not None:
+            return await self._settled_in(self.store, key, call_id, cost, may_settle, found)
+        if local.used:  # a call decided while the store was down is settled where counted
+            found = await local.read_holds(key)
+            if found is not None:
+                return await self._settled_in(local, key, call_id, cost, may_settle, found)
+        return Settlement(call_id, "unknown")
+
+    async def _settled_in(
+        self,
+        store: Counters,
+        key: str,
+        call_id: str,
+        cost: float | None,
+        may_settle: Callable[[str], bool] | None,
+        found: Recorded,
+    ) -> Settlement:
+        """Settle the call recorded as `found` in `store` (the real one, or the local count)."""
         if may_settle is not None and not may_settle(owner_of(found.fingerprint)):
             return Settlement(call_id, "unknown")
         holds = [self._with_period(h) for h in found.holds]
         actual = None if cost is None else to_micros(cost)
-        status, charged = await self.store.settle(key, call_id, actual, holds, found.fingerprint)
+        status, charged = await store.settle(key, call_id, actual, holds, found.fingerprint)
         if status is SettleStatus.UNKNOWN:
             return Settlement(call_id, "unknown")
         if status is SettleStatus.ALREADY_SETTLED:
@@ -311,7 +339,11 @@ class Engine:
         if user is None and rule is None:
             raise ValueError("name a user, a rule, or both")
         self.refusals.clear()
-        return sum([await self.store.reset(pattern) for pattern in reset_patterns(user, rule)])
+        patterns = reset_patterns(user, rule)
+        deleted = sum([await self.store.reset(pattern) for pattern in patterns])
+        for pattern in patterns:  # and what this process counted while the store was down
+            await self.local.reset(pattern)
+        return deleted
 
     async def usage(
         self,
@@ -435,9 +467,17 @@ class Engine:
         )
 
     def _unavailable(
-        self, policy: Policy, applied: Sequence[Applied], call: Call, error: StoreError
+        self,
+        policy: Policy,
+        call: Call,
+        plans: Sequence[_Plan],
+        ops: Sequence[CounterOp],
+        record: CallRecord,
+        error: StoreError,
     ) -> Decision:
-        """The store did not answer: each enforcing rule's `fail` mode decides."""
+        """The store did not answer: each enforcing rule's `fail` mode decides. A rule
+        that fails closed refuses; those that fail open are counted in this process
+        (fallback.py), so they admit at most their limits, not every call."""
         # An open circuit refuses every call at once and was logged when it opened.
         quiet = isinstance(error, CircuitOpenError)
         log.log(
@@ -446,14 +486,30 @@ class Engine:
             error,
         )
         default = self.fail or policy.defaults["fail"]
-        closed = [
-            a.rule
-            for a in applied
-            if (a.rule.fail or default) == "closed" and a.rule.mode is Mode.ENFORCE
+        enforcing = [
+            (plan, op)
+            for plan, op in zip(plans, ops, strict=True)
+            if plan.applied.rule.mode is Mode.ENFORCE
         ]
-        if not closed:
+        closed = [plan for plan, _ in enforcing if (plan.applied.rule.fail or default) == "closed"]
+        if closed:  # refused before anything is counted: nothing to give back
+            return self._paused(policy, call, closed[0])
+        if not enforcing:  # shadow rules only: they never refuse
             return Decision("allow", call.call_id, degraded=True, approved=call.approved)
-        rule = closed[0]
+        counted = [plan for plan, _ in enforcing]
+        local_ops = [op for _, op in enforcing]
+        # A record only for calls that hold a slot or money (their settle needs it).
+        holding = any(op.kind in HOLDING for op in local_ops)
+        found = self.local.decide(local_ops, record if holding else None)
+        if found is None:  # no room left for another counter: refuse rather than guess
+            return self._paused(policy, call, counted[0])
+        decided = self._counted(policy, call, counted, local_ops, found)
+        return replace(decided, degraded=True)
+
+    @staticmethod
+    def _paused(policy: Policy, call: Call, plan: _Plan) -> Decision:
+        """A refusal because the store cannot be asked (the rule's UNAVAILABLE message)."""
+        rule = plan.applied.rule
         label = rule.label or policy.label_for(call.tool)
         message = default_template(UNAVAILABLE).render({"label": label}, None)
         refusal = Verdict(rule.name, UNAVAILABLE, False, 0, 0, None, 0.0, message)
