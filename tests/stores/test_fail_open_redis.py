@@ -173,3 +173,24 @@ async def test_two_processes_admit_exactly_twice_the_limit_and_the_budget(
         assert sorted(found) == [("allow", True)] * 5 + [("deny", True)] * 25
     for found in budgets:  # each process: 3 x 0.30 of its own 1.00
         assert sorted(found) == [("allow", True)] * 3 + [("deny", True)] * 7
+
+
+def test_an_adapter_settles_a_degraded_call_that_holds_a_local_slot(down: Daemon) -> None:
+    """The hermes plugin (as adk, contextforge, openai_agents and pydantic_ai) skipped the
+    settle of every degraded answer: a slot counted locally stayed held until its lease
+    ran out, and the user's next browser calls were refused meanwhile."""
+    from ratewarden.client import Guard
+    from ratewarden.integrations.hermes import RatewardenPlugin
+
+    plugin = RatewardenPlugin(guard=Guard(down.url), user=lambda hook: "erin")
+    try:
+        for turn in range(4):  # one slot at a time, each freed by its post hook
+            call = {"args": {}, "tool_call_id": f"c{turn}", "session_id": "s"}
+            assert plugin.pre_tool_call(tool_name="browser", **call) is None, turn
+            plugin.post_tool_call(tool_name="browser", result="ok", **call)
+        with httpx.Client(base_url=down.url, trust_env=False, timeout=10.0) as http:
+            # Both slots free: two held at once, the third refused.
+            held = [check(http, "erin", "browser", f"erin-{i}") for i in range(3)]
+    finally:
+        plugin.guard.close()
+    assert outcomes(held) == [("allow", True), ("allow", True), ("deny", True)]

@@ -121,7 +121,8 @@ class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
             return self._ask(tool.name, tool_context, answer.message)
         if not answer.allowed:
             return _refused(answer.message)
-        if not answer.degraded:  # a fail-open answer holds nothing to settle
+        # A fail-open answer holds nothing, unless the daemon counted it locally (holds).
+        if answer.holds or not answer.degraded:
             self._admitted[tool_context] = _Admitted(guard, call_id, time.perf_counter())
         return None
 

@@ -123,7 +123,8 @@ class RatewardenPlugin(Plugin):  # type: ignore[misc,unused-ignore]
                 details=_details(answer),
             )
             return ToolPreInvokeResult(continue_processing=False, violation=violation)
-        if not answer.degraded:  # a fail-open answer holds nothing to settle
+        # A fail-open answer holds nothing, unless the daemon counted it locally (holds).
+        if answer.holds or not answer.degraded:
             context.state[_STATE_KEY] = _Admitted(guard, call_id, time.perf_counter())
         return ToolPreInvokeResult(continue_processing=True)
 

@@ -123,7 +123,7 @@ class RatewardenPlugin:
             answer = self._ask_human(request, answer)
         if not answer.allowed:
             return _block(answer.message or vocabulary.REFUSED.format(tool=tool))
-        if not answer.degraded:
+        if answer.holds or not answer.degraded:  # a fail-open one holds only what it lists
             self._remember(_call_key(kwargs), answer.call_id or request.call_id or "")
         return None
 

@@ -90,7 +90,7 @@ class _Check:
         info = answer.model_dump(include={"decision", "call_id", "degraded", "retry_after"})
         if not answer.allowed:
             return ToolGuardrailFunctionOutput.reject_content(answer.message, output_info=info)
-        if not answer.degraded:
+        if answer.holds or not answer.degraded:  # a fail-open one holds only what it lists
             _admitted[tool_context] = _Admitted(guard, call_id, time.perf_counter())
         return ToolGuardrailFunctionOutput.allow(output_info=info)
 

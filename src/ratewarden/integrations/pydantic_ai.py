@@ -105,7 +105,8 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         if answer.decision == "deny":
             return ToolPermissionResult(decision=ToolDecision.DENY, reason=answer.message)
         asked = answer.decision == "ask"
-        if not answer.degraded:  # a fail-open answer holds nothing to settle
+        # A fail-open answer holds nothing, unless the daemon counted it locally (holds).
+        if answer.holds or not answer.degraded:
             started = time.perf_counter()
             admitted = _Admitted(guard, user, tool_name, call_id, asked, started, tool_args)
             self._admitted.set(admitted)
