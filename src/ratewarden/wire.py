@@ -570,8 +570,22 @@ class ResetRequest(_Body):
     rule: RuleRef | None = None
 
 
+class ForgottenCounter(BaseModel):
+    """A user's counter as it stood just before a reset deleted it."""
+
+    rule: str
+    kind: str  # rate, budget or concurrency
+    used: Number  # calls in the window, slots in use, or money spent
+    reserved: float | None = None  # budgets: held by calls not yet settled, forgotten too
+    currency: str | None = None
+
+
 class ResetResponse(BaseModel):
-    deleted: int
+    deleted: int  # counter keys deleted
+    # What the reset forgot, for a reset that names a user: that user's counters kept per
+    # user alone (those kept per tool, session or team too are deleted, not listed). None
+    # for a rule reset for every user: nothing is read before it (docs/overrides.md).
+    forgotten: list[ForgottenCounter] | None = None
 
 
 class DenialsResponse(BaseModel):
