@@ -92,25 +92,20 @@ def _confirmed(client: Any, request: Any) -> bool:
 def _question(client: Any, request: Any) -> str:
     """What will be forgotten, read from the user's usage just before asking."""
     from ratewarden.vocabulary import shown
+    from ratewarden.wire import held_by_user
 
     if request.user is None:
         return f"Forget {shown(request.rule)} for every user?"
     held = [
         item
         for item in client.usage(request.user).limits
-        if (request.rule is None or item.rule == request.rule) and _holds(item)
+        if (request.rule is None or item.rule == request.rule) and held_by_user(item)
     ]
     who = shown(request.user)
     if request.rule is not None:
         amount = _amount(held[0]) if held else "nothing counted"
         return f"Forget {amount} by {who} on {shown(request.rule)}?"
     return f"Forget every counter of {who} ({_listed(held) or 'nothing counted'})?"
-
-
-def _holds(item: Any) -> bool:
-    """A counter kept per user alone that holds something (as the daemon reports it)."""
-    counted = item.limit is not None and item.kind != "access"
-    return counted and "user" in item.scope and bool(item.used or item.reserved)
 
 
 def _amount(item: Any) -> str:

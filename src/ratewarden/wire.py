@@ -580,6 +580,14 @@ class ForgottenCounter(BaseModel):
     currency: str | None = None
 
 
+def held_by_user(item: Any) -> bool:
+    """Whether a usage item (UsageItem, or the engine's Usage) read for a user alone is one
+    a reset of that user forgets and lists: a counter scoped by the user that holds
+    something. The daemon's `forgotten` and `ratewarden reset`'s question both use it."""
+    counted = item.limit is not None and item.kind != "access"
+    return counted and "user" in item.scope and bool(item.used or item.reserved)
+
+
 class ResetResponse(BaseModel):
     deleted: int  # counter keys deleted
     # What the reset forgot, for a reset that names a user: that user's counters kept per

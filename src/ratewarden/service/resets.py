@@ -21,7 +21,7 @@ from ratewarden.audit import admin_change
 from ratewarden.engine import Engine
 from ratewarden.engine.decision import Usage
 from ratewarden.metrics import Metrics
-from ratewarden.wire import ForgottenCounter, ResetResponse
+from ratewarden.wire import ForgottenCounter, ResetResponse, held_by_user
 
 
 async def read_before(
@@ -34,14 +34,8 @@ async def read_before(
     return [
         _forgotten(item)
         for item in found
-        if (rule is None or item.rule == rule) and _holds_something(item)
+        if (rule is None or item.rule == rule) and held_by_user(item)
     ]
-
-
-def _holds_something(item: Usage) -> bool:
-    # Only counters kept per user are this user's alone: a per-tool one was read at no tool.
-    counted = item.limit is not None and item.kind != "access"
-    return counted and "user" in item.scope and bool(item.used or item.reserved)
 
 
 def _forgotten(item: Usage) -> ForgottenCounter:
