@@ -189,3 +189,32 @@ def test_cli_reset_asks_first_at_a_terminal_naming_the_amount(daemon: Daemon) ->
     os.close(terminal)
     assert os.waitstatus_to_exitcode(status) == 0
     assert used_on(daemon, "gina")["daily-spend"] == (0.0, 0.0)
+
+
+def test_resets_through_any_worker_are_counted_once_each(tmp_path: Path) -> None:
+    """With `--workers 2`, whichever worker takes a reset, /metrics (merged across the
+    workers) counts every one of them, and each is audited once."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    env = clean_environment(RATEWARDEN_ADMIN_TOKENS=ADMIN, RATEWARDEN_API_TOKENS=CHECK)
+    with (
+        running_redis(tmp_path / "redis") as redis_server,
+        running_daemon(
+            tmp_path,
+            "--store-url",
+            redis_server.url,
+            "--policy",
+            str(policy),
+            "--workers",
+            "2",
+            env=env,
+        ) as workers,
+    ):
+        for n in range(6):  # a new connection each: either worker may take it
+            done = ratewarden("reset", "--url", workers.url, "--token", ADMIN, "--user", f"u{n}")
+            assert done.returncode == 0, done.stderr
+        with httpx.Client(base_url=workers.url, trust_env=False, timeout=5) as http:
+            metrics = http.get("/metrics").text
+        assert 'ratewarden_resets_total{target="user"} 6.0' in metrics
+        audited = [audited_in_log(workers, f"u{n}") for n in range(6)]
+        assert [len(lines) for lines in audited] == [1] * 6
