@@ -1,4 +1,5 @@
-"""The `ratewarden` command: serve, check, settle, usage, hook, policy check, policy explain.
+"""The `ratewarden` command: serve, check, settle, usage, hook, policy check, policy explain
+(and override, reset: cli_override.py, cli_reset.py).
 
 Exit codes of `check`: 0 allow, 1 deny (reason on stderr), 3 ask, 4 daemon unreachable,
 2 bad usage (a flag, or a request the daemon refused). `hook HOST` answers in the host's
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ratewarden import __version__, cli_override
+from ratewarden import __version__, cli_override, cli_reset
 from ratewarden.hooks import command as hook_command
 from ratewarden.vocabulary import METADATA_FLAGS
 
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mcp_help(commands)
     _add_policy(commands)
     cli_override.add_parser(commands, _add_client_flags)
+    cli_reset.add_parser(commands, _add_client_flags)
     return parser
 
 

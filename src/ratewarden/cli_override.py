@@ -61,8 +61,8 @@ def _client(args: argparse.Namespace) -> Any:
     return Client(settings.url, settings.token, timeout=args.timeout)
 
 
-def _asking(run: Callable[[Any], int], args: argparse.Namespace) -> int:
-    """Run `run(client)`, saying plainly why the daemon did not do it."""
+def asking(run: Callable[[Any], int], args: argparse.Namespace) -> int:
+    """Run `run(client)`, saying plainly why the daemon did not do it (also for `reset`)."""
     from ratewarden.cli import EXIT_UNREACHABLE, EXIT_USAGE
     from ratewarden.client import ClientError, DaemonUnavailable
     from ratewarden.vocabulary import shown
@@ -106,7 +106,7 @@ def _set(args: argparse.Namespace) -> int:
             print(f"override {made.id} set: {_describe(made)}")
         return 0
 
-    return _asking(run, args)
+    return asking(run, args)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -124,7 +124,7 @@ def _list(args: argparse.Namespace) -> int:
             print(f"{shown(override.id)}  {_describe(override)}")
         return 0
 
-    return _asking(run, args)
+    return asking(run, args)
 
 
 def _remove(args: argparse.Namespace) -> int:
@@ -133,7 +133,7 @@ def _remove(args: argparse.Namespace) -> int:
         print(f"override {args.id} removed")
         return 0
 
-    return _asking(run, args)
+    return asking(run, args)
 
 
 def _describe(override: Any) -> str:

@@ -41,6 +41,8 @@ from ratewarden.wire import (
     OverrideRemoved,
     OverrideRequest,
     OverridesResponse,
+    ResetRequest,
+    ResetResponse,
     SettleRequest,
     SettleResponse,
     UsageResponse,
@@ -189,6 +191,11 @@ class Client:
     def remove_override(self, override_id: str) -> OverrideRemoved:
         path = f"/v1/admin/overrides/{quote(override_id, safe='')}"
         return OverrideRemoved.model_validate(self._call("DELETE", path))
+
+    def reset(self, request: ResetRequest) -> ResetResponse:
+        """Forget counters (an admin token); the answer says what they held."""
+        body = request.model_dump(exclude_none=True)
+        return ResetResponse.model_validate(self._call("POST", "/v1/admin/reset", json=body))
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

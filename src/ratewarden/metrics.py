@@ -40,6 +40,7 @@ from ratewarden.store.breaker import STATES as CIRCUIT_STATES
 # Sub-millisecond to a second: a check normally takes well under 5 ms.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 T = TypeVar("T")
+RESET_TARGETS = ("user", "rule", "user_rule")  # the `target` label of ratewarden_resets_total
 NEAR_LIMIT = 0.8  # an allowed call that leaves a rule at least this full is "near the limit"
 # (near_limit() compares 5 * used >= 4 * limit: keep the two in step)
 
@@ -100,6 +101,10 @@ METRICS = {
     "override_changes": Spec(Counter, "ratewarden_override_changes_total",
         "Runtime overrides set or removed through the admin API, by action (set, remove).",
         ("action",)),
+    "resets": Spec(Counter, "ratewarden_resets_total",
+        "Counter resets through the admin API (console, CLI), by what they named (user: "
+        "every rule of one user; rule: one rule for everyone; user_rule: one user's rule).",
+        ("target",)),
     "policy_info": Spec(Gauge, "ratewarden_policy_info",
         "The policy in force: 1 for its version.", ("version",)),
     "circuit_open": Spec(Gauge, "ratewarden_store_circuit_open",
@@ -133,6 +138,7 @@ class Metrics:
     settles: Counter
     reloads: Counter
     override_changes: Counter
+    resets: Counter
     policy_info: Gauge
     circuit_open: Gauge
     circuit_transitions: Counter
@@ -151,6 +157,8 @@ class Metrics:
             self.circuit_transitions.labels(state)
         for action in ("set", "remove"):
             self.override_changes.labels(action)
+        for target in RESET_TARGETS:
+            self.resets.labels(target)
         self._version = ""
         self._remembered_seen = 0
 

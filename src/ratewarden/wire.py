@@ -568,8 +568,30 @@ class ResetRequest(_Body):
     rule: RuleRef | None = None
 
 
+class ForgottenCounter(BaseModel):
+    """A user's counter as it stood just before a reset deleted it."""
+
+    rule: str
+    kind: str  # rate, budget or concurrency
+    used: Number  # calls in the window, slots in use, or money spent
+    reserved: float | None = None  # budgets: held by calls not yet settled, forgotten too
+    currency: str | None = None
+
+
+def held_by_user(item: Any) -> bool:
+    """Whether a usage item (UsageItem, or the engine's Usage) read for a user alone is one
+    a reset of that user forgets and lists: a counter scoped by the user that holds
+    something. The daemon's `forgotten` and `ratewarden reset`'s question both use it."""
+    counted = item.limit is not None and item.kind != "access"
+    return counted and "user" in item.scope and bool(item.used or item.reserved)
+
+
 class ResetResponse(BaseModel):
-    deleted: int
+    deleted: int  # counter keys deleted
+    # What the reset forgot, for a reset that names a user: that user's counters kept per
+    # user alone (those kept per tool, session or team too are deleted, not listed). None
+    # for a rule reset for every user: nothing is read before it (docs/overrides.md).
+    forgotten: list[ForgottenCounter] | None = None
 
 
 class DenialsResponse(BaseModel):

@@ -179,6 +179,8 @@ def test_reset_from_the_page_clears_the_counter(
     row = console.page.locator(f"#usage-table tbody tr[data-rule='{RULE}']")
     expect(row).to_contain_text("at limit")
     console.page.click(f"button[aria-label='Reset {RULE}']")
+    expect(row).to_contain_text(f"Forget 2 calls by {user} on {RULE}?")  # asks first
+    console.page.click(f"button[aria-label='Confirm reset {RULE}']")
     expect(console.page.locator("#user-message")).to_contain_text("cleared")
     expect(row.locator("td").nth(3)).to_have_text("0")  # used, read again from the daemon
     expect(row).not_to_contain_text("at limit")

@@ -318,7 +318,8 @@ async def test_admin_reset_one_rule_or_all_of_a_users_counters(
         assert (await usage(http, tool="browser_open"))["spend"]["reserved"] == 1.0
 
         one = await http.post("/v1/admin/reset", json={"user": "alice", "rule": "spend"})
-        assert one.json() == {"deleted": 1}
+        held = {"rule": "spend", "kind": "budget", "used": 0.0, "reserved": 1.0, "currency": "USD"}
+        assert one.json() == {"deleted": 1, "forgotten": [held]}  # what it held (test_resets)
         found = await usage(http, tool="browser_open")
         assert (found["spend"]["used"], found["spend"]["reserved"]) == (0.0, 0.0)
         assert (found["browser-slots"]["used"], found["calls"]["used"]) == (1, 1)
@@ -326,7 +327,7 @@ async def test_admin_reset_one_rule_or_all_of_a_users_counters(
         assert (bob["spend"]["reserved"], bob["calls"]["used"]) == (2.0, 1)
 
         everything = await http.post("/v1/admin/reset", json={"user": "alice"})
-        assert everything.json() == {"deleted": 2}
+        assert everything.json()["deleted"] == 2
         found = await usage(http, tool="browser_open")
         assert [(r, found[r]["used"]) for r in ("calls", "browser-slots")] == [
             ("calls", 0),
@@ -336,7 +337,7 @@ async def test_admin_reset_one_rule_or_all_of_a_users_counters(
 
         # A rule for everyone.
         rule = await http.post("/v1/admin/reset", json={"rule": "spend"})
-        assert rule.json() == {"deleted": 1}
+        assert rule.json() == {"deleted": 1, "forgotten": None}  # not read for everyone
         bob = await usage(http, user="bob", tool="browser_open")
         assert (bob["spend"]["reserved"], bob["calls"]["used"]) == (0.0, 1)
 

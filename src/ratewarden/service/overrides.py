@@ -37,6 +37,7 @@ from ratewarden.clock import Clock, SystemClock
 from ratewarden.metrics import Metrics
 from ratewarden.policy.durations import parse_duration
 from ratewarden.policy.schema import OverrideSpec
+from ratewarden.service.auth import admin_name
 from ratewarden.service.errors import error_response
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.service.routes import BODY_ERRORS, ERRORS
@@ -341,8 +342,7 @@ def overrides_of(app: Any) -> RuntimeOverrides:
 
 
 def _who(request: Request) -> str:
-    """The admin token's configured name (auth.py), or what stood in for one."""
-    return str(getattr(request.state, "token_name", None) or "anonymous (auth off)")
+    return admin_name(request)  # auth.py: one answer for every admin change
 
 
 @router.post("/v1/admin/overrides", status_code=201, response_model=Override, responses=BODY_ERRORS)

@@ -16,7 +16,8 @@ from starlette.convertors import PathConvertor, register_url_convertor
 from ratewarden.audit import RECENT_LIMIT
 from ratewarden.engine import CallIdConflict, Decision, Engine
 from ratewarden.metrics import exposition
-from ratewarden.service import vouch
+from ratewarden.service import resets, vouch
+from ratewarden.service.auth import admin_name
 from ratewarden.service.convert import to_call, to_response, to_usage_item
 from ratewarden.service.errors import (
     ReadAndRefused,
@@ -236,7 +237,11 @@ async def settle(
 
 @router.post("/v1/admin/reset", response_model=ResetResponse, responses=BODY_ERRORS, tags=["admin"])
 async def reset(body: ResetRequest, request: Request) -> ResetResponse | JSONResponse:
-    """Clear a user's counters (every rule, or one `rule`), or one rule's for everyone."""
+    """Clear a user's counters (every rule, or one `rule`), or one rule's for everyone.
+
+    Audited (who, what, and the values forgotten) and counted (resets.py); a reset that
+    names a user answers what its counters held (`forgotten`), read just before.
+    """
     engine = engine_of(request.app)
     if body.user is None and body.rule is None:
         problem = "name a user, a rule, or both"
@@ -249,10 +254,13 @@ async def reset(body: ResetRequest, request: Request) -> ResetResponse | JSONRes
             422, "invalid_request", f"rule: {problem}", [FieldError(field="rule", message=problem)]
         )
     try:
+        before = await resets.read_before(engine, body.user, body.rule)
         deleted = await engine.reset(body.user, body.rule)
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
-    return ResetResponse(deleted=deleted)
+    answer = ResetResponse(deleted=deleted, forgotten=before)
+    metrics = observer_of(request.app).metrics
+    return resets.recorded(metrics, engine, admin_name(request), (body.user, body.rule), answer)
 
 
 @router.post("/v1/admin/reload", response_model=ReloadResponse, responses=ERRORS, tags=["admin"])

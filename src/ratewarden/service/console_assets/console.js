@@ -354,11 +354,7 @@
     }
     const name = el("td", {}, item.rule, atLimit ? el("span", { class: "badge" }, "at limit") : null);
     const action = el("td", {});
-    if (counted) {
-      const button = el("button", { type: "button", class: "small secondary", "aria-label": `Reset ${item.rule}` }, "Reset");
-      button.addEventListener("click", () => resetRule(user, item.rule, button));
-      action.append(button);
-    }
+    if (counted) action.append(resetButton(user, item, action));
     const row = el("tr", { "data-rule": item.rule }, name, cell(item.kind), cell(limitText(item)), cell(used), cell(remaining), cell(resets), cell(item.mode), action);
     if (atLimit) row.classList.add("at-limit");
     return row;
@@ -369,12 +365,48 @@
     fillRows($("usage-table").tBodies[0], rows, 8, "no rules apply");
   }
 
+  // A reset forgets what a counter holds (for a budget, money): the first click only asks,
+  // naming the amount as the daemon reads it now; a second, explicit click resets.
+  function resetButton(user, item, action) {
+    const button = el("button", { type: "button", class: "small secondary", "aria-label": `Reset ${item.rule}` }, "Reset");
+    button.addEventListener("click", () => askReset(user, item, action, button));
+    return button;
+  }
+
+  async function askReset(user, item, action, button) {
+    button.disabled = true;
+    let now = item;
+    try {
+      const usage = await api("GET", `v1/usage${query({ user })}`);
+      now = usage.limits.find((found) => found.rule === item.rule) || item;
+    } catch (failure) {
+      // The amount the table shows, read a moment ago, stands in.
+    }
+    const question = el("span", { class: "reset-question", role: "alert" }, `Forget ${amountText(now)} by ${user} on ${item.rule}?`);
+    const confirm = el("button", { type: "button", class: "small danger", "aria-label": `Confirm reset ${item.rule}` }, "Forget");
+    const cancel = el("button", { type: "button", class: "small secondary", "aria-label": `Cancel reset ${item.rule}` }, "Cancel");
+    confirm.addEventListener("click", () => resetRule(user, item.rule, confirm));
+    cancel.addEventListener("click", () => action.replaceChildren(resetButton(user, item, action)));
+    action.replaceChildren(question, confirm, cancel);
+    cancel.focus(); // Enter keeps the counters: forgetting takes a deliberate click
+  }
+
+  // `1.20 USD spent (+0.50 reserved)`, `2 calls`, `1 slots in use` (as `ratewarden reset`).
+  function amountText(item) {
+    if (item.kind === "budget") {
+      const reserved = item.reserved ? ` (+${money(item.reserved)} reserved)` : "";
+      return `${money(item.used)} ${item.currency} spent${reserved}`;
+    }
+    return item.kind === "concurrency" ? `${item.used} slots in use` : `${item.used} calls`;
+  }
+
   async function resetRule(user, rule, button) {
     button.disabled = true;
     const message = $("user-message");
     try {
       const answer = await api("POST", "v1/admin/reset", { user, rule });
-      show(message, `Reset ${rule} for ${user}: ${answer.deleted} counter(s) cleared.`, "ok");
+      const forgot = (answer.forgotten || []).map((item) => `${amountText(item)} on ${item.rule}`);
+      show(message, `Reset ${rule} for ${user}: ${answer.deleted} counter(s) cleared; forgot ${forgot.join("; ") || "nothing counted"}.`, "ok");
     } catch (failure) {
       show(message, `Reset failed: ${failure.message}`, "failed");
     }
