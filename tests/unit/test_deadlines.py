@@ -1,20 +1,23 @@
-"""`Deadlines`: the same answers as `asyncio.timeout`, on one timer for many blocks.
+"""`Deadlines`: the same answers as `asyncio.timeout`, on one timer for many blocks;
+and time in which the daemon was stalled does not count.
 
-Run on asyncio's loop and on uvloop (the daemon's), on the loop's real clock: the
-blocks' waits are whole multiples of the timeout apart, so which blocks overrun never
-depends on scheduling.
+The first tests run on asyncio's loop and on uvloop (the daemon's), on the loop's real
+clock: the blocks' waits are whole multiples of the timeout apart, so which blocks
+overrun never depends on scheduling. The stalls are played on a loop whose clock the
+test moves (`StallingLoop`), so they are exact.
 """
 
 from __future__ import annotations
 
 import asyncio
+import selectors
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import uvloop
 
-from ratewarden.store.deadlines import Deadlines
+from ratewarden.store.deadlines import SLACK_S, STALL_CAP, Deadlines
 
 TIMEOUT = 0.05
 
@@ -193,3 +196,151 @@ def test_a_body_that_handles_its_cancellation_ends_as_under_asyncio_timeout(run:
         ]
 
     assert run(main()) == ["swallowed", "swallowed", "own error", "own error"]
+
+
+# -- a stalled daemon: on a loop whose clock the test moves ---------------------------------
+
+
+class VirtualSelector(selectors.DefaultSelector):
+    """Waits in no time: a wait for the next timer moves the loop's clock to it."""
+
+    loop: StallingLoop
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        if timeout is not None and timeout > 0:
+            self.loop.now += timeout
+        return super().select(0)
+
+
+class StallingLoop(asyncio.SelectorEventLoop):
+    """An event loop on a clock of its own, which `stall` moves as if the process had
+    been stopped (or starved of CPU) for that long in the middle of a callback."""
+
+    def __init__(self) -> None:
+        selector = VirtualSelector()
+        super().__init__(selector)
+        selector.loop = self
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def stall(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def on_stalling_loop(main: Callable[[StallingLoop], Coroutine[Any, Any, Any]]) -> Any:
+    loop = StallingLoop()
+    try:
+        return loop.run_until_complete(main(loop))
+    finally:
+        loop.close()
+
+
+class Outcome(NamedTuple):
+    outcome: str
+    waited_s: float  # on the loop's clock
+    stalled_s: float
+    cut_short: bool
+
+
+async def timed_block(loop: StallingLoop, deadlines: Deadlines, answer: Any) -> Outcome:
+    """A block that waits for `answer` (a future, or an awaitable never done)."""
+    began = loop.time()
+    deadline = deadlines()
+    try:
+        async with deadline:
+            await answer
+    except TimeoutError:
+        return Outcome("timed out", loop.time() - began, deadline.stalled_s, deadline.cut_short)
+    return Outcome("done", loop.time() - began, deadline.stalled_s, deadline.cut_short)
+
+
+def stall_every(loop: StallingLoop, stalled_s: float, running_s: float) -> None:
+    """Stop the daemon for `stalled_s`, let it run `running_s`, and so on."""
+    loop.stall(stalled_s)
+    loop.call_later(running_s, stall_every, loop, stalled_s, running_s)
+
+
+def test_an_idle_daemon_still_cuts_a_hung_store_at_the_timeout() -> None:
+    async def main(loop: StallingLoop) -> Outcome:
+        return await timed_block(loop, Deadlines(TIMEOUT * 2), loop.create_future())
+
+    found = on_stalling_loop(main)
+    assert found.outcome == "timed out"
+    assert found.waited_s == pytest.approx(TIMEOUT * 2, abs=SLACK_S)
+    assert (found.stalled_s, found.cut_short) == (0.0, False)
+
+
+def test_an_answer_that_came_while_the_daemon_was_stopped_is_read_not_timed_out() -> None:
+    """The store answers after 20 ms; the daemon is stopped from 5 ms to 155 ms, past its
+    100 ms timeout. On the wall clock the deadline is long past when the daemon runs
+    again; but only 5 ms of it ran, and the answer is read."""
+
+    async def main(loop: StallingLoop) -> Outcome:
+        deadlines = Deadlines(0.1)
+        answer = loop.create_future()
+        loop.call_later(0.02, answer.set_result, "answer")  # in the socket from then on
+        loop.call_later(0.005, loop.stall, 0.15)
+        return await timed_block(loop, deadlines, answer)
+
+    found = on_stalling_loop(main)
+    assert found.outcome == "done"
+    assert found.waited_s == pytest.approx(0.155, abs=SLACK_S)
+
+
+def test_a_hung_store_is_cut_once_the_daemon_ran_for_the_timeout() -> None:
+    """Stopped 150 ms, running 50 ms, over and over: a store that never answers is cut
+    when the daemon has run for its 100 ms, not before, and well within the cap."""
+
+    async def main(loop: StallingLoop) -> Outcome:
+        loop.call_later(0.01, stall_every, loop, 0.15, 0.05)
+        return await timed_block(loop, Deadlines(0.1), loop.create_future())
+
+    found = on_stalling_loop(main)
+    assert found.outcome == "timed out"
+    assert found.cut_short is False
+    ran = found.waited_s - found.stalled_s
+    # Ran its timeout, give or take what a tick cannot see (a tenth of the timeout).
+    assert 0.1 - SLACK_S <= ran <= 0.1 + 0.01 + SLACK_S, found
+    assert found.stalled_s >= 2 * (0.15 - SLACK_S) - 1e-9  # waited through two stops
+    assert found.waited_s < 0.1 * STALL_CAP
+
+
+def test_a_daemon_that_never_runs_freely_answers_at_the_cap() -> None:
+    """Stalled 150 ms on every loop turn: the block never gets its timeout of running
+    time, and ends at the cap (10 timeouts), cut short, however long stalls go on."""
+
+    async def main(loop: StallingLoop) -> Outcome:
+        def stall_each_turn() -> None:
+            loop.stall(0.15)
+            loop.call_soon(stall_each_turn)
+
+        loop.call_soon(stall_each_turn)
+        return await timed_block(loop, Deadlines(0.1), loop.create_future())
+
+    found = on_stalling_loop(main)
+    assert found.outcome == "timed out"
+    assert found.cut_short is True
+    assert 0.1 * STALL_CAP <= found.waited_s <= 0.1 * STALL_CAP + 3 * 0.15, found  # turns
+    assert found.stalled_s > 0.1 * STALL_CAP - 0.1  # it ran for less than its timeout
+
+
+def test_a_block_that_began_after_a_stall_is_not_credited_with_it() -> None:
+    """A block begun just after the daemon resumed, before the late tick that tells of
+    the stall fires, gets no extension for a stall that was over before it began."""
+
+    async def main(loop: StallingLoop) -> list[Outcome]:
+        deadlines = Deadlines(0.1)
+        first = asyncio.ensure_future(timed_block(loop, deadlines, loop.create_future()))
+        await asyncio.sleep(0)  # the first block is in
+        loop.stall(0.15)  # in this very callback: no tick has run since
+        second = asyncio.ensure_future(timed_block(loop, deadlines, loop.create_future()))
+        return list(await asyncio.gather(first, second))
+
+    first, second = on_stalling_loop(main)
+    assert first.outcome == second.outcome == "timed out"
+    assert first.waited_s - first.stalled_s == pytest.approx(0.1, abs=SLACK_S)
+    assert first.stalled_s == pytest.approx(0.15 - 0.01, abs=2 * SLACK_S)
+    assert second.waited_s == pytest.approx(0.1, abs=SLACK_S)
+    assert second.stalled_s == pytest.approx(0.0, abs=SLACK_S)
