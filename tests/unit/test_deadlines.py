@@ -10,6 +10,7 @@ test moves (`StallingLoop`), so they are exact.
 from __future__ import annotations
 
 import asyncio
+import re
 import selectors
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
@@ -17,7 +18,10 @@ from typing import Any, NamedTuple
 import pytest
 import uvloop
 
+from ratewarden.store.base import StoreError
+from ratewarden.store.breaker import CircuitBreaker, GuardedStore
 from ratewarden.store.deadlines import SLACK_S, STALL_CAP, Deadlines
+from tests.stores.test_outage import HangingStore
 
 TIMEOUT = 0.05
 
@@ -344,3 +348,35 @@ def test_a_block_that_began_after_a_stall_is_not_credited_with_it() -> None:
     assert first.stalled_s == pytest.approx(0.15 - 0.01, abs=2 * SLACK_S)
     assert second.waited_s == pytest.approx(0.1, abs=SLACK_S)
     assert second.stalled_s == pytest.approx(0.0, abs=SLACK_S)
+
+
+def test_the_guarded_store_does_not_count_a_stalled_daemon_against_the_store() -> None:
+    """A hung store on a daemon that never runs freely: the caller is answered at the cap
+    (a StoreError, for the fail mode) but the breaker, which opens at the first real
+    failure here, stays closed; on an idle loop the same hang opens it."""
+
+    async def main(loop: StallingLoop, stalling: bool) -> tuple[str, str]:
+        store = HangingStore()
+        store.hanging = True
+        breaker = CircuitBreaker(failures=1, now=loop.time)
+        guarded = GuardedStore(store, 100, breaker)
+
+        def stall_each_turn() -> None:
+            loop.stall(0.15)
+            if stalling:
+                loop.call_soon(stall_each_turn)
+
+        if stalling:
+            loop.call_soon(stall_each_turn)
+        with pytest.raises(StoreError) as failed:
+            await guarded.ping()
+        return str(failed.value), breaker.state
+
+    stalled, state = on_stalling_loop(lambda loop: main(loop, True))
+    assert state == "closed"
+    assert re.fullmatch(
+        r"ping not answered within 1000 ms, \d+ ms of which the daemon itself was stalled",
+        stalled,
+    ), stalled
+    idle, state = on_stalling_loop(lambda loop: main(loop, False))
+    assert (idle, state) == ("ping timed out after 100 ms", "open")
