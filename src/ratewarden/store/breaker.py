@@ -10,12 +10,12 @@ A timeout is not a refusal: a command already sent may still run when a frozen R
 wakes up (at most once; nothing is retried), while the caller was answered by the fail
 mode.
 
-The timeout counts only time in which the daemon ran (store/deadlines.py): while its
-process is stopped or its event loop is behind, the store's answer may be waiting,
-unread, in the socket, and that is not the store failing. A stalled daemon waits for its
-answer, up to `STALL_CAP` timeouts in all (1 s by default); an operation that the cap
-ends before the store had its whole timeout still gets a `StoreError`, but it says
-nothing about the store, so the breaker does not count it.
+The timeout counts only time in which the daemon ran, and not while the store answers
+other operations (store/deadlines.py): while the daemon's process is stopped or its
+event loop is behind, the store's answer may be waiting, unread, in the socket, and that
+is not the store failing. A busy daemon waits for its answer, up to `STALL_CAP`
+timeouts in all (1 s by default); an operation that the cap ends still gets a
+`StoreError`, but that says nothing about the store, so the breaker does not count it.
 
 `CircuitBreaker` keeps a dead store from costing a timeout per request. After
 `failures` operations in a row fail, the circuit *opens*: for a cool-down every
@@ -201,7 +201,7 @@ class GuardedStore(Layer):
             else:
                 result = await function(*args)
         except TimeoutError as exc:  # the deadline (the store's own errors are StoreErrors)
-            if deadline.cut_short:  # the daemon stalled: no verdict on the store
+            if deadline.cut_short:  # the daemon was behind: no verdict on the store
                 self.breaker.abandoned(probe)
                 raise self._stalled(operation, deadline) from exc
             error = StoreError(f"{operation} timed out after {self.timeout_s * 1000:g} ms")
@@ -213,11 +213,12 @@ class GuardedStore(Layer):
         except BaseException:
             self.breaker.abandoned(probe)
             raise
+        self._deadlines.answered()
         self.breaker.succeeded(probe)
         return result
 
     def _stalled(self, operation: str, deadline: Deadline) -> StoreError:
         return StoreError(
-            f"{operation} not answered within {self._deadlines.cap_s * 1000:g} ms, "
-            f"{deadline.stalled_s * 1000:.0f} ms of which the daemon itself was stalled"
+            f"{operation} not answered within {self._deadlines.cap_s * 1000:g} ms while "
+            f"the daemon was behind ({deadline.stalled_s * 1000:.0f} ms of it stalled)"
         )

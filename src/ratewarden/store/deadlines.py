@@ -13,21 +13,29 @@ not answer; but when the daemon itself stops running (its process stopped or sta
 CPU, its event loop behind on a burst of work), an answer that arrived in time sits
 unread in the socket until it runs again, and a deadline on the wall clock would expire
 first. Every such timeout was a decision by the fail mode: a free call, when failing
-open. So a deadline counts only the time in which the daemon could have read its answer.
-While blocks run, the timer ticks `TICKS` times per timeout; a tick that fires late
-shows that the loop could not run for that long, and that lateness is *stalled* time,
-which no block running then counts. A block is cancelled once the time it was not
-stalled reaches the timeout, or at `STALL_CAP` timeouts of wall clock, however stalled
-(so a daemon that never runs freely still answers, by the fail mode, within the cap).
-On an idle loop nothing is ever stalled, and a block that overruns is cancelled at its
-timeout exactly as before. Stalls shorter than a tick may go unseen: each costs at most a
-tenth of the timeout.
+open. So a deadline counts only the time in which the daemon could have read its answer:
+
+- while blocks run, the timer ticks `TICKS` times per timeout; a tick that fires late
+  shows that the loop could not run for that long, and that lateness is *stalled* time,
+  which no block running then counts (stalls shorter than a tick may go unseen: each
+  costs at most a tenth of the timeout);
+- a block past its timeout is not cancelled while the store has answered another block
+  within the last timeout (`answered`, which the guarded store calls on each success):
+  a store that answers is not hung, and what keeps the block waiting is the daemon's own
+  backlog (replies read but not yet handed out, callers not yet run);
+- whatever the stalls and the answers, a block is cancelled at `STALL_CAP` timeouts of
+  wall clock, so a daemon that never runs freely still answers, by the fail mode,
+  within the cap.
+
+On an idle loop nothing is stalled, and a block whose store stopped answering is
+cancelled at its timeout exactly as before (a store that froze is cancelled within one
+timeout of its last answer).
 
 A block that overruns is cancelled and raises TimeoutError, exactly as under
 `asyncio.timeout` (whose cancel and uncancel bookkeeping this repeats): a cancellation
 from elsewhere stays a CancelledError. After a timeout, `Deadline.stalled_s` says how
 much of the wait the daemon was stalled, and `Deadline.cut_short` whether the cap ended
-it before the store had its whole timeout.
+it rather than the timeout (which is then no verdict on the store).
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ class Deadlines:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = _NEVER  # when the armed timer should fire
         self._stalled = 0.0  # seconds the loop was seen stalled, in all: ticks' lateness
+        self._answered = -_NEVER  # when the store last answered (`answered`)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __call__(self) -> Deadline:
@@ -73,6 +82,7 @@ class Deadlines:
     def _begin(self, block: Deadline, loop: asyncio.AbstractEventLoop) -> None:
         if loop is not self._loop:  # a new loop (tests run many): the old one's timer is dead
             self._loop, self._timer, self._timer_due = loop, None, _NEVER
+            self._answered = -_NEVER
             self._running.clear()
         now = loop.time()
         block.began = now
@@ -106,8 +116,19 @@ class Deadlines:
                 if due > now + SLACK_S:
                     self._arm(min(due, now + self._tick_s))
                     return
-                block.expire(now - block.began, self._stalled - block.stalled_before)
+                capped = now + SLACK_S >= block.began + self.cap_s
+                if not capped and now - self._answered < self.timeout_s:
+                    # Not hung: what keeps this block waiting is the daemon's own backlog.
+                    self._arm(now + self._tick_s)
+                    return
+                stalled = self._stalled - block.stalled_before
+                block.expire(now - block.began, stalled, capped)
             running.popleft()
+
+    def answered(self) -> None:
+        """What the blocks wait for (the store) has just answered one of them."""
+        if self._loop is not None:
+            self._answered = self._loop.time()
 
     def _due(self, block: Deadline) -> float:
         """When `block` is due, as things stand: its timeout after its start plus what
@@ -138,7 +159,7 @@ class Deadline:
         self.began = 0.0
         self.stalled_before = 0.0  # the owner's stalled total when the block began
         self.stalled_s = 0.0  # set when it expires: how long of its wait was stalled
-        self.cut_short = False  # ... and whether the cap ended it first
+        self.cut_short = False  # ... and whether the cap ended it, not the timeout
         self.state = _RUNNING
 
     async def __aenter__(self) -> Deadline:
@@ -166,10 +187,11 @@ class Deadline:
         if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc
 
-    def expire(self, waited_s: float, stalled_s: float) -> None:
-        """Cancel the block, `waited_s` after it began, `stalled_s` of that stalled."""
+    def expire(self, waited_s: float, stalled_s: float, capped: bool) -> None:
+        """Cancel the block, `waited_s` after it began, `stalled_s` of that stalled;
+        `capped`: the cap ended it, not the timeout."""
         self.state = _EXPIRED
         self.stalled_s = stalled_s
-        self.cut_short = waited_s - stalled_s < self._owner.timeout_s - SLACK_S
+        self.cut_short = capped
         assert self._task is not None
         self._task.cancel()
