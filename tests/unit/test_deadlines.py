@@ -28,6 +28,13 @@ TIMEOUT = 0.05
 Runner = Callable[[Coroutine[Any, Any, Any]], Any]
 
 
+def deadlines_of(timeout_s: float, cpu_wait: Callable[[], float] = lambda: 0.0) -> Deadlines:
+    """Deadlines that see stalls by their ticks alone, unless told how long the daemon
+    waited for a CPU: the machine's own count would make these tests depend on what
+    else it runs."""
+    return Deadlines(timeout_s, cpu_wait)
+
+
 @pytest.fixture(params=["asyncio", "uvloop"])
 def run(request: pytest.FixtureRequest) -> Runner:
     return asyncio.run if request.param == "asyncio" else uvloop.run  # type: ignore[return-value]
@@ -44,7 +51,7 @@ async def _block(deadlines: Deadlines, seconds: float) -> str:
 
 def test_a_block_past_its_timeout_raises_timeout_error_and_others_finish(run: Runner) -> None:
     async def main() -> list[str]:
-        deadlines = Deadlines(TIMEOUT)
+        deadlines = deadlines_of(TIMEOUT)
         waits = [0, TIMEOUT * 4, 0.001, TIMEOUT * 6, 0]
         return await asyncio.gather(*(_block(deadlines, wait) for wait in waits))
 
@@ -56,7 +63,7 @@ def test_each_block_is_timed_from_its_own_start(run: Runner) -> None:
     deadline, and each overrunning one is cancelled near its own."""
 
     async def main() -> tuple[list[str], list[float]]:
-        deadlines = Deadlines(TIMEOUT)
+        deadlines = deadlines_of(TIMEOUT)
         loop = asyncio.get_running_loop()
         ended: list[float] = []
 
@@ -81,7 +88,7 @@ def test_each_block_is_timed_from_its_own_start(run: Runner) -> None:
 
 def test_a_cancellation_from_elsewhere_stays_a_cancellation(run: Runner) -> None:
     async def main() -> None:
-        deadlines = Deadlines(TIMEOUT * 20)
+        deadlines = deadlines_of(TIMEOUT * 20)
 
         async def body() -> None:
             async with deadlines():
@@ -98,7 +105,7 @@ def test_a_cancellation_from_elsewhere_stays_a_cancellation(run: Runner) -> None
 
 def test_an_outer_timeout_is_the_outer_ones_and_an_inner_one_the_inner_ones(run: Runner) -> None:
     async def main() -> tuple[str, str]:
-        short, long = Deadlines(TIMEOUT), Deadlines(TIMEOUT * 20)
+        short, long = deadlines_of(TIMEOUT), deadlines_of(TIMEOUT * 20)
 
         async def inner_fires() -> str:
             try:
@@ -133,7 +140,7 @@ def test_a_block_that_raises_keeps_its_error_and_finished_blocks_leave_the_queue
     run: Runner,
 ) -> None:
     async def main() -> int:
-        deadlines = Deadlines(TIMEOUT)
+        deadlines = deadlines_of(TIMEOUT)
         with pytest.raises(KeyError):
             async with deadlines():
                 raise KeyError("x")
@@ -148,7 +155,7 @@ def test_a_block_that_raises_keeps_its_error_and_finished_blocks_leave_the_queue
 
 def test_one_deadlines_serves_loop_after_loop() -> None:
     """A timer armed on a loop that has closed never fires: the next loop arms its own."""
-    deadlines = Deadlines(TIMEOUT)
+    deadlines = deadlines_of(TIMEOUT)
 
     async def leave_timer_armed() -> None:
         async with deadlines():
@@ -192,7 +199,7 @@ def test_a_body_that_handles_its_cancellation_ends_as_under_asyncio_timeout(run:
             return "own error"
 
     async def main() -> list[str]:
-        deadlines = Deadlines(TIMEOUT)
+        deadlines = deadlines_of(TIMEOUT)
         return [
             await outcome(timeout, body)
             for body in (swallows, replaces)
@@ -268,7 +275,7 @@ def stall_every(loop: StallingLoop, stalled_s: float, running_s: float) -> None:
 
 def test_an_idle_daemon_still_cuts_a_hung_store_at_the_timeout() -> None:
     async def main(loop: StallingLoop) -> Outcome:
-        return await timed_block(loop, Deadlines(TIMEOUT * 2), loop.create_future())
+        return await timed_block(loop, deadlines_of(TIMEOUT * 2), loop.create_future())
 
     found = on_stalling_loop(main)
     assert found.outcome == "timed out"
@@ -282,7 +289,7 @@ def test_an_answer_that_came_while_the_daemon_was_stopped_is_read_not_timed_out(
     again; but only 5 ms of it ran, and the answer is read."""
 
     async def main(loop: StallingLoop) -> Outcome:
-        deadlines = Deadlines(0.1)
+        deadlines = deadlines_of(0.1)
         answer = loop.create_future()
         loop.call_later(0.02, answer.set_result, "answer")  # in the socket from then on
         loop.call_later(0.005, loop.stall, 0.15)
@@ -299,7 +306,7 @@ def test_a_hung_store_is_cut_once_the_daemon_ran_for_the_timeout() -> None:
 
     async def main(loop: StallingLoop) -> Outcome:
         loop.call_later(0.01, stall_every, loop, 0.15, 0.05)
-        return await timed_block(loop, Deadlines(0.1), loop.create_future())
+        return await timed_block(loop, deadlines_of(0.1), loop.create_future())
 
     found = on_stalling_loop(main)
     assert found.outcome == "timed out"
@@ -321,7 +328,7 @@ def test_a_daemon_that_never_runs_freely_answers_at_the_cap() -> None:
             loop.call_soon(stall_each_turn)
 
         loop.call_soon(stall_each_turn)
-        return await timed_block(loop, Deadlines(0.1), loop.create_future())
+        return await timed_block(loop, deadlines_of(0.1), loop.create_future())
 
     found = on_stalling_loop(main)
     assert found.outcome == "timed out"
@@ -336,7 +343,7 @@ def test_a_store_that_answers_others_is_not_hung_and_one_that_stops_is_cut() -> 
     one timeout after the last answer."""
 
     async def main(loop: StallingLoop) -> tuple[Outcome, float]:
-        deadlines = Deadlines(0.1)
+        deadlines = deadlines_of(0.1)
         began = loop.time()
         waiting = asyncio.ensure_future(timed_block(loop, deadlines, loop.create_future()))
         for _ in range(10):  # an answer to another block every 30 ms, for 300 ms
@@ -352,12 +359,42 @@ def test_a_store_that_answers_others_is_not_hung_and_one_that_stops_is_cut() -> 
     assert answering + 0.1 - SLACK_S <= found.waited_s <= answering + 0.1 + 0.01 + SLACK_S
 
 
+def test_a_daemon_starved_of_cpu_in_short_slices_waits_for_its_answer() -> None:
+    """Starved of CPU in slices shorter than a tick (4 ms of every 5 waiting for one),
+    the loop's ticks are hardly late; the CPU wait the kernel counts is what shows the
+    stall. The answer, in the socket after 20 ms, is read; a hung store is cut once the
+    daemon ran for its 100 ms. Seen by the ticks alone, the hung store was cut after a
+    fraction of the daemon's running time."""
+    waited_for_cpu = [0.0]
+
+    def starve(loop: StallingLoop) -> None:
+        loop.stall(0.004)  # runnable, but the CPU was another process's
+        waited_for_cpu[0] += 0.004
+        loop.call_later(0.001, starve, loop)
+
+    async def main(loop: StallingLoop, answer_after: float | None, counted: bool) -> Outcome:
+        count = (lambda: waited_for_cpu[0]) if counted else (lambda: 0.0)
+        answer = loop.create_future()
+        if answer_after is not None:
+            loop.call_later(answer_after, answer.set_result, "answer")
+        loop.call_soon(starve, loop)
+        return await timed_block(loop, deadlines_of(0.1, count), answer)
+
+    assert on_stalling_loop(lambda loop: main(loop, 0.02, True)).outcome == "done"
+    hung = on_stalling_loop(lambda loop: main(loop, None, True))
+    assert hung.outcome == "timed out"
+    assert 0.1 - SLACK_S <= hung.waited_s - hung.stalled_s <= 0.1 + 0.01 + SLACK_S, hung
+    assert hung.waited_s >= 0.4  # four fifths of its wait it could not run
+    ticks_alone = on_stalling_loop(lambda loop: main(loop, None, False))
+    assert ticks_alone.waited_s < 0.3, ticks_alone
+
+
 def test_a_block_that_began_after_a_stall_is_not_credited_with_it() -> None:
     """A block begun just after the daemon resumed, before the late tick that tells of
     the stall fires, gets no extension for a stall that was over before it began."""
 
     async def main(loop: StallingLoop) -> list[Outcome]:
-        deadlines = Deadlines(0.1)
+        deadlines = deadlines_of(0.1)
         first = asyncio.ensure_future(timed_block(loop, deadlines, loop.create_future()))
         await asyncio.sleep(0)  # the first block is in
         loop.stall(0.15)  # in this very callback: no tick has run since

@@ -16,9 +16,12 @@ first. Every such timeout was a decision by the fail mode: a free call, when fai
 open. So a deadline counts only the time in which the daemon could have read its answer:
 
 - while blocks run, the timer ticks `TICKS` times per timeout; a tick that fires late
-  shows that the loop could not run for that long, and that lateness is *stalled* time,
-  which no block running then counts (stalls shorter than a tick may go unseen: each
-  costs at most a tenth of the timeout);
+  shows that the loop could not run for that long (its process stopped, or a long loop
+  turn), and the time the loop's thread waited for a CPU since the last tick (Linux
+  tells it in /proc/thread-self/schedstat) shows a process starved of CPU in slices too
+  short to make a tick late. The larger of the two is *stalled* time, which no block
+  running then counts (stalls shorter than a tick may go unseen: each costs at most a
+  tenth of the timeout);
 - a block past its timeout is not cancelled while the store has answered another block
   within the last timeout (`answered`, which the guarded store calls on each success):
   a store that answers is not hung, and what keeps the block waiting is the daemon's own
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from types import TracebackType
 
 # A timer may fire up to the loop's clock resolution early or late (uvloop's counts whole
@@ -55,17 +59,33 @@ TICKS = 10
 # timeouts (1 s at the default 100 ms store timeout).
 STALL_CAP = 10
 
+# Linux's scheduler statistics for the calling thread: time on a CPU, time waiting for one
+# (runnable, not running), in nanoseconds, and time slices.
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
 _RUNNING, _DONE, _EXPIRED = 0, 1, 2
 _NEVER = float("inf")
+
+
+def cpu_wait_s() -> float:
+    """Seconds the calling thread has waited for a CPU since it began; 0.0 where the
+    kernel does not tell (read once a tick, about 15 us)."""
+    try:
+        with open(SCHEDSTAT, "rb") as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 class Deadlines:
     """Blocks (`async with deadlines():`) that each raise TimeoutError past `timeout_s`
     of time in which the daemon ran, or past `STALL_CAP` times that in all."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, cpu_wait: Callable[[], float] = cpu_wait_s) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
+        self._cpu_wait = cpu_wait  # seconds the loop's thread has waited for a CPU
+        self._cpu_waited: float | None = None  # ... at the last tick (None: not ticking)
         self.timeout_s = timeout_s
         self.cap_s = timeout_s * STALL_CAP
         self._tick_s = timeout_s / TICKS
@@ -106,7 +126,7 @@ class Deadlines:
         blocks run."""
         assert self._loop is not None
         now = self._loop.time()
-        self._stalled = self._stalled_at(now)
+        self._stalled += max(now - self._timer_due - SLACK_S, self._starved(), 0.0)
         self._timer, self._timer_due = None, _NEVER
         running = self._running
         while running:
@@ -124,6 +144,13 @@ class Deadlines:
                 stalled = self._stalled - block.stalled_before
                 block.expire(now - block.began, stalled, capped)
             running.popleft()
+        self._cpu_waited = None  # no more ticks: the next first one has no interval
+
+    def _starved(self) -> float:
+        """How long the loop's thread waited for a CPU since the last tick."""
+        waited, before = self._cpu_wait(), self._cpu_waited
+        self._cpu_waited = waited
+        return 0.0 if before is None else waited - before
 
     def answered(self) -> None:
         """What the blocks wait for (the store) has just answered one of them."""
