@@ -175,7 +175,8 @@ class GuardedStore(Layer):
 
     `reset` (an admin operation that scans the keyspace in many round trips) is the one
     exception to the overall deadline: each of its round trips is still bounded by the
-    client's socket timeout, and it still goes through the breaker.
+    client's socket timeout (for `redis://`, the deadline's cap), and it still goes
+    through the breaker.
     """
 
     def __init__(
