@@ -48,8 +48,11 @@ class Settings(BaseSettings):
     reload_interval_s: float = Field(2.0, ge=0, le=3600)
     # What to answer when the store is unreachable; overrides the policy's defaults.fail.
     fail: Literal["open", "closed"] | None = None
-    # Longest wait for the store before deciding by the fail mode: a hard deadline on
-    # every store operation (connect, retries and script reloads included).
+    # Longest wait for the store before deciding by the fail mode: a deadline on every
+    # store operation (connect, retries and script reloads included). Time in which the
+    # daemon itself was stalled, or the store answered other operations, does not count,
+    # up to 10 times this in all (docs/operations.md, "A busy daemon is not a broken
+    # store").
     store_timeout_ms: int = Field(100, ge=1, le=60_000)
     # Circuit breaker: after this many store failures in a row, stop calling the store
     # for a cool-down and decide by the fail mode at once; 0 turns the breaker off.

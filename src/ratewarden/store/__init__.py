@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ratewarden.clock import Clock
 from ratewarden.errors import RatewardenError
 from ratewarden.store.base import Store, StoreError
+from ratewarden.store.deadlines import STALL_CAP
 from ratewarden.store.memory import MemoryStore
 from ratewarden.store.snapshot import StateFile, StateFileError
 
@@ -46,7 +47,11 @@ def store_from_url(
 
         from ratewarden.store.redis_store import RedisStore, connection_options
 
-        timeout = timeout_ms / 1000
+        # The guarded store's deadline bounds every operation at the store timeout, not
+        # counting the time the daemon was stalled (store/deadlines.py). redis-py's own
+        # socket timeouts count every second: they are the backstop, at the deadline's
+        # cap, or a stall would fail a command whose answer is waiting in the socket.
+        timeout = timeout_ms * STALL_CAP / 1000
         client = aioredis.Redis.from_url(
             url,
             socket_timeout=timeout,

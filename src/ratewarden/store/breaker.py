@@ -10,6 +10,13 @@ A timeout is not a refusal: a command already sent may still run when a frozen R
 wakes up (at most once; nothing is retried), while the caller was answered by the fail
 mode.
 
+The timeout counts only time in which the daemon ran, and not while the store answers
+other operations (store/deadlines.py): while the daemon's process is stopped or its
+event loop is behind, the store's answer may be waiting, unread, in the socket, and that
+is not the store failing. A busy daemon waits for its answer, up to `STALL_CAP`
+timeouts in all (1 s by default); an operation that the cap ends still gets a
+`StoreError`, but that says nothing about the store, so the breaker does not count it.
+
 `CircuitBreaker` keeps a dead store from costing a timeout per request. After
 `failures` operations in a row fail, the circuit *opens*: for a cool-down every
 operation fails at once with `CircuitOpenError` (a `StoreError`, so decisions follow the
@@ -33,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
 from ratewarden.store.base import Args, Layer, Store, StoreError
-from ratewarden.store.deadlines import Deadlines
+from ratewarden.store.deadlines import Deadline, Deadlines
 
 log = logging.getLogger("ratewarden.store")
 
@@ -168,7 +175,8 @@ class GuardedStore(Layer):
 
     `reset` (an admin operation that scans the keyspace in many round trips) is the one
     exception to the overall deadline: each of its round trips is still bounded by the
-    client's socket timeout, and it still goes through the breaker.
+    client's socket timeout (for `redis://`, the deadline's cap), and it still goes
+    through the breaker.
     """
 
     def __init__(
@@ -186,13 +194,17 @@ class GuardedStore(Layer):
     ) -> T:
         # The coroutine is made only once admitted: a refused call creates nothing to await.
         probe = self.breaker.admit()
+        deadline = self._deadlines()
         try:
             if operation != "reset":  # see the class docstring
-                async with self._deadlines():
+                async with deadline:
                     result = await function(*args)
             else:
                 result = await function(*args)
         except TimeoutError as exc:  # the deadline (the store's own errors are StoreErrors)
+            if deadline.cut_short:  # the daemon was behind: no verdict on the store
+                self.breaker.abandoned(probe)
+                raise self._stalled(operation, deadline) from exc
             error = StoreError(f"{operation} timed out after {self.timeout_s * 1000:g} ms")
             self.breaker.failed(probe, error)
             raise error from exc
@@ -202,5 +214,12 @@ class GuardedStore(Layer):
         except BaseException:
             self.breaker.abandoned(probe)
             raise
+        self._deadlines.answered()
         self.breaker.succeeded(probe)
         return result
+
+    def _stalled(self, operation: str, deadline: Deadline) -> StoreError:
+        return StoreError(
+            f"{operation} not answered within {self._deadlines.cap_s * 1000:g} ms while "
+            f"the daemon was behind ({deadline.stalled_s * 1000:.0f} ms of it stalled)"
+        )
