@@ -251,13 +251,13 @@ def needs(role: Role) -> str:
     ]
 
 
-@functools.lru_cache(maxsize=1024)  # asked for every request's peer: parse each address once
 def admin_name(request: Any) -> str:
     """Who made an admin change: the admin token's configured name (set on the request's
     state by the middleware below), or what stands in for one."""
     return str(getattr(request.state, "token_name", None) or "anonymous (auth off)")
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every request's peer: parse each address once
 def is_loopback(host: str) -> bool:
     """`localhost`, 127.0.0.0/8, ::1 (and ::ffff:127.x). Anything else, `0.0.0.0` and `::`
     included, is not."""
