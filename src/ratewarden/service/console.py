@@ -284,6 +284,9 @@ class ProcessReport(ProcessStatus):
     tools: dict[str, int] = Field(description="refusals by tool over the window, its top")
 
 
+STATUS_FIELDS = set(ProcessStatus.model_fields)  # what the overview lists of each report
+
+
 class StatsResponse(BaseModel):
     generated_at: str
     pid: int = Field(description="the worker that answered (its policy is `policy`)")
@@ -497,6 +500,3 @@ async def stats(request: Request) -> StatsResponse:
         ],
         processes_error=error,
     )
-
-
-STATUS_FIELDS = set(ProcessStatus.model_fields)
