@@ -212,10 +212,15 @@ class StatsSampler:
                 log.exception("console sampler: unexpected error; still sampling")
 
 
-def at_or_before(moment: float, readings: list[Reading]) -> Reading:
+def at_or_before(
+    moment: float, readings: list[Reading], moments: list[float] | None = None
+) -> Reading:
     """The last reading taken at or before `moment`, else the earliest one (the counters
-    before the first reading were those of a process just started)."""
-    index = bisect.bisect_right([r.at for r in readings], moment) - 1
+    before the first reading were those of a process just started). `moments`: the
+    readings' times, when the caller has them."""
+    if moments is None:
+        moments = [r.at for r in readings]
+    index = bisect.bisect_right(moments, moment) - 1
     return readings[max(index, 0)]
 
 
@@ -316,22 +321,21 @@ def _iso(moment: float) -> str:
 
 
 def minutes(sampler: StatsSampler, now: Reading) -> list[MinuteStats]:
-    """Decisions and refusals in each of the last WINDOW_MINUTES wall-clock minutes."""
+    """Decisions and refusals in each of the last WINDOW_MINUTES wall-clock minutes. Each
+    process computes them every poll for its report: each edge is looked up once."""
     readings = [*sampler.ring, now]
+    moments = [r.at for r in readings]
     current = int(now.at // 60) * 60
-    found = []
-    for back in range(WINDOW_MINUTES - 1, -1, -1):
-        start = current - back * 60
-        first = at_or_before(start, readings)
-        last = now if back == 0 else at_or_before(start + 60, readings)
-        found.append(
-            MinuteStats(
-                start=_iso(start),
-                decisions=round(last.total() - first.total()),
-                refusals=round(last.refusals() - first.refusals()),
-            )
+    starts = [current - back * 60 for back in range(WINDOW_MINUTES - 1, -1, -1)]
+    edges = [at_or_before(start, readings, moments) for start in starts] + [now]
+    return [
+        MinuteStats(
+            start=_iso(start),
+            decisions=round(last.total() - first.total()),
+            refusals=round(last.refusals() - first.refusals()),
         )
-    return found
+        for start, first, last in zip(starts, edges, edges[1:], strict=False)
+    ]
 
 
 def _window_counts(now: dict[str, float], then: dict[str, float]) -> dict[str, int]:
