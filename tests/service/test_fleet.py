@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from ratewarden.clock import FakeClock
+from ratewarden.service.console import SAMPLE_INTERVAL_S
 from ratewarden.store import MemoryStore
 from tests.helpers.app import build_app, serving
 from tests.helpers.daemon import Daemon, clean_environment, running_daemon
@@ -131,9 +132,14 @@ def test_a_reload_through_one_process_reaches_every_worker_of_every_daemon(
         reloaded = fresh("POST", f"{one.url}/v1/admin/reload")
         assert reloaded.status_code == 200, reloaded.text
         all_allowed_after_the_bound(one, two, "carol")
+
+        def every_process_names_the_new_version() -> bool:
+            found = fresh("GET", f"{two.url}/v1/admin/stats").json()["processes"]
+            versions = {p["policy"]["version"] for p in found}
+            return len(found) == 4 and versions == {reloaded.json()["version"]}
+
+        eventually(every_process_names_the_new_version, BOUND_S)  # its report, at its poll
         stats = fresh("GET", f"{two.url}/v1/admin/stats").json()
-        versions = {p["policy"]["version"] for p in stats["processes"]}
-        assert versions == {reloaded.json()["version"]}  # each process names its version
         assert all(p["last_reload"]["ok"] for p in stats["processes"])
 
 
@@ -153,11 +159,19 @@ def test_the_overview_from_any_process_is_the_sum_of_every_process(tmp_path: Pat
             stats: dict[str, Any] = found.json()
             return stats
 
-        def every_process_counted() -> bool:
-            return overview(one)["totals"]["decisions"] == allowed + denied
+        whole_from: set[int] = set()
 
-        eventually(every_process_counted, BOUND_S)
-        time.sleep(1.5)  # every process has reported since its last decision
+        def every_report_whole() -> bool:
+            """An overview sums the answering worker's figures, read now, and the others'
+            reports: whole from two workers, every report in the store is whole."""
+            for daemon in (one, two):
+                stats = overview(daemon)
+                if stats["totals"]["decisions"] == allowed + denied:
+                    whole_from.add(stats["pid"])
+            return len(whole_from) >= 2
+
+        # A report's figures are read at its sampler's next reading, sent at the next poll.
+        eventually(every_report_whole, SAMPLE_INTERVAL_S + BOUND_S)
         for _ in range(4):  # from either worker of either daemon
             for daemon in (one, two):
                 stats = overview(daemon)

@@ -181,10 +181,7 @@ def _fleet(
     """This process in the fleet: its report is its console figures; its reloads and
     resets are announced to every other process on the store."""
     daemon = daemon_name(settings.port)
-
-    def report() -> str:
-        return console.process_report(sampler, engine, reloader, daemon).model_dump_json()
-
+    report = console.Reporter(sampler, engine, reloader, daemon)
     fleet = Fleet(store, engine, reloader, runtime, report, daemon, timeout_s)
     reloader.announce = fleet.announce_reload
     return fleet
