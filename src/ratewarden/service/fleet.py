@@ -70,6 +70,9 @@ class Fleet:
         self.report, self.daemon = report, daemon
         self.member = f"{daemon}/{os.getpid()}"  # this process in the fleet
         self.seen: dict[str, int] | None = None  # the change counts followed (None: no poll yet)
+        # A poll's read of the counts and an announce's count of its own change, one at a
+        # time: a poll that read our own change before we noted it would follow it.
+        self._counting = asyncio.Lock()
         self._poller: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
@@ -77,11 +80,12 @@ class Fleet:
 
     async def poll(self) -> None:
         """Report, then follow what changed: the overrides, a reset, a reload."""
-        state = await self._within(self.store.beat(self.member, self.report(), REPORT_TTL_MS))
-        await self.follow(state)
+        async with self._counting:
+            state = await self._within(self.store.beat(self.member, self.report(), REPORT_TTL_MS))
+            moved = self._moved(state.changes)
+        await self.follow(state, moved)
 
-    async def follow(self, state: FleetState) -> None:
-        moved = self._moved(state.changes)
+    async def follow(self, state: FleetState, moved: set[str]) -> None:
         if RESET in moved:
             self.engine.refusals.clear()  # a refusal remembered before the reset
             log.info("a reset through another process: remembered refusals forgotten")
@@ -91,7 +95,8 @@ class Fleet:
 
     def _moved(self, changes: Mapping[str, int]) -> set[str]:
         """The changes announced since the last poll. The first poll only takes note: a
-        process just started has nothing remembered and its policy fresh."""
+        process just started has nothing remembered and its policy fresh. A count that went
+        down (a store that lost its data) is followed too: forgetting is always safe."""
         seen, self.seen = self.seen, dict(changes)
         if seen is None:
             return set()
@@ -100,14 +105,15 @@ class Fleet:
     async def announce(self, change: str) -> None:
         """Tell every process of a change taken here. Best effort: the change is made,
         and a store that cannot count it leaves the peers' refusals to their own wait."""
-        try:
-            count = await self._within(self.store.announce(change))
-        except StoreError as exc:
-            log.warning("%s not announced to the other processes: %s", change, exc)
-            return
-        # Ours is followed already; an announce of another between our polls is not.
-        if self.seen is not None and self.seen.get(change, 0) == count - 1:
-            self.seen[change] = count
+        async with self._counting:
+            try:
+                count = await self._within(self.store.announce(change))
+            except StoreError as exc:
+                log.warning("%s not announced to the other processes: %s", change, exc)
+                return
+            # Ours is followed already; another's, announced since our last poll, is not.
+            if self.seen is not None and self.seen.get(change, 0) == count - 1:
+                self.seen[change] = count
 
     async def announce_reset(self) -> None:
         await self.announce(RESET)
