@@ -210,7 +210,7 @@ def test_hostile_names_are_shown_as_text(
     assert console.dialogs == []
 
 
-def test_the_overview_shows_this_daemons_figures(
+def test_the_overview_shows_the_fleets_figures_and_each_process(
     open_console: OpenConsole, console_daemon: ConsoleDaemon
 ) -> None:
     exhaust(console_daemon, "erin-overview")
@@ -227,6 +227,12 @@ def test_the_overview_shows_this_daemons_figures(
     expect(page.locator("#overview-rules tbody")).to_contain_text(RULE)
     expect(page.locator("#overview-tools tbody")).to_contain_text("terminal")
     expect(page.locator("#overview-chart .minute")).to_have_count(15)
+    stats = console_daemon.admin("GET", "/v1/admin/stats").json()
+    rows = page.locator("#overview-processes tbody tr")
+    expect(rows).to_have_count(len(stats["processes"]))  # one daemon, one worker here
+    expect(rows.first).to_contain_text(str(stats["processes"][0]["pid"]))
+    expect(rows.first).to_contain_text(version)
+    expect(page.locator("#overview-meta")).to_contain_text("1 worker of 1 daemon on the store")
     console.screenshot("overview")
 
 

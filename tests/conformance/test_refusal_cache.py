@@ -185,6 +185,34 @@ async def test_a_reset_clears_it(store: Counted, clock: FakeClock) -> None:
     assert store.evaluations == asked + 1
 
 
+class ClearedMidway(Layer):
+    """The store, with `engine`'s refusals cleared while each evaluate is in flight: what a
+    reset through another process, followed at this one's poll, can do."""
+
+    engine: Engine | None = None
+    ticker: FakeClock
+
+    async def around(
+        self, operation: str, function: Callable[[*Args], Awaitable[T]], *args: *Args
+    ) -> T:
+        found = await function(*args)
+        if operation == "evaluate" and self.engine is not None:
+            self.ticker.advance(1)  # the clear comes a moment after the question
+            self.engine.refusals.clear()
+        return found
+
+
+async def test_a_refusal_asked_before_a_clear_is_not_remembered_after_it(
+    store: Counted, clock: FakeClock
+) -> None:
+    await refused_alice(store, clock, one_rule(2))  # her limit is used up
+    midway = ClearedMidway(store)
+    midway.ticker = clock
+    engine = midway.engine = Engine(one_rule(2), midway, clock=clock)
+    assert (await engine.check(Call("alice", "terminal", "late"))).decision == "deny"
+    assert len(engine.refusals) == 0  # the clear came after the question: not kept
+
+
 async def test_an_override_that_raises_the_limit_clears_it(
     store: Counted, clock: FakeClock
 ) -> None:

@@ -23,7 +23,12 @@ from hypothesis import strategies as st
 from ratewarden.clock import FakeClock
 from ratewarden.policy import parse_policy
 from ratewarden.store import MemoryStore, Store, store_from_url
-from ratewarden.store.keys import all_keys_pattern, record_key
+from ratewarden.store.keys import (
+    FLEET_ALIVE_KEY,
+    FLEET_REPORTS_KEY,
+    all_keys_pattern,
+    record_key,
+)
 from tests.helpers.app import assert_error_shape, build_app, serving
 from tests.helpers.redis_server import RedisServer, free_port, start_redis
 
@@ -790,7 +795,11 @@ async def test_the_app_runs_on_a_real_redis(redis_server: RedisServer, redis_url
     assert keys == [b"rw:{terminal-per-minute|user=discord%3A1234}:sw"]
     assert 0 < sync.pttl(keys[0]) <= 60_000
     # The call the caller named is recorded (for 1 h); the one with a generated id is not.
-    assert sorted(sync.keys("*")) == sorted([*keys, record_key("c1").encode()])
+    # Beside them, only the fleet's report of this process (service/fleet.py).
+    found = sync.keys("*")
+    fleet = sorted(k for k in found if k.startswith(b"rw:admin:"))
+    assert fleet == sorted([FLEET_ALIVE_KEY.encode(), FLEET_REPORTS_KEY.encode()])
+    assert sorted(set(found) - set(fleet)) == sorted([*keys, record_key("c1").encode()])
     assert 3_590_000 < sync.pttl(record_key("c1")) <= 3_600_000
     sync.close()
 

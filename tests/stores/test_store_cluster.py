@@ -385,6 +385,19 @@ async def test_reset_and_the_audit_list_reach_every_node(
     await store.ping()
 
 
+async def test_the_fleet_poll_is_one_script_on_one_node(
+    make_cluster_store: Callable[..., ClusterStore], clock: FakeClock
+) -> None:
+    """Its keys share the overrides' hash tag: the poll's script runs on their node."""
+    store = make_cluster_store(clock)
+    await store.start()
+    assert await store.announce("reset") == 1
+    await store.put_override("ovr_1", "{}", 10)
+    state = await store.beat("host:1/10", '{"n": 1}', 10_000)
+    assert (state.overrides_version, dict(state.changes)) == (1, {"reset": 1})
+    assert await store.reports() == {"host:1/10": '{"n": 1}'}
+
+
 async def test_a_node_that_lost_the_script_gets_it_again(
     cluster: RedisClusterServers, make_cluster_store: Callable[..., ClusterStore], clock: FakeClock
 ) -> None:

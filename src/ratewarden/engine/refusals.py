@@ -11,9 +11,10 @@ Only refusals that waiting alone can lift: an enforcing `deny` rule's rate count
 (sliding window, token bucket, fixed window) that said when it would admit again. Never
 a budget or a concurrency slot (a settle frees those), never an `ask` (an approval lets
 it past), never a shadow rule. The cache only ever refuses, so it can never admit what
-Redis would refuse. What it can do is refuse a little longer than another daemon's reset
-allows: a reset, a reload or an override change clears this daemon's cache, not its
-peers' (their entries last at most until their `retry_after`).
+Redis would refuse. A reset, a reload or an override change clears the cache of the
+process that took it at once, and every other process's at its next poll (service/fleet.py,
+about a second). A refusal asked before a clear and answered after it is not remembered
+(it may be what the cleared change lifted), unless both fell in the same millisecond.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class RefusalCache:
         # is only ever changed in place here.
         self.entries: dict[str, _Refusal] = {}
         self.hits = 0  # attempts answered here (a metric reads it)
+        self._cleared_at = -1  # this cache's clock at the last clear
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -78,6 +80,8 @@ class RefusalCache:
         an entry never outlasts the refusal it repeats."""
         if not self._max_entries:
             return  # turned off (RATEWARDEN_REMEMBER_REFUSALS=false)
+        if asked_at < self._cleared_at:
+            return  # asked before a clear: the change it followed may lift this refusal
         for op, result, denies in zip(ops, results, deny, strict=True):
             wait = result.retry_after_ms
             if result.admitted or not denies or wait is None or wait <= 0:
@@ -91,8 +95,10 @@ class RefusalCache:
             self.entries[op.key] = _Refusal(asked_at + wait, shape, result, asked_at)
 
     def clear(self) -> None:
-        """Forget every refusal (a reload, a reset, an override changed a limit)."""
+        """Forget every refusal (a reload, a reset, an override changed a limit), and any
+        answer to a call asked before now."""
         self.entries.clear()
+        self._cleared_at = self.clock()
 
     def _make_room(self, now: int) -> None:
         live = {k: v for k, v in self.entries.items() if v.until_ms > now}

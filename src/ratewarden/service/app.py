@@ -20,6 +20,7 @@ from ratewarden.metrics import Metrics, TimedStore
 from ratewarden.policy import Policy, load_example_policy, load_policy
 from ratewarden.service import apidocs, auth, console, hooks, overrides
 from ratewarden.service.errors import install_error_handlers
+from ratewarden.service.fleet import Fleet, daemon_name
 from ratewarden.service.hotpath import HotPath, serves
 from ratewarden.service.limits import BodySizeLimit
 from ratewarden.service.observer import Observer
@@ -62,16 +63,14 @@ def create_app(
     reloader = PolicyReloader(engine, metrics, settings.policy_path(), settings.reload_interval_s)
     reloader.user_tokens = tokens.reload_users
     console_stats = console.StatsSampler(metrics, breaker)  # GET /v1/admin/stats
+    poll_timeout_s = max(1.0, settings.store_timeout_ms / 1000)
     runtime = overrides.RuntimeOverrides(
-        raw_store,
-        reloader,
-        metrics,
-        clock=timed.clock,
-        timeout_s=max(1.0, settings.store_timeout_ms / 1000),
+        raw_store, reloader, metrics, clock=timed.clock, timeout_s=poll_timeout_s
     )
+    fleet = _fleet(raw_store, engine, reloader, runtime, console_stats, settings, poll_timeout_s)
 
     services = _Services(
-        settings, policy, raw_store, timed, metrics, audit, reloader, runtime, console_stats
+        settings, policy, raw_store, timed, metrics, audit, reloader, fleet, console_stats
     )
     app = Daemon(
         title="ratewarden",
@@ -87,6 +86,7 @@ def create_app(
     app.state.observer = Observer(metrics, audit, engine.refusals)
     app.state.reloader = reloader
     app.state.overrides = runtime
+    app.state.fleet = fleet
     app.state.console_stats = console_stats
     app.include_router(router)
     app.include_router(hooks.router)
@@ -118,7 +118,7 @@ class _Services:
     metrics: Metrics
     audit: AuditTrail
     reloader: PolicyReloader
-    runtime: overrides.RuntimeOverrides
+    fleet: Fleet
     stats: console.StatsSampler
 
     @asynccontextmanager
@@ -139,8 +139,8 @@ class _Services:
         self.metrics.policy_loaded(self.policy)
         self.audit.start()
         self.reloader.start()
-        await self.runtime.start()  # applies the store's overrides, then polls their version
         self.stats.start()  # reads the counters every few seconds, off the hot path
+        await self.fleet.start()  # applies the store's overrides, reports; then every second
         settings, policy = self.settings, self.policy
         log.info(
             "ratewarden %s ready on http://%s:%s | %s | store %s | policy %s "
@@ -163,10 +163,28 @@ class _Services:
     async def stop(self) -> None:
         gc.unfreeze()  # collectable again: in a test process, this app is now garbage
         await self.stats.stop()
-        await self.runtime.stop()
+        await self.fleet.stop()
         await self.reloader.stop()
         await self.audit.stop()
         await self.timed.close()
+
+
+def _fleet(
+    store: Store,
+    engine: Engine,
+    reloader: PolicyReloader,
+    runtime: overrides.RuntimeOverrides,
+    sampler: console.StatsSampler,
+    settings: Settings,
+    timeout_s: float,
+) -> Fleet:
+    """This process in the fleet: its report is its console figures; its reloads and
+    resets are announced to every other process on the store."""
+    daemon = daemon_name(settings.port)
+    report = console.Reporter(sampler, engine, reloader, daemon)
+    fleet = Fleet(store, engine, reloader, runtime, report, daemon, timeout_s)
+    reloader.announce = fleet.announce_reload
+    return fleet
 
 
 def _guarded(

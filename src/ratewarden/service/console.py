@@ -13,10 +13,13 @@ Both routes answer with a strict Content-Security-Policy (scripts, styles, image
 requests from this origin only; no frames, forms or base URL), and the assets are
 served from an allow-list of names, never from a path taken from the URL.
 
-`/v1/admin/stats` is this process's overview. It adds nothing to the decision path: a
-background task (`StatsSampler`) reads the Prometheus counters the decisions already
-update (metrics.py) every few seconds into a small ring, and the per-minute figures are
-differences between those readings.
+`/v1/admin/stats` is the fleet's overview: every worker of every daemon on the store.
+It adds nothing to the decision path: in each process a background task (`StatsSampler`)
+reads the Prometheus counters the decisions already update (metrics.py) every few
+seconds into a small ring, and the per-minute figures are differences between those
+readings. Each process publishes its own figures (`ProcessReport`) into the store with
+its once-a-second poll (service/fleet.py); the overview sums the live processes'
+reports, this one's read fresh, and lists each process.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from fastapi.responses import Response
 from prometheus_client import Counter
 from pydantic import BaseModel, Field
 
+from ratewarden.engine import Engine
 from ratewarden.metrics import Metrics
+from ratewarden.service.fleet import Fleet
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.store import StoreError
 from ratewarden.store.breaker import CircuitBreaker
@@ -68,6 +73,7 @@ SAMPLE_INTERVAL_S = 5.0
 # Readings kept: the window, plus one before it so its first minute has a start.
 RING_SIZE = int(WINDOW_MINUTES * 60 / SAMPLE_INTERVAL_S) + 2
 TOP = 5  # rules and tools listed as the top refusers
+REPORTED = 50  # rules and tools a process reports, its top refusers: a report stays small
 REFUSALS = ("deny", "ask")
 
 router = APIRouter()
@@ -206,10 +212,15 @@ class StatsSampler:
                 log.exception("console sampler: unexpected error; still sampling")
 
 
-def at_or_before(moment: float, readings: list[Reading]) -> Reading:
+def at_or_before(
+    moment: float, readings: list[Reading], moments: list[float] | None = None
+) -> Reading:
     """The last reading taken at or before `moment`, else the earliest one (the counters
-    before the first reading were those of a process just started)."""
-    index = bisect.bisect_right([r.at for r in readings], moment) - 1
+    before the first reading were those of a process just started). `moments`: the
+    readings' times, when the caller has them."""
+    if moments is None:
+        moments = [r.at for r in readings]
+    index = bisect.bisect_right(moments, moment) - 1
     return readings[max(index, 0)]
 
 
@@ -258,10 +269,33 @@ class LastReload(BaseModel):
     errors: list[str] = Field(description="file:line: field: message, one per error")
 
 
+class ProcessStatus(BaseModel):
+    """One worker of one daemon on the store, as it last reported (within seconds)."""
+
+    daemon: str = Field(description="host:port; a daemon's workers share it")
+    pid: int
+    uptime_s: float
+    reported_at: str
+    policy: PolicyStatus
+    last_reload: LastReload | None = Field(description="null: none since it started")
+    totals: Totals = Field(description="its decisions over the window")
+
+
+class ProcessReport(ProcessStatus):
+    """What a process publishes into the store: its status, and its figures to sum."""
+
+    minutes: list[MinuteStats]
+    rules: dict[str, int] = Field(description="refusals by rule over the window, its top")
+    tools: dict[str, int] = Field(description="refusals by tool over the window, its top")
+
+
+STATUS_FIELDS = set(ProcessStatus.model_fields)  # what the overview lists of each report
+
+
 class StatsResponse(BaseModel):
     generated_at: str
-    pid: int = Field(description="the worker that answered: with --workers N, its figures")
-    uptime_s: float
+    pid: int = Field(description="the worker that answered (its policy is `policy`)")
+    uptime_s: float = Field(description="of the worker that answered")
     window_minutes: int
     sample_interval_s: float
     minutes: list[MinuteStats] = Field(description="oldest first; the last one is running")
@@ -270,7 +304,16 @@ class StatsResponse(BaseModel):
     top_tools: list[Ranked] = Field(description="tool labels named by the policy, else other")
     store: StoreStatus
     policy: PolicyStatus
-    last_reload: LastReload | None = Field(description="null: none since start-up")
+    last_reload: LastReload | None = Field(
+        description="the newest of every process's; null: none since they started"
+    )
+    processes: list[ProcessStatus] = Field(
+        description="every live worker of every daemon on the store, by daemon and pid; "
+        "the figures above are their sum"
+    )
+    processes_error: str | None = Field(
+        None, description="why only this worker is shown: the store did not answer"
+    )
 
 
 def _iso(moment: float) -> str:
@@ -278,28 +321,35 @@ def _iso(moment: float) -> str:
 
 
 def minutes(sampler: StatsSampler, now: Reading) -> list[MinuteStats]:
-    """Decisions and refusals in each of the last WINDOW_MINUTES wall-clock minutes."""
+    """Decisions and refusals in each of the last WINDOW_MINUTES wall-clock minutes. Each
+    process computes them every poll for its report: each edge is looked up once."""
     readings = [*sampler.ring, now]
+    moments = [r.at for r in readings]
     current = int(now.at // 60) * 60
-    found = []
-    for back in range(WINDOW_MINUTES - 1, -1, -1):
-        start = current - back * 60
-        first = at_or_before(start, readings)
-        last = now if back == 0 else at_or_before(start + 60, readings)
-        found.append(
-            MinuteStats(
-                start=_iso(start),
-                decisions=round(last.total() - first.total()),
-                refusals=round(last.refusals() - first.refusals()),
-            )
+    starts = [current - back * 60 for back in range(WINDOW_MINUTES - 1, -1, -1)]
+    edges = [at_or_before(start, readings, moments) for start in starts] + [now]
+    return [
+        MinuteStats(
+            start=_iso(start),
+            decisions=round(last.total() - first.total()),
+            refusals=round(last.refusals() - first.refusals()),
         )
-    return found
+        for start, first, last in zip(starts, edges, edges[1:], strict=False)
+    ]
 
 
-def _top(now: dict[str, float], then: dict[str, float]) -> list[Ranked]:
+def _window_counts(now: dict[str, float], then: dict[str, float]) -> dict[str, int]:
+    """Refusals by name over the window, the `REPORTED` most first."""
     counts = {key: round(value - then.get(key, 0.0)) for key, value in now.items()}
-    ranked = sorted((item for item in counts.items() if item[1] > 0), key=lambda i: (-i[1], i[0]))
-    return [Ranked(name=name, refusals=n) for name, n in ranked[:TOP]]
+    return dict(_ranked(counts)[:REPORTED])
+
+
+def _ranked(counts: dict[str, int]) -> list[tuple[str, int]]:
+    return sorted((item for item in counts.items() if item[1] > 0), key=lambda i: (-i[1], i[0]))
+
+
+def _top(counts: dict[str, int]) -> list[Ranked]:
+    return [Ranked(name=name, refusals=n) for name, n in _ranked(counts)[:TOP]]
 
 
 def totals(now: Reading, then: Reading) -> Totals:
@@ -344,27 +394,138 @@ def last_reload(reloader: PolicyReloader) -> LastReload | None:
     )
 
 
-@router.get("/v1/admin/stats", response_model=StatsResponse, tags=["admin"])
-async def stats(request: Request) -> StatsResponse:
-    """This process's overview for the console: decisions and refusals per minute over the
-    last 15 minutes, the denial ratio, the top refusing rules and tools, the store and its
-    circuit breaker, the policy in force and the last reload. Takes no parameters."""
-    sampler: StatsSampler = request.app.state.console_stats
+def process_report(
+    sampler: StatsSampler, engine: Engine, reloader: PolicyReloader, daemon: str
+) -> ProcessReport:
+    """This process's figures over the window, fresh: what it publishes every poll."""
     now = read_counters(sampler.metrics, sampler.clock())
-    window_start = now.at - WINDOW_MINUTES * 60
-    then = at_or_before(window_start, [*sampler.ring, now])
-    policy = request.app.state.engine.policy
-    return StatsResponse(
-        generated_at=_iso(now.at),
+    then = at_or_before(now.at - WINDOW_MINUTES * 60, [*sampler.ring, now])
+    policy = engine.policy
+    return ProcessReport(
+        daemon=daemon,
         pid=os.getpid(),
         uptime_s=round(now.at - sampler.started, 1),
+        reported_at=_iso(now.at),
+        policy=PolicyStatus(version=policy.version, source=policy.source, rules=len(policy.rules)),
+        last_reload=last_reload(reloader),
+        totals=totals(now, then),
+        minutes=minutes(sampler, now),
+        rules=_window_counts(now.rules, then.rules),
+        tools=_window_counts(now.tools, then.tools),
+    )
+
+
+class Reporter:
+    """This process's report, a JSON document, for its once-a-second poll. Built again
+    only when the sampler has read the counters since (every SAMPLE_INTERVAL_S, as the
+    per-minute figures always were) or the policy or the last reload changed (those show
+    within a poll): a report costs a few hundred microseconds every five seconds, and a
+    poll in between costs nothing here."""
+
+    def __init__(
+        self, sampler: StatsSampler, engine: Engine, reloader: PolicyReloader, daemon: str
+    ) -> None:
+        self.sampler, self.engine, self.reloader, self.daemon = sampler, engine, reloader, daemon
+        self._built_from: tuple[object, ...] = ()
+        self._document = ""
+
+    def __call__(self) -> str:
+        ring = self.sampler.ring
+        sources = (ring[-1] if ring else None, self.engine.policy, self.reloader.last)
+        if len(sources) != len(self._built_from) or any(
+            a is not b for a, b in zip(sources, self._built_from, strict=True)
+        ):
+            report = process_report(self.sampler, self.engine, self.reloader, self.daemon)
+            self._document, self._built_from = report.model_dump_json(), sources
+        return self._document
+
+
+async def fleet_reports(fleet: Fleet, own: ProcessReport) -> tuple[list[ProcessReport], str | None]:
+    """The live processes' reports (this one's `own`, fresh), by daemon and pid; only
+    `own` and why, when the store cannot say."""
+    try:
+        stored = await fleet.reports()
+    except StoreError as exc:
+        return [own], str(exc)
+    found = {member: report for member, document in stored.items() if (report := _parsed(document))}
+    found[fleet.member] = own
+    return sorted(found.values(), key=lambda r: (r.daemon, r.pid)), None
+
+
+def _parsed(document: str) -> ProcessReport | None:
+    try:
+        return ProcessReport.model_validate_json(document)
+    except ValueError:  # written by another version of the daemon: left out, not fatal
+        log.warning("a process report in the store is unreadable; left out")
+        return None
+
+
+def summed_totals(reports: list[ProcessReport]) -> Totals:
+    def total(field: str) -> int:
+        return sum(getattr(r.totals, field) for r in reports)
+
+    decisions, refusals = total("decisions"), total("refusals")
+    return Totals(
+        decisions=decisions,
+        allowed=total("allowed"),
+        denied=total("denied"),
+        asked=total("asked"),
+        refusals=refusals,
+        denial_ratio=round(refusals / decisions, 4) if decisions else None,
+    )
+
+
+def summed_minutes(own: list[MinuteStats], reports: list[ProcessReport]) -> list[MinuteStats]:
+    """Each of this process's minutes, with every process's figures for the same minute."""
+    by_start: dict[str, list[int]] = {m.start: [0, 0] for m in own}
+    for report in reports:
+        for minute in report.minutes:
+            if (sums := by_start.get(minute.start)) is not None:
+                sums[0] += minute.decisions
+                sums[1] += minute.refusals
+    return [MinuteStats(start=k, decisions=d, refusals=r) for k, (d, r) in by_start.items()]
+
+
+def summed(reports: list[ProcessReport], field: str) -> dict[str, int]:
+    sums: dict[str, int] = {}
+    for report in reports:
+        for name, count in getattr(report, field).items():
+            sums[name] = sums.get(name, 0) + count
+    return sums
+
+
+def newest_reload(reports: list[ProcessReport]) -> LastReload | None:
+    reloads = [r.last_reload for r in reports if r.last_reload is not None]
+    return max(reloads, key=lambda r: r.at, default=None)
+
+
+@router.get("/v1/admin/stats", response_model=StatsResponse, tags=["admin"])
+async def stats(request: Request) -> StatsResponse:
+    """The overview for the console, of every worker of every daemon on the store:
+    decisions and refusals per minute over the last 15 minutes, the denial ratio, the top
+    refusing rules and tools, the newest reload, and each process with its policy version
+    and last reload; with the store and its circuit breaker, and the policy in force in
+    the worker that answered. Takes no parameters."""
+    state = request.app.state
+    sampler: StatsSampler = state.console_stats
+    fleet: Fleet = state.fleet
+    own = process_report(sampler, state.engine, state.reloader, fleet.daemon)
+    reports, error = await fleet_reports(fleet, own)
+    return StatsResponse(
+        generated_at=own.reported_at,
+        pid=own.pid,
+        uptime_s=own.uptime_s,
         window_minutes=WINDOW_MINUTES,
         sample_interval_s=SAMPLE_INTERVAL_S,
-        minutes=minutes(sampler, now),
-        totals=totals(now, then),
-        top_rules=_top(now.rules, then.rules),
-        top_tools=_top(now.tools, then.tools),
+        minutes=summed_minutes(own.minutes, reports),
+        totals=summed_totals(reports),
+        top_rules=_top(summed(reports, "rules")),
+        top_tools=_top(summed(reports, "tools")),
         store=await store_status(request, sampler),
-        policy=PolicyStatus(version=policy.version, source=policy.source, rules=len(policy.rules)),
-        last_reload=last_reload(request.app.state.reloader),
+        policy=own.policy,
+        last_reload=newest_reload(reports),
+        processes=[
+            ProcessStatus.model_validate(r.model_dump(include=STATUS_FIELDS)) for r in reports
+        ],
+        processes_error=error,
     )

@@ -5,8 +5,9 @@ it), `GET` lists them with who set them and when, `DELETE /v1/admin/overrides/{i
 removes one. The vocabulary is the file's `overrides` (`rate`, `budget`, `concurrency`,
 `burst`, `unlimited: true`), plus an expiry (`ttl` or `until`) and a `reason`.
 
-How a change reaches every daemon without a store read per call: each daemon polls the
-store's overrides version once a second (`RuntimeOverrides.refresh`); when it moved, or
+How a change reaches every daemon without a store read per call: each process polls the
+store's overrides version once a second (service/fleet.py, with the rest of its poll,
+then `RuntimeOverrides.refresh`); when it moved, or
 an override expired, the daemon reads them all and compiles its policy again with them
 (`PolicyReloader.use_overrides`), swapped in whole as a reload is. The daemon that took
 the change applies it before it answers.
@@ -20,7 +21,6 @@ the file (its rule was removed) is kept, listed as idle, and left out of the pol
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Collection, Sequence
@@ -56,17 +56,18 @@ __all__ = ["POLL_S", "RuntimeOverrides", "router"]
 log = logging.getLogger("ratewarden.overrides")
 T = TypeVar("T")
 
-POLL_S = 1.0  # how often a daemon looks at the store's overrides version
+POLL_S = 1.0  # how often each process polls the store (service/fleet.py)
 MAX_OVERRIDES = 1000  # stored at once: each is compiled into every daemon's policy
 MAX_TTL = timedelta(days=366)
 
 
 class RuntimeOverrides:
-    """This daemon's view of the store's overrides, kept applied to its policy.
+    """This process's view of the store's overrides, kept applied to its policy.
 
-    It talks to the bare store, each operation within `timeout_s`: its once-a-second poll
-    is housekeeping, kept out of the decisions' store metrics and circuit breaker (a poll
-    failing during an outage must not change how soon decisions go back to the store)."""
+    It talks to the bare store, each operation within `timeout_s`: the once-a-second poll
+    (service/fleet.py) is housekeeping, kept out of the decisions' store metrics and
+    circuit breaker (a poll failing during an outage must not change how soon decisions
+    go back to the store)."""
 
     def __init__(
         self,
@@ -86,18 +87,18 @@ class RuntimeOverrides:
         self._expired: list[str] = []  # stored but expired: dropped by the next write
         self._next_expiry: datetime | None = None
         self._lock = asyncio.Lock()
-        self._poller: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now_ms() / 1000, UTC)
 
     # -- keeping the policy up to date ------------------------------------------------------
 
-    async def refresh(self) -> bool:
-        """Apply the store's overrides if they changed (or one expired); True if applied."""
+    async def refresh(self, version: int | None = None) -> bool:
+        """Apply the store's overrides if they changed (or one expired); True if applied.
+        `version`: the store's, read by the caller (the fleet's poll reads it)."""
         async with self._lock:
-            version = await self.store.overrides_version()
+            if version is None:
+                version = await self.store.overrides_version()
             expired = self._next_expiry is not None and self._next_expiry <= self.now()
             if version == self.version and not expired:
                 return False
@@ -126,39 +127,6 @@ class RuntimeOverrides:
         if document is None:  # one this daemon read before (store.read_overrides)
             return self._read[override_id]
         return _Stored.parse(override_id, document)
-
-    async def start(self) -> None:
-        """Apply the store's overrides now (if it answers), then poll their version."""
-        try:
-            await self.refresh()
-        except StoreError as exc:  # applied by the poller once the store answers
-            log.warning("runtime overrides not read at start-up: %s", exc)
-        self._poller = asyncio.create_task(self._poll(), name="ratewarden-overrides")
-
-    async def stop(self) -> None:
-        """Let the poller finish the round it is in (each store operation has its
-        deadline) rather than cancel it mid-command: a store client cancelled halfway
-        leaves its connection half-read, never closed."""
-        if self._poller is not None:
-            self._stopping.set()
-            try:
-                await asyncio.wait_for(self._poller, 2 * self.store.timeout_s + 1)
-            except TimeoutError:  # wait_for has cancelled it: it is gone either way
-                log.warning("runtime overrides poller cancelled at shutdown")
-            self._poller = None
-
-    async def _poll(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                await self.refresh()
-            except StoreError as exc:  # the store is down: keep what is applied
-                log.debug("runtime overrides not refreshed: %s", exc)
-            except Exception:  # the poller must outlive any surprise
-                log.exception("runtime overrides: unexpected error; still polling")
-            # A store client may turn our cancel into its own error (caught above): the
-            # stop flag ends the loop whatever it did.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), POLL_S)
 
     def listed(self) -> list[Override]:
         """The overrides in force, newest first, each saying whether the policy in force

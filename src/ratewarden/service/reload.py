@@ -16,9 +16,11 @@ only when its stat (mtime, size, inode) changed, and reloads when the content's 
 neither the version in force nor the last content already tried, once the content is
 the same on two reads a moment apart (an editor still writing is not half-applied).
 
-Each worker process has its own engine, so each reloads on its own: on SIGHUP sent to
-it, on a reload request that reaches it, and on its watcher, which is what keeps
-several workers in step.
+Each worker process has its own engine, so each reloads on its own. A reload through one
+process (its SIGHUP, a reload request that reached it, its watcher) is announced in the
+store (`announce`, service/fleet.py), and every other worker of every daemon on the store
+reloads its own source at its next poll (within about a second plus a compile), with the
+trigger `FLEET_TRIGGER`, which is not announced again.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +53,8 @@ from ratewarden.policy.schema import OverrideSpec
 
 log = logging.getLogger("ratewarden.reload")
 
+# A reload because another process announced one: not announced in turn.
+FLEET_TRIGGER = "another process's reload"
 # Pause between the two reads that must agree before the watcher reloads a changed file.
 SETTLE_S = 0.1
 
@@ -63,7 +67,9 @@ class ReloadResponse(BaseModel):
     changed: bool = Field(description="false when the file was unchanged")
     source: str
     rules: int
-    pid: int = Field(description="the worker that reloaded (each worker reloads on its own)")
+    pid: int = Field(
+        description="the worker that reloaded; every other process follows within seconds"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +122,8 @@ class PolicyReloader:
         self.last: ReloadOutcome | None = None
         # Reads the user tokens file again (auth.Tokens.reload_users): its mistake, or None.
         self.user_tokens: Callable[[], str | None] | None = None
+        # Tells the other processes that this one reloaded (service/fleet.py).
+        self.announce: Callable[[], Awaitable[None]] | None = None
 
     # -- reload ------------------------------------------------------------------------
 
@@ -123,8 +131,15 @@ class PolicyReloader:
         """Load the source again and swap it in, or keep the policy in force if it is invalid.
 
         `raw` is the file's content when the caller already read it (the watcher), so the
-        content judged stable is the content loaded.
+        content judged stable is the content loaded. Any attempt but one that follows
+        another process's is announced, so every process reads its source again.
         """
+        outcome = await self._reload(trigger, raw)
+        if self.announce is not None and trigger != FLEET_TRIGGER:
+            await self.announce()
+        return outcome
+
+    async def _reload(self, trigger: str, raw: bytes | None) -> ReloadOutcome:
         async with self._lock:
             previous = self.engine.policy
             tokens_error = await self._reload_user_tokens()

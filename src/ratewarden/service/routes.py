@@ -258,6 +258,7 @@ async def reset(body: ResetRequest, request: Request) -> ResetResponse | JSONRes
         deleted = await engine.reset(body.user, body.rule)
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
+    await request.app.state.fleet.announce_reset()  # every process forgets its refusals
     answer = ResetResponse(deleted=deleted, forgotten=before)
     metrics = observer_of(request.app).metrics
     return resets.recorded(metrics, engine, admin_name(request), (body.user, body.rule), answer)
@@ -267,8 +268,8 @@ async def reset(body: ResetRequest, request: Request) -> ResetResponse | JSONRes
 async def reload_policy(request: Request) -> ReloadResponse | JSONResponse:
     """Load the policy file again. An invalid file is refused whole (422 naming every error,
     `file:line: field: message`) and the policy in force stays; a valid one is swapped in
-    at once. With several workers, this reloads the worker that answers; the file watcher
-    (or SIGHUP) brings the others along."""
+    at once. The worker that answers reloads now; every other worker of every daemon on
+    the store reloads its own file at its next poll (service/fleet.py)."""
     reloader: PolicyReloader = request.app.state.reloader
     outcome = await reloader.reload("POST /v1/admin/reload")
     if outcome.tokens_error is not None and outcome.error is None:

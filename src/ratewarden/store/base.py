@@ -2,6 +2,8 @@
 
 - `Counters`: the atomic decisions on counters, what the engine needs;
 - `DenialLog`: the recent-denials list, what the audit trail needs;
+- `OverrideLog`: runtime overrides, what every daemon applies;
+- `FleetLog`: what every process announces and reports (service/fleet.py);
 - `Store`: both, with the store's life cycle and its clock.
 
 A `Layer` is a store around a store; each operation passes through its `around`, so a
@@ -13,7 +15,8 @@ and called for nothing.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar, TypeVarTuple
 
 from ratewarden.clock import Clock
@@ -97,7 +100,32 @@ class OverrideLog(Protocol):
         """Remove one override; the new version, or None if there was no such one."""
 
 
-class Store(Counters, DenialLog, OverrideLog, Protocol):
+@dataclass(frozen=True, slots=True)
+class FleetState:
+    """What a process's poll reads: the overrides version, and how many of each change
+    (`reset`, `reload`) were announced since the store began."""
+
+    overrides_version: int
+    changes: Mapping[str, int]
+
+
+class FleetLog(Protocol):
+    """What the processes on the store tell each other: changes they took that each of
+    them must follow, and a report of each, kept while it keeps polling."""
+
+    async def beat(self, member: str, report: str, ttl_ms: int) -> FleetState:
+        """Keep `member`'s report for `ttl_ms` (replacing its last), remove the reports
+        whose time ran out, and read the overrides version and the change counts: one
+        atomic step, one round trip (each process's once-a-second poll)."""
+
+    async def announce(self, change: str) -> int:
+        """Count one more `change`; its new count."""
+
+    async def reports(self) -> dict[str, str]:
+        """The reports of the members whose time has not run out, by member."""
+
+
+class Store(Counters, DenialLog, OverrideLog, FleetLog, Protocol):
     """A store: counters and the denial log, with a life cycle and a clock."""
 
     @property
@@ -192,6 +220,15 @@ class Layer:
 
     async def remove_override(self, override_id: str) -> int | None:
         return await self.around("remove_override", self.inner.remove_override, override_id)
+
+    async def beat(self, member: str, report: str, ttl_ms: int) -> FleetState:
+        return await self.around("beat", self.inner.beat, member, report, ttl_ms)
+
+    async def announce(self, change: str) -> int:
+        return await self.around("announce", self.inner.announce, change)
+
+    async def reports(self) -> dict[str, str]:
+        return await self.around("reports", self.inner.reports)
 
     async def ping(self) -> None:
         await self.around("ping", self.inner.ping)

@@ -57,6 +57,16 @@ DENIALS_KEY = f"{PREFIX}:denials"
 # override's expiry is in its document, and an expired one is removed by the next change.
 OVERRIDES_KEY = f"{PREFIX}:admin:{{overrides}}"
 OVERRIDES_VERSION_KEY = f"{PREFIX}:admin:{{overrides}}:version"
+# The fleet (service/fleet.py): every process's poll reads the overrides version and the
+# change counters, and writes its report, in one script; so these keys carry the
+# overrides' hash tag, to sit on their cluster node. The change counters (a hash of
+# change -> count, `reset`, `reload`) have no TTL: a count only matters by moving, and
+# a hash of two fields never grows. Each report (a hash of process -> JSON) lives as long
+# as its score in the alive set (its expiry, Redis ms): `REPORT_TTL_MS` after its last
+# poll, so a dead process drops out and its report is removed by the next poll.
+FLEET_CHANGES_KEY = f"{PREFIX}:admin:{{overrides}}:changes"
+FLEET_REPORTS_KEY = f"{PREFIX}:admin:{{overrides}}:reports"
+FLEET_ALIVE_KEY = f"{PREFIX}:admin:{{overrides}}:alive"
 
 
 @lru_cache(maxsize=65_536)

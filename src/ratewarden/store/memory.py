@@ -27,6 +27,7 @@ from ratewarden.limiter import reference
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Recorded
 from ratewarden.limiter.script import SettleStatus
 from ratewarden.store import snapshot
+from ratewarden.store.base import FleetState
 from ratewarden.store.snapshot import StateFile, StateFileError
 
 log = logging.getLogger("ratewarden.store")
@@ -79,6 +80,10 @@ class MemoryStore:
         self._denials: collections.deque[str] = collections.deque()
         self._overrides: dict[str, str] = {}
         self._overrides_version = 0
+        # The fleet: change counts, and each member's report with its expiry (ms). Not in
+        # the state file: they describe the processes running now, and this is one.
+        self._fleet_changes: dict[str, int] = {}
+        self._reports: dict[str, tuple[int, str]] = {}
         self._state = state_file
         self._changes = 0  # bumped by every write; a snapshot is taken only if it moved
         self._saved_changes = 0
@@ -178,6 +183,23 @@ class MemoryStore:
             if self._overrides.pop(override_id, None) is None:
                 return None
             return self._bump_overrides()
+
+    async def beat(self, member: str, report: str, ttl_ms: int) -> FleetState:
+        with self._lock:
+            now = self.clock.now_ms()
+            self._reports = {m: r for m, r in self._reports.items() if r[0] > now}
+            self._reports[member] = (now + ttl_ms, report)
+            return FleetState(self._overrides_version, dict(self._fleet_changes))
+
+    async def announce(self, change: str) -> int:
+        with self._lock:
+            self._fleet_changes[change] = self._fleet_changes.get(change, 0) + 1
+            return self._fleet_changes[change]
+
+    async def reports(self) -> dict[str, str]:
+        with self._lock:
+            now = self.clock.now_ms()
+            return {m: report for m, (until, report) in self._reports.items() if until > now}
 
     def _bump_overrides(self) -> int:
         self._changes += 1

@@ -40,9 +40,16 @@ from ratewarden.limiter.script import (
     rule_values,
     settle_head,
 )
-from ratewarden.store.base import StoreError
+from ratewarden.store.base import FleetState, StoreError
 from ratewarden.store.coalesce import Encoded, ScriptPipeline, encoded
-from ratewarden.store.keys import DENIALS_KEY, OVERRIDES_KEY, OVERRIDES_VERSION_KEY
+from ratewarden.store.keys import (
+    DENIALS_KEY,
+    FLEET_ALIVE_KEY,
+    FLEET_CHANGES_KEY,
+    FLEET_REPORTS_KEY,
+    OVERRIDES_KEY,
+    OVERRIDES_VERSION_KEY,
+)
 
 _RESET_BATCH = 500
 # What redis-py and the network raise (a cluster client adds its own): a StoreError to us.
@@ -109,6 +116,30 @@ return {redis.call('INCR', KEYS[2])}
 _REMOVE_OVERRIDE = """
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return {-1} end
 return {redis.call('INCR', KEYS[2])}
+"""
+
+# KEYS: the overrides version, the change counts, the reports, the alive set. ARGV:
+# member, report, ttl (ms). Expiries are on Redis TIME, one clock for every process.
+# Returns {overrides version, {change, count, ...}}: a process's whole poll.
+_BEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+if #dead > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  redis.call('HDEL', KEYS[3], unpack(dead))
+end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), ARGV[1])
+return {tonumber(redis.call('GET', KEYS[1]) or '0'), redis.call('HGETALL', KEYS[2])}
+"""
+# KEYS: the reports, the alive set. Returns {members, their reports} of the live ones.
+_REPORTS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')
+if #live == 0 then return {{}, {}} end
+return {live, redis.call('HMGET', KEYS[1], unpack(live))}
 """
 
 
@@ -179,6 +210,29 @@ class RedisKeyspace:
         with store_errors():
             reply = await self._client.eval(script, 2, OVERRIDES_KEY, OVERRIDES_VERSION_KEY, *args)
         return reply[0], reply[1] if len(reply) > 1 else []
+
+    # The fleet (service/fleet.py): its keys share the overrides' hash tag, so a poll is
+    # one script on one node.
+
+    async def beat(self, member: str, report: str, ttl_ms: int) -> FleetState:
+        keys = (OVERRIDES_VERSION_KEY, FLEET_CHANGES_KEY, FLEET_REPORTS_KEY, FLEET_ALIVE_KEY)
+        with store_errors():
+            version, flat = await self._client.eval(_BEAT, 4, *keys, member, report, ttl_ms)
+        changes = {_text(k): int(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+        return FleetState(int(version), changes)
+
+    async def announce(self, change: str) -> int:
+        with store_errors():
+            count: int = await self._client.hincrby(FLEET_CHANGES_KEY, change, 1)
+        return int(count)
+
+    async def reports(self) -> dict[str, str]:
+        with store_errors():
+            members, found = await self._client.eval(
+                _REPORTS, 2, FLEET_REPORTS_KEY, FLEET_ALIVE_KEY
+            )
+        pairs = zip(members, found, strict=True)
+        return {_text(m): _text(r) for m, r in pairs if r is not None}
 
     async def ping(self) -> None:
         with store_errors():

@@ -232,9 +232,11 @@
       throw error;
     }
     const totals = stats.totals;
+    const daemons = new Set(stats.processes.map((p) => p.daemon)).size;
     $("overview-meta").textContent =
-      `Worker ${stats.pid}, up ${Math.round(stats.uptime_s)} s; figures at ${time(stats.generated_at)}, ` +
-      `read every ${stats.sample_interval_s} s.`;
+      `${counted(stats.processes.length, "worker")} of ${counted(daemons, "daemon")} on the store; ` +
+      `answered by worker ${stats.pid}; ` +
+      `figures at ${time(stats.generated_at)}, read every ${stats.sample_interval_s} s.`;
     $("overview-decisions").textContent = String(totals.decisions);
     $("overview-refusals").textContent = String(totals.refusals);
     $("overview-split").textContent = `${totals.denied} denied, ${totals.asked} asked`;
@@ -252,6 +254,34 @@
     fillRanked($("overview-rules"), stats.top_rules, "no refusals in the last 15 minutes");
     fillRanked($("overview-tools"), stats.top_tools, "no refusals in the last 15 minutes");
     showReload($("overview-reload"), stats.last_reload);
+    fillProcesses(stats);
+  }
+
+  function counted(n, noun) {
+    return `${n} ${noun}${n === 1 ? "" : "s"}`;
+  }
+
+  function fillProcesses(stats) {
+    const rows = stats.processes.map((p) => {
+      const last = p.last_reload;
+      const reload = !last ? "none" : `${last.ok ? "ok" : "refused"}, ${dateTime(last.at)}, ${last.trigger}`;
+      const state = !last || last.ok ? "" : "state-bad";
+      return el(
+        "tr",
+        {},
+        cell(p.daemon),
+        cell(p.pid),
+        cell(p.policy.version, "mono"),
+        cell(reload, state),
+        cell(p.totals.decisions),
+        cell(p.totals.refusals),
+        cell(`${Math.round(p.uptime_s)} s`),
+      );
+    });
+    fillRows($("overview-processes").tBodies[0], rows, 7, "no process has reported");
+    $("overview-processes-note").textContent = stats.processes_error
+      ? `Only the worker that answered: the store did not list the others (${stats.processes_error}).`
+      : "Every worker of every daemon on the store; the figures above are their sum.";
   }
 
   function drawChart(minutes) {
