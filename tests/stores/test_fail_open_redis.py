@@ -194,3 +194,15 @@ def test_an_adapter_settles_a_degraded_call_that_holds_a_local_slot(down: Daemon
     finally:
         plugin.guard.close()
     assert outcomes(held) == [("allow", True), ("allow", True), ("deny", True)]
+
+
+def test_a_daemon_without_its_store_stays_ready_and_says_why(http: httpx.Client) -> None:
+    """Issue 26 item 5 on a real process: ready means "can answer", by the fail mode too
+    (on e32fe6e /readyz was 503 here, and every pod would have left its Service)."""
+    ready = http.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert (ready.json()["status"], ready.json()["answering"]) == ("ready", "fail mode")
+    assert ready.json()["store"].startswith("unavailable: ")
+    health = http.get("/healthz")
+    assert health.status_code == 200
+    assert health.json()["store"].startswith("unavailable: ")
