@@ -33,7 +33,8 @@ async def raw_state(store: Store) -> dict[str, object]:
         return {key: copy.deepcopy(value) for key, (value, _) in store._cells.values.items()}
     assert isinstance(store, RedisStore)
     client = store._client
-    keys = [key async for key in client.scan_iter(match="rw:*")]
+    # Not the daemon's own bookkeeping (runtime overrides, the fleet's reports: `rw:admin:`).
+    keys = [k async for k in client.scan_iter(match="rw:*") if not k.startswith(b"rw:admin:")]
     state: dict[str, object] = {}
     for key in keys:
         assert await client.pttl(key) > 0, key  # every key expires

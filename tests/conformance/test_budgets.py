@@ -60,7 +60,8 @@ async def raw_state(store: Store) -> dict[str, object]:
 
     Not the recent-denials list: it is the audit trail's, pushed on a timer of its own
     (so present or not by how fast the machine runs the test), and the memory store keeps
-    it apart from its counters."""
+    it apart from its counters. Nor the daemon's own bookkeeping (`rw:admin:`: runtime
+    overrides, the fleet's reports, written by a served daemon's once-a-second poll)."""
     if isinstance(store, MemoryStore):
         now = store.clock.now_ms()
         return {
@@ -73,7 +74,7 @@ async def raw_state(store: Store) -> dict[str, object]:
     state: dict[str, object] = {}
     async for key in client.scan_iter(match="rw:*"):
         name = key.decode() if isinstance(key, bytes) else key
-        if name == DENIALS_KEY:
+        if name == DENIALS_KEY or name.startswith("rw:admin:"):
             continue
         kind = await client.type(key)
         kind = kind.decode() if isinstance(kind, bytes) else kind
