@@ -29,6 +29,7 @@ from ratewarden.store.breaker import CircuitOpenError
 log = logging.getLogger("ratewarden.audit")
 RECENT_LIMIT = 1000  # entries kept in the recent-denials list
 _FLUSH_EVERY_S = 0.2
+_STOP_WAIT_S = 5.0  # for the flush under way at shutdown (its store call has a deadline)
 
 
 def new_entry_id() -> str:
@@ -126,6 +127,7 @@ class AuditTrail:
         self.new_id = new_id
         self._pending: list[str] = []
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def record(self, decision: Decision, call: Call, args: dict[str, Any] | None) -> None:
         if _event(decision) is None:
@@ -173,16 +175,25 @@ class AuditTrail:
             logging.getLogger("ratewarden").log(level, "recent denials not stored: %s", exc)
 
     def start(self) -> None:
+        self._stopping = asyncio.Event()
         self._task = asyncio.create_task(self._flush_forever())
 
     async def stop(self) -> None:
+        """Let the flusher finish the flush it is in (the store call has its deadline)
+        rather than cancel it mid-command: a cancel that met the store deadline's own
+        could be taken for the deadline's and swallowed, and the flusher then ran on
+        while this waited for it for ever (a hang seen at shutdown in the test suite)."""
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping.set()
+            try:
+                await asyncio.wait_for(self._task, _STOP_WAIT_S)
+            except TimeoutError:  # wait_for has cancelled it: it is gone either way
+                logging.getLogger("ratewarden").warning("audit flusher cancelled at shutdown")
+            self._task = None
         await self.flush()
 
     async def _flush_forever(self) -> None:
-        while True:
-            await asyncio.sleep(_FLUSH_EVERY_S)
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), _FLUSH_EVERY_S)
             await self.flush()
