@@ -42,6 +42,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from ratewarden.store.deadlines import STALL_CAP
 from tests.helpers.hostenv import Daemon, running_daemon
 from tests.helpers.redis_server import ensure_redis_server, free_port
 
@@ -498,7 +499,10 @@ def every_request_answered_in_time(run: Run) -> None:
     assert errors == [], errors[:5]
     measured = run.measured()
     assert len(measured) > 1000, len(measured)
-    bound = TIMEOUT_S + max(MARGIN_S, run.slowest_healthy())
+    # A daemon that is itself behind (this load on a 2-CPU machine) does not count its
+    # stalls toward the store deadline, up to the cap (docs/operations.md, "A busy daemon
+    # is not a broken store"): a fault adds at most the cap then, never more.
+    bound = TIMEOUT_S * STALL_CAP + max(MARGIN_S, run.slowest_healthy())
     slow = sorted((s for s in measured if s.latency > bound), key=lambda s: -s.latency)
     assert slow == [], (bound, [(round(s.latency, 3), s.outcome, run.when(s)) for s in slow[:10]])
     assert percentile([s.latency for s in measured], 0.99) <= P99_BOUND_S
