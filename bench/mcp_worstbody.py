@@ -27,9 +27,9 @@ from bench.hookstart import daemon
 from bench.mcp_overhead import POLICY, SERVER, TOKEN, _process, _ratewarden
 from bench.procstat import cpu_seconds
 from bench.redis_server import free_port
-from ratewarden.mcp.command import DEFAULT_MAX_BODY as MAX_BODY
+from ratewarden.mcp.cli import DEFAULT_MAX_BODY as MAX_BODY
 from ratewarden.mcp.gateway import MAX_DEPTH
-from ratewarden.wire import MAX_ITEMS, count_items
+from ratewarden.wire.bounded import MAX_ITEMS, count_items
 
 TARGET = 10.0  # the worst body's cost, in normal tools/call relays
 NORMAL = "tools/call (normal)"

@@ -36,8 +36,9 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from ratewarden.settings import Settings
-from ratewarden.wire import MAX_ARGS_BYTES, MAX_ARGS_DEPTH, MAX_BATCH, MAX_ITEMS, count_items
+from ratewarden.service.settings import Settings
+from ratewarden.wire.bodies import MAX_ARGS_BYTES, MAX_ARGS_DEPTH, MAX_BATCH
+from ratewarden.wire.bounded import MAX_ITEMS, count_items
 
 BODY_CAP = int(Settings.model_fields["max_body_bytes"].default)
 HOOK_CAP = int(Settings.model_fields["max_hook_body_bytes"].default)

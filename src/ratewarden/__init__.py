@@ -24,19 +24,19 @@ _EXPORTS = {
     "ClientError": "ratewarden.client",
     "DaemonUnavailable": "ratewarden.client",
     "RatewardenError": "ratewarden.errors",
-    "CheckRequest": "ratewarden.wire",
-    "CheckResponse": "ratewarden.wire",
-    "BatchRequest": "ratewarden.wire",
-    "BatchResponse": "ratewarden.wire",
-    "ToolMetadata": "ratewarden.wire",
-    "Violation": "ratewarden.wire",
-    "LimitState": "ratewarden.wire",
-    "SettleRequest": "ratewarden.wire",
-    "SettleResponse": "ratewarden.wire",
-    "UsageItem": "ratewarden.wire",
-    "UsageResponse": "ratewarden.wire",
-    "ErrorResponse": "ratewarden.wire",
-    "FieldError": "ratewarden.wire",
+    "CheckRequest": "ratewarden.wire.bodies",
+    "CheckResponse": "ratewarden.wire.bodies",
+    "BatchRequest": "ratewarden.wire.bodies",
+    "BatchResponse": "ratewarden.wire.bodies",
+    "ToolMetadata": "ratewarden.wire.bodies",
+    "Violation": "ratewarden.wire.bodies",
+    "LimitState": "ratewarden.wire.bodies",
+    "SettleRequest": "ratewarden.wire.bodies",
+    "SettleResponse": "ratewarden.wire.bodies",
+    "UsageItem": "ratewarden.wire.bodies",
+    "UsageResponse": "ratewarden.wire.bodies",
+    "ErrorResponse": "ratewarden.wire.bodies",
+    "FieldError": "ratewarden.wire.bodies",
 }
 
 __all__ = [  # the same names as _EXPORTS (tests/unit/test_public_surface.py holds them equal)
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
         Guard,
     )
     from ratewarden.errors import RatewardenError
-    from ratewarden.wire import (
+    from ratewarden.wire.bodies import (
         BatchRequest,
         BatchResponse,
         CheckRequest,

@@ -1,8 +1,8 @@
 """The `ratewarden` command (and `python -m ratewarden`).
 
 `ratewarden hook HOST` runs once per tool call of a coding agent, so it goes straight to
-hooks/command.py and imports nothing else; `ratewarden mcp` goes to mcp/command.py (the
-`mcp` extra); every other command is cli.py's.
+hooks/command.py and imports nothing else; `ratewarden mcp` goes to mcp/cli.py (the
+`mcp` extra); every other command is cli/'s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def main() -> int:
 
         return command.cli(sys.argv[2:])
     if sys.argv[1:2] == ["mcp"]:  # the MCP proxy: needs the `mcp` extra, imported only here
-        from ratewarden.mcp import command as mcp_command
+        from ratewarden.mcp import cli as mcp_command
 
         return mcp_command.cli(sys.argv[2:])
     from ratewarden.cli import main as run_cli

@@ -3,7 +3,7 @@
 `Client`/`AsyncClient` raise on trouble (the CLI wants to know); `Guard`/`AsyncGuard`
 never raise for an outage and answer by their fail mode instead (a tool call must get
 an answer). Only `ratewarden.wire`, `ratewarden.vocabulary` and the async clients' transport
-(`ratewarden.keepalive`, on httptools) are imported, so a host agent loads this without FastAPI
+(`ratewarden.http.keepalive`, on httptools) are imported, so a host agent loads this without FastAPI
 or Redis.
 """
 
@@ -22,7 +22,7 @@ import httpx
 from pydantic_core import from_json, to_json
 
 from ratewarden.errors import RatewardenError
-from ratewarden.keepalive import KeepAlive, Unreachable
+from ratewarden.http.keepalive import KeepAlive, Unreachable
 from ratewarden.vocabulary import (
     ADAPTER_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
@@ -32,7 +32,7 @@ from ratewarden.vocabulary import (
     fail_mode,
     unavailable,
 )
-from ratewarden.wire import (
+from ratewarden.wire.bodies import (
     Capabilities,
     CheckRequest,
     CheckResponse,

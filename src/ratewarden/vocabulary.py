@@ -9,7 +9,7 @@
   `policy/messages.py`) and the adapters' and hooks' own fallbacks;
 - the one call-id scheme of every host: `call_id`;
 - the one reader of the client side's `RATEWARDEN_*` variables: `ClientSettings` (the
-  daemon's own settings are `settings.py`).
+  daemon's own settings are `service/settings.py`).
 
 Standard library only: the client, the hooks and the adapters load this inside a host
 agent's process, without FastAPI, Redis, pydantic-settings or the policy loader

@@ -18,10 +18,10 @@ import pytest
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import Engine
-from ratewarden.integrations.names import check_request
 from ratewarden.policy import parse_policy
 from ratewarden.service.convert import to_call
 from ratewarden.store import Store
+from ratewarden.wire.names import check_request
 
 ROOT_DELETE = "Refusing destructive root delete"
 POLICY = f"""

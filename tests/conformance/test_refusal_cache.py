@@ -20,13 +20,13 @@ import fakeredis
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ratewarden.audit import AuditTrail
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import Decision, Engine
 from ratewarden.engine.refusals import RefusalCache
-from ratewarden.metrics import Metrics
 from ratewarden.policy import Policy, parse_policy
+from ratewarden.service.audit import AuditTrail
+from ratewarden.service.metrics import Metrics
 from ratewarden.service.observer import Observer
 from ratewarden.store import MemoryStore, Store, StoreError
 from ratewarden.store.base import Args, Layer

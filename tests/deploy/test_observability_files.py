@@ -30,7 +30,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from ratewarden.metrics import Metrics
+from ratewarden.service.metrics import Metrics
 from tests.helpers.redis_server import RedisServer, running_redis
 from tests.service.test_cli import serving
 

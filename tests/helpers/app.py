@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from ratewarden.clock import FakeClock
 from ratewarden.policy import parse_policy
 from ratewarden.service.app import create_app
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore, Store
 
 

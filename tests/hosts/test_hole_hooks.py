@@ -3,7 +3,7 @@
 A host's tool-call id with a control character, or a tool or user name longer than the
 API takes, used to fail validation inside the hook, which then answered by its fail mode:
 failing open, the tool ran unchecked even for a user already over the limit. Now every
-check is built by `ratewarden.integrations.names`: such names are mapped to valid ones
+check is built by `ratewarden.wire.names`: such names are mapped to valid ones
 (the same name to the same counter), unusable ids replaced.
 
 The hooks run as the hosts run them (a real `ratewarden hook` process, a real `ratewarden
@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from ratewarden.client import AsyncGuard, Guard
-from ratewarden.wire import CallId, CheckRequest, Subject
+from ratewarden.wire.bodies import CallId, CheckRequest, Subject
 from tests.helpers.daemon import read_denials
 from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
 
@@ -222,7 +222,7 @@ ODD_ID = "call\x00\n\u0085_7"  # NUL, newline and a C1 control
 
 def assert_normalised(daemon: Daemon, user: str, lead: str) -> None:
     """The daemon saw the mapped tool name and a usable call id led by the host's id."""
-    from ratewarden.integrations import names
+    from ratewarden.wire import names
 
     [entry] = denials(daemon, user)
     assert entry["tool"] == names.subject(ODD_TOOL)
@@ -241,7 +241,7 @@ def test_hole8_hermes_plugin_checks_odd_names(daemon: Daemon) -> None:
     assert blocked["action"] == "block"
     assert blocked["message"].startswith("Rate limit: max 1")
     assert_normalised(daemon, user, "call_7~")
-    from ratewarden.integrations import names
+    from ratewarden.wire import names
 
     assert denials(daemon, user)[0]["session"] == names.subject("s" * LONG)
     plugin.guard.close()
@@ -373,14 +373,14 @@ async def test_hole8_openai_agents_guardrail_checks_odd_names(
     "name", ["Bash", "discord:1234", "x" * 256, "Émile 🙂", "mcp__github__create_issue", "a~b"]
 )
 def test_hole8_valid_names_are_sent_unchanged(name: str) -> None:
-    from ratewarden.integrations import names
+    from ratewarden.wire import names
 
     assert names.subject(name) == name
 
 
 @pytest.mark.parametrize("call_id", ["toolu_01ABC", "c" * 128, "a/b", "%2F", "call 0", "x."])
 def test_hole8_usable_call_ids_are_sent_unchanged(call_id: str) -> None:
-    from ratewarden.integrations import names
+    from ratewarden.wire import names
 
     assert names.usable_call_id(call_id) == call_id
 
@@ -389,7 +389,7 @@ def test_hole8_usable_call_ids_are_sent_unchanged(call_id: str) -> None:
     "name", ["x" * 257, "x" * 10_000, "a\x00b", "tab\there", "\x85", "\ud800", "", "é" * 300]
 )
 def test_hole8_other_names_map_to_a_prefix_and_a_digest(name: str) -> None:
-    from ratewarden.integrations import names
+    from ratewarden.wire import names
 
     mapped = names.subject(name)
     assert mapped != name
@@ -404,7 +404,7 @@ def test_hole8_other_names_map_to_a_prefix_and_a_digest(name: str) -> None:
 
 
 def test_hole8_long_names_with_one_prefix_map_apart() -> None:
-    from ratewarden.integrations import names
+    from ratewarden.wire import names
 
     base = "x" * 300
     variants = [base, base + "y", "x" * 299 + "y", "x" * 257, base.replace("x", "X", 1)]
@@ -418,7 +418,7 @@ def test_hole8_long_names_with_one_prefix_map_apart() -> None:
 
 @pytest.mark.parametrize("call_id", [".", "..", "c\x00", "c\n", "c" * 129, "", "\udfff"])
 def test_hole8_unusable_call_ids_are_replaced_the_same_way_each_time(call_id: str) -> None:
-    from ratewarden.integrations import names
+    from ratewarden.wire import names
 
     replaced = names.usable_call_id(call_id)
     assert replaced == names.usable_call_id(call_id)  # the post hook finds its check
@@ -442,7 +442,7 @@ def test_hole8_fresh_call_ids_drop_what_the_api_refuses() -> None:
 
 @given(st.text(max_size=400), st.text(max_size=400))
 def test_hole8_any_text_becomes_a_name_the_api_takes(name: str, other: str) -> None:
-    from ratewarden.integrations import names
+    from ratewarden.wire import names
 
     mapped = names.subject(name)
     assert SUBJECT.validate_python(mapped) == mapped

@@ -25,7 +25,7 @@ import pytest
 
 from ratewarden.hooks.command import HookOptions, run
 from ratewarden.hooks.hosts import HOSTS
-from ratewarden.integrations import names
+from ratewarden.wire import names
 from tests.helpers.daemon import read_denials
 from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
 from tests.helpers.redis_server import free_port

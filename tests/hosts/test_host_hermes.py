@@ -26,7 +26,7 @@ import pytest
 from ratewarden.client import Guard
 from ratewarden.integrations import hermes
 from ratewarden.integrations.hermes import RatewardenPlugin, install_directory_plugin
-from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, SettleResponse
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, SettleResponse
 from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_python, running_daemon
 from tests.helpers.redis_server import free_port
 

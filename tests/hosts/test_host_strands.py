@@ -20,7 +20,7 @@ import pytest
 
 from ratewarden.client import ClientError, Guard
 from ratewarden.integrations.strands import RatewardenHook
-from ratewarden.wire import CheckRequest, CheckResponse
+from ratewarden.wire.bodies import CheckRequest, CheckResponse
 from tests.helpers.daemon import read_usage
 from tests.helpers.hostenv import (
     TERMINAL_POLICY,

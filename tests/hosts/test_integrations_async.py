@@ -16,7 +16,7 @@ from ratewarden.client import AsyncGuard, ClientError
 from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.vocabulary import MAX_CALL_ID
 from ratewarden.vocabulary import call_id as new_call_id
-from ratewarden.wire import CheckRequest, CheckResponse
+from ratewarden.wire.bodies import CheckRequest, CheckResponse
 from tests.helpers.redis_server import free_port
 
 

@@ -432,7 +432,7 @@ def test_a_client_that_vanishes_is_settled_at_the_idle_timeout(run: Run) -> None
 
 
 def test_sockets_that_never_finish_a_request_are_closed(run: Run) -> None:
-    # The daemon's guard (service/connections.py) at RATEWARDEN_REQUEST_TIMEOUT_S=1.
+    # The daemon's guard (http/connections.py) at RATEWARDEN_REQUEST_TIMEOUT_S=1.
     half_open = run.report["half_open"]
     assert half_open["healthy_meanwhile"] == 200
     assert half_open["closed"] == half_open["count"]

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ratewarden.wire import MAX_ARGS_DEPTH, MAX_ITEMS
+from ratewarden.wire.bodies import MAX_ARGS_DEPTH
+from ratewarden.wire.bounded import MAX_ITEMS
 from tests.helpers.hostenv import clean_environment, host_python, run_driver, running_daemon
 from tests.helpers.redis_server import free_port, running_redis
 from tests.hosts.test_mcp_gateway import started

@@ -1,4 +1,4 @@
-"""The gateway's own client of a plain http:// upstream (`ratewarden.mcp.streamable`)
+"""The gateway's own client of a plain http:// upstream (`ratewarden.mcp.http_upstream`)
 against scripted servers answering as careless or hostile upstreams would: every request
 gets an answer (so the relay can settle its call), and the session's headers are kept.
 

@@ -22,9 +22,9 @@ from fastapi import FastAPI
 from ratewarden.clock import FakeClock
 from ratewarden.policy import parse_policy
 from ratewarden.service.app import create_app
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore
-from ratewarden.wire import MAX_ARGS_BYTES, MAX_ARGS_DEPTH
+from ratewarden.wire.bodies import MAX_ARGS_BYTES, MAX_ARGS_DEPTH
 from tests.helpers.app import build_app, serving
 from tests.service.test_hostile_input import args_of_size, nested, refused_field
 

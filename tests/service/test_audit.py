@@ -25,10 +25,10 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from ratewarden.clock import FakeClock
-from ratewarden.logs import configure_audit
 from ratewarden.policy import parse_policy
 from ratewarden.service.app import create_app
-from ratewarden.settings import Settings
+from ratewarden.service.logs import configure_audit
+from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore, Store, StoreError, store_from_url
 from ratewarden.store.breaker import CircuitOpenError
 from ratewarden.store.keys import DENIALS_KEY
@@ -659,7 +659,7 @@ async def test_audit_lines_are_json_for_any_user_and_tool(audit_log: Path) -> No
 def test_audit_file_takes_unicode_whatever_the_locale(tmp_path: Path) -> None:
     script = (
         "import logging, sys\n"
-        "from ratewarden.logs import configure_audit\n"
+        "from ratewarden.service.logs import configure_audit\n"
         "configure_audit(sys.argv[1])\n"
         "logging.getLogger('ratewarden.audit').info('{\"user\": \"\\u00c9mile \\U0001f642\"}')\n"
     )
@@ -732,7 +732,7 @@ async def test_an_unstored_denial_warns_unless_the_circuit_is_open(
 ) -> None:
     """The breaker reports an outage once; the flusher must not add a line five times a
     second for as long as it lasts."""
-    from ratewarden.audit import AuditTrail
+    from ratewarden.service.audit import AuditTrail
 
     trail = AuditTrail(UnwritableDenials(error))
     trail._pending = ['{"event": "deny"}']
@@ -745,9 +745,9 @@ async def test_an_unstored_denial_warns_unless_the_circuit_is_open(
 
 async def test_an_audit_line_takes_its_time_and_id_from_what_it_is_given() -> None:
     """The trail's clock and id maker are injected, so a line is known to the byte."""
-    from ratewarden.audit import AuditTrail
     from ratewarden.calls import Call
     from ratewarden.engine import Engine
+    from ratewarden.service.audit import AuditTrail
 
     clock = FakeClock(1_700_000_017_345)
     store = MemoryStore(clock)

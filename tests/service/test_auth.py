@@ -24,7 +24,7 @@ from ratewarden.cli import main
 from ratewarden.clock import FakeClock
 from ratewarden.service import auth
 from ratewarden.service.app import create_app
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore
 from tests.helpers.app import assert_error_shape, serving
 from tests.helpers.daemon import Daemon, clean_environment, running_daemon
@@ -288,13 +288,13 @@ def test_every_token_is_compared_and_in_constant_time(monkeypatch: pytest.Monkey
     monkeypatch.setattr(auth.hmac, "compare_digest", counting)
     tokens = auth.Tokens(check=["c1", "c2-longer-token"], admin=["a1", "a2"])
     cases = {
-        b"a1": auth.Role.ADMIN,
-        b"a2": auth.Role.ADMIN,
-        b"c1": auth.Role.CHECK,
-        b"c2-longer-token": auth.Role.CHECK,
-        b"nope": auth.Role.NONE,
-        b"": auth.Role.NONE,
-        b"x" * 10_000: auth.Role.NONE,
+        b"a1": auth.ApiRole.ADMIN,
+        b"a2": auth.ApiRole.ADMIN,
+        b"c1": auth.ApiRole.CHECK,
+        b"c2-longer-token": auth.ApiRole.CHECK,
+        b"nope": auth.ApiRole.NONE,
+        b"": auth.ApiRole.NONE,
+        b"x" * 10_000: auth.ApiRole.NONE,
     }
     for presented, role in cases.items():
         compared.clear()
@@ -310,7 +310,7 @@ def test_tokens_from_the_environment_are_comma_separated(monkeypatch: pytest.Mon
     assert settings.admin_tokens == ["a-one"]
     tokens = auth.Tokens.from_settings(settings)
     assert tokens.counts() == (2, 1)
-    assert tokens.role_of(b"c-two") is auth.Role.CHECK
+    assert tokens.role_of(b"c-two") is auth.ApiRole.CHECK
     assert auth.describe(settings) == "auth on (2 check, 1 admin tokens)"
 
 

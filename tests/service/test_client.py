@@ -19,7 +19,7 @@ from ratewarden.client import (
     DaemonUnavailable,
     Guard,
 )
-from ratewarden.wire import CheckRequest, SettleRequest
+from ratewarden.wire.bodies import CheckRequest, SettleRequest
 from tests.helpers.hostenv import Daemon, running_daemon
 from tests.helpers.redis_server import free_port
 

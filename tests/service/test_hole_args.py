@@ -23,9 +23,9 @@ import pytest
 
 from ratewarden.arguments import read_json
 from ratewarden.client import AsyncGuard, Guard
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from ratewarden.vocabulary import TOO_LARGE
-from ratewarden.wire import TooManyItems
+from ratewarden.wire.bounded import TooManyItems
 from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
 
 RATEWARDEN = Path(sys.executable).with_name("ratewarden")  # the installed console script

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from ratewarden.cli import main
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from tests.helpers.daemon import Daemon, clean_environment, running_daemon
 from tests.helpers.redis_server import RedisServer
 
@@ -298,7 +298,7 @@ def test_hole5_every_worker_closes_silent_sockets(
 
 
 def test_hole5_the_cap_leaves_room_for_the_daemons_files() -> None:
-    from ratewarden.service.connections import NoRoomForConnections, connection_limits
+    from ratewarden.http.connections import NoRoomForConnections, connection_limits
 
     default = Settings()
     for files, cap in [(128, 64), (256, 192), (1024, 768), (20_000, 15_000), (65, 1)]:
@@ -323,7 +323,7 @@ def test_hole5_the_cap_leaves_room_for_the_daemons_files() -> None:
 def test_hole5_serve_refuses_a_file_limit_without_room(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ratewarden.service import connections
+    from ratewarden.http import connections
 
     monkeypatch.setattr(connections, "open_file_limit", lambda: 50)
     assert main(["serve", "--port", "0"]) == 2

@@ -36,22 +36,13 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ratewarden import wire
-from ratewarden.audit import AuditTrail
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine.decision import Decision
+from ratewarden.service.audit import AuditTrail
 from ratewarden.store import MemoryStore
-from ratewarden.wire import (
-    MAX_ARGS_DEPTH,
-    MAX_BATCH,
-    MAX_FIELDS,
-    MAX_ITEMS,
-    BatchRequest,
-    CheckRequest,
-    count_items,
-    too_deep,
-    too_many_items,
-)
+from ratewarden.wire.bodies import MAX_ARGS_DEPTH, MAX_BATCH, MAX_FIELDS, BatchRequest, CheckRequest
+from ratewarden.wire.bounded import MAX_ITEMS, count_items, too_deep, too_many_items
 from tests.helpers.app import assert_error_shape, serving
 from tests.service.test_hotpath import make_app
 

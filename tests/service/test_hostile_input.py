@@ -42,12 +42,12 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from ratewarden.clock import FakeClock
-from ratewarden.service.limits import BodySizeLimit
-from ratewarden.settings import Settings
+from ratewarden.http.limits import BodySizeLimit
+from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore, Store
 from ratewarden.store import keys as store_keys
 from ratewarden.store.redis_store import RedisStore
-from ratewarden.wire import MAX_ARGS_BYTES, MAX_ARGS_DEPTH, MAX_BATCH
+from ratewarden.wire.bodies import MAX_ARGS_BYTES, MAX_ARGS_DEPTH, MAX_BATCH
 from tests.helpers.app import assert_error_shape, build_app, serving
 from tests.helpers.hostenv import clean_environment
 from tests.helpers.redis_server import RedisServer, free_port

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ratewarden.clock import FakeClock
 from ratewarden.policy import Policy, parse_policy
 from ratewarden.service.app import create_app
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore, Store, store_from_url
 from ratewarden.store.redis_store import RedisStore
 from tests.helpers.app import serving
@@ -833,7 +833,7 @@ def test_two_workers_report_exact_sums_on_every_scrape(
 def test_every_metric_is_stated_once_in_the_table_and_typed_on_the_class() -> None:
     from prometheus_client import CollectorRegistry
 
-    from ratewarden.metrics import METRICS, Metrics
+    from ratewarden.service.metrics import METRICS, Metrics
 
     annotated = {name for name in Metrics.__annotations__ if not name.startswith("_")}
     assert annotated == set(METRICS)

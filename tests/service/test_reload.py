@@ -30,7 +30,7 @@ from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation
 from ratewarden.policy import PolicyError, load_example_policy, load_policy, parse_policy
 from ratewarden.service import reload as reload_module
 from ratewarden.service.app import create_app
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore, Store
 from ratewarden.store.redis_store import RedisStore
 from tests.helpers.app import assert_error_shape, serving

@@ -21,7 +21,7 @@ from schemathesis.python import asgi
 from ratewarden.clock import FakeClock
 from ratewarden.policy import parse_policy
 from ratewarden.service.app import create_app
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore
 
 TOKEN = "schemathesis-admin-token"

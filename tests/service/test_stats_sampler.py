@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from ratewarden.metrics import Metrics
 from ratewarden.service.console import (
     RING_SIZE,
     WINDOW_MINUTES,
@@ -18,6 +17,7 @@ from ratewarden.service.console import (
     read_counters,
     totals,
 )
+from ratewarden.service.metrics import Metrics
 
 START = 1_700_000_040.0  # a minute's start (1_700_000_040 = 28_333_334 * 60)
 

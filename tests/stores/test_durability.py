@@ -37,7 +37,7 @@ from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import Engine
 from ratewarden.policy import parse_policy
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore, StoreURLError, store_from_url
 from ratewarden.store import snapshot as snapshot_module
 from ratewarden.store.snapshot import FORMAT, VERSION, StateFile, StateFileError

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import redis
 
-from ratewarden.wire import CheckResponse
+from ratewarden.wire.bodies import CheckResponse
 from tests.helpers.daemon import Daemon, clean_environment, running_daemon
 from tests.helpers.redis_server import running_redis
 

@@ -29,7 +29,7 @@ from ratewarden.clock import FakeClock
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Kind, Recorded, Role
 from ratewarden.policy import parse_policy
 from ratewarden.service.app import create_app
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore, StoreError, store_from_url
 from ratewarden.store.breaker import CircuitBreaker, CircuitOpenError, GuardedStore, State
 from tests.helpers.app import serving

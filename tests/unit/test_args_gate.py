@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from ratewarden.client import ARGS_FRESH_S, ArgsGate, AsyncClient, Client
-from ratewarden.wire import CheckRequest
+from ratewarden.wire.bodies import CheckRequest
 
 ARGS = {"command": "rm -rf /tmp/x", "cwd": "/"}
 

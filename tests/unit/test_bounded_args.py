@@ -27,8 +27,9 @@ from ratewarden.arguments import (
     bounded_args,
     cut_overlaps,
 )
-from ratewarden.integrations.names import MAX_ARGS_ITEMS
-from ratewarden.wire import MAX_ARGS_BYTES, Args, count_items
+from ratewarden.wire.bodies import MAX_ARGS_BYTES, Args
+from ratewarden.wire.bounded import count_items
+from ratewarden.wire.names import MAX_ARGS_ITEMS
 
 WIRE: TypeAdapter[dict[str, Any]] = TypeAdapter(Args)
 

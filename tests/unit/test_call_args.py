@@ -17,14 +17,9 @@ import pytest
 from pydantic_core import to_json
 
 from ratewarden.hooks.contract import PreCall
-from ratewarden.integrations.names import MAX_ARGS_ITEMS, call_args, check_request
-from ratewarden.wire import (
-    MAX_ARGS_BYTES,
-    MAX_ARGS_DEPTH,
-    CheckRequest,
-    count_items,
-    too_many_items,
-)
+from ratewarden.wire.bodies import MAX_ARGS_BYTES, MAX_ARGS_DEPTH, CheckRequest
+from ratewarden.wire.bounded import count_items, too_many_items
+from ratewarden.wire.names import MAX_ARGS_ITEMS, call_args, check_request
 
 
 def nested(depth: int) -> dict[str, Any]:

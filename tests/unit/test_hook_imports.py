@@ -1,5 +1,6 @@
 """`ratewarden hook HOST` runs once per tool call, so it imports what it needs and no
-more: the standard library and ratewarden.hooks (hooks/command.py). Its start against a
+more: the standard library, ratewarden.hooks (hooks/command.py) and its HTTP exchange
+(http/exchange.py, standard library only). Its start against a
 bare `python -c pass` is a row of the benchmark (bench/hookstart.py); this holds the
 import set, which is what the start costs."""
 
@@ -41,7 +42,10 @@ def test_a_hook_imports_nothing_heavy(host: str) -> None:
     heavy = {m for m in modules if m.split(".")[0] in HEAVY}
     assert heavy == set()
     ours = {m for m in modules if m.startswith("ratewarden.")}
-    standard_library_only = {"ratewarden.vocabulary", "ratewarden.arguments", "ratewarden.clock"}
+    standard_library_only = {
+        *("ratewarden.vocabulary", "ratewarden.arguments", "ratewarden.clock"),
+        *("ratewarden.http", "ratewarden.http.head", "ratewarden.http.exchange"),
+    }
     assert ours <= {"ratewarden.__main__", *standard_library_only} | {
         m for m in ours if m.startswith("ratewarden.hooks")
     }

@@ -1,4 +1,4 @@
-"""The command hook's own HTTP/1.1 client (hooks/command.py `_exchange`): what it makes of
+"""The command hook's own HTTP/1.1 client (http/exchange.py `post`): what it makes of
 answers a daemon, a proxy or a stranger on the port could give. Each case is a real
 socket on loopback, served by a thread that answers with fixed bytes."""
 

@@ -1,4 +1,4 @@
-"""The async clients' connections to the daemon (ratewarden.keepalive), against small
+"""The async clients' connections to the daemon (ratewarden.http.keepalive), against small
 asyncio servers on loopback that each test scripts: one that answers, one that closes
 idle connections, one that never answers, one that breaks off mid-answer."""
 
@@ -12,8 +12,8 @@ from contextlib import asynccontextmanager
 import pytest
 
 from ratewarden.client import AsyncClient, ClientError, DaemonUnavailable
-from ratewarden.keepalive import KeepAlive, Unreachable
-from ratewarden.wire import CheckRequest
+from ratewarden.http.keepalive import KeepAlive, Unreachable
+from ratewarden.wire.bodies import CheckRequest
 from tests.helpers.redis_server import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -1,4 +1,4 @@
-"""The event-stream reader of the gateway's upstream client (ratewarden.mcp.events), held
+"""The event-stream reader of the gateway's upstream client (ratewarden.http.sse), held
 to the WHATWG format and against a whole-stream oracle, however the bytes are cut."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratewarden.mcp.events import MAX_RETRY_S, EventReader
+from ratewarden.http.sse import MAX_RETRY_S, EventReader
 
 
 def read(*chunks: bytes) -> list[bytes]:

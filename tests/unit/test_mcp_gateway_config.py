@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ratewarden.mcp import command
-from ratewarden.mcp.command import cli
+from ratewarden.mcp import cli as command
+from ratewarden.mcp.cli import cli
 from ratewarden.mcp.identity import Identities, read_tokens
 from ratewarden.mcp.upstream import Upstream
 

@@ -10,14 +10,14 @@ import pytest
 
 from ratewarden.client import AsyncGuard
 from ratewarden.mcp.guard import (
-    Decision,
+    GuardAction,
     SessionGuard,
     ToolCatalog,
     can_elicit,
     refusal_result,
     tool_metadata,
 )
-from ratewarden.wire import ToolMetadata
+from ratewarden.wire.bodies import ToolMetadata
 from tests.helpers.app import build_app, serving
 
 POLICY = """\
@@ -92,36 +92,36 @@ async def test_annotations_reach_the_policy(guard: AsyncGuard) -> None:
     session = SessionGuard(guard, user="u")
     session.catalog.read({"tools": [{"name": "drop_x", "annotations": {"destructiveHint": True}}]})
     verdict = await session.check(1, {"name": "drop_x"}, never_asked)
-    assert verdict.decision is Decision.REFUSE
+    assert verdict.decision is GuardAction.REFUSE
     assert verdict.message.startswith("No destructive tools here")
     session.catalog.replace(
         [{"tools": [{"name": "drop_x", "annotations": {"readOnlyHint": True}}]}]
     )
-    assert (await session.check(2, {"name": "drop_x"}, never_asked)).decision is Decision.FORWARD
+    assert (await session.check(2, {"name": "drop_x"}, never_asked)).decision is GuardAction.FORWARD
 
 
 async def test_a_call_holds_its_slot_until_answered(guard: AsyncGuard) -> None:
     session = SessionGuard(guard, user="u")
-    assert (await session.check(1, {"name": "slow"}, never_asked)).decision is Decision.FORWARD
+    assert (await session.check(1, {"name": "slow"}, never_asked)).decision is GuardAction.FORWARD
     session.sent(1)
     busy = await session.check(2, {"name": "slow"}, never_asked)
-    assert busy.decision is Decision.REFUSE
+    assert busy.decision is GuardAction.REFUSE
     assert session.waiting(1)
     settle = session.finish(1, error=True)
     assert settle is not None
     await settle()
     assert not session.waiting(1)
-    assert (await session.check(3, {"name": "slow"}, never_asked)).decision is Decision.FORWARD
+    assert (await session.check(3, {"name": "slow"}, never_asked)).decision is GuardAction.FORWARD
 
 
 async def test_a_cancelled_or_abandoned_call_frees_its_slot(guard: AsyncGuard) -> None:
     session = SessionGuard(guard, user="u")
     await session.check("a", {"name": "slow"}, never_asked)
     await session.cancel("a")
-    assert (await session.check("b", {"name": "slow"}, never_asked)).decision is Decision.FORWARD
+    assert (await session.check("b", {"name": "slow"}, never_asked)).decision is GuardAction.FORWARD
     await session.close()  # "b" is abandoned
     other = SessionGuard(guard, user="u")
-    assert (await other.check("c", {"name": "slow"}, never_asked)).decision is Decision.FORWARD
+    assert (await other.check("c", {"name": "slow"}, never_asked)).decision is GuardAction.FORWARD
 
 
 async def test_an_ask_goes_to_the_user_when_the_client_can_elicit(guard: AsyncGuard) -> None:
@@ -133,7 +133,7 @@ async def test_an_ask_goes_to_the_user_when_the_client_can_elicit(guard: AsyncGu
 
     session = SessionGuard(guard, user="u")
     session.initialize({"capabilities": {"elicitation": {}}})
-    assert (await session.check(1, {"name": "deploy"}, yes)).decision is Decision.FORWARD
+    assert (await session.check(1, {"name": "deploy"}, yes)).decision is GuardAction.FORWARD
     assert asked == [("deploy", "deploy needs a human's approval")]
 
 
@@ -146,7 +146,7 @@ async def test_an_ask_is_refused_when_declined_or_when_no_one_can_be_asked(
     session = SessionGuard(guard, user="u")
     session.initialize({"capabilities": {"elicitation": {"form": {}}}})
     declined = await session.check(1, {"name": "deploy"}, no)
-    assert declined.decision is Decision.REFUSE
+    assert declined.decision is GuardAction.REFUSE
     assert "did not approve" in declined.message
     # A 2026-07-28 client declares elicitation in each request's _meta, but cannot take a
     # request outside one: it is not asked.
@@ -154,14 +154,14 @@ async def test_an_ask_is_refused_when_declined_or_when_no_one_can_be_asked(
     unasked = await SessionGuard(guard, user="u").check(
         2, {"name": "deploy", "_meta": meta}, never_asked
     )
-    assert unasked.decision is Decision.REFUSE
+    assert unasked.decision is GuardAction.REFUSE
     assert unasked.message.startswith("deploy needs a human's approval")
     assert "A human must approve this call" in unasked.message
 
 
 async def test_an_unnamed_call_goes_to_the_server_for_its_error(guard: AsyncGuard) -> None:
     session = SessionGuard(guard, user="u")
-    assert (await session.check(1, {}, never_asked)).decision is Decision.FORWARD
+    assert (await session.check(1, {}, never_asked)).decision is GuardAction.FORWARD
     assert not session.waiting(1)
 
 
@@ -174,5 +174,5 @@ async def test_a_call_cancelled_while_asked_is_dropped_and_settled(guard: AsyncG
         return True
 
     verdict = await session.check(1, {"name": "deploy"}, cancelled_meanwhile)
-    assert verdict.decision is Decision.DROP
+    assert verdict.decision is GuardAction.DROP
     assert not session.waiting(1)

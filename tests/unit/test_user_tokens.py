@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from ratewarden.service import auth
-from ratewarden.settings import Settings
-from ratewarden.tokens import read_tokens
+from ratewarden.service.settings import Settings
+from ratewarden.wire.tokens import read_tokens
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789ab"
@@ -94,10 +94,10 @@ def test_a_user_token_identifies_its_user_and_only_with_the_check_role(tmp_path:
     tokens = auth.Tokens(["svc-0123456789abcdef"], ["adm-0123456789abcdef"], users_file=path)
     for token in (ALICE, BOB):
         role, name, caller = tokens.identify(token.encode())
-        assert (role, name, caller) == (auth.Role.CHECK, None, auth.Caller(user="alice"))
+        assert (role, name, caller) == (auth.ApiRole.CHECK, None, auth.Caller(user="alice"))
     assert tokens.identify(b"svc-0123456789abcdef")[2] is auth.ANYONE
-    assert tokens.identify(b"adm-0123456789abcdef")[:2] == (auth.Role.ADMIN, "admin token 1")
-    assert tokens.identify(b"alice-token-012345678X")[0] is auth.Role.NONE
+    assert tokens.identify(b"adm-0123456789abcdef")[:2] == (auth.ApiRole.ADMIN, "admin token 1")
+    assert tokens.identify(b"alice-token-012345678X")[0] is auth.ApiRole.NONE
     assert tokens.users == 1
 
 
@@ -111,7 +111,7 @@ def test_the_file_is_read_again_and_a_bad_one_keeps_the_tokens_in_force(tmp_path
     assert tokens.identify(ALICE.encode())[2] == auth.Caller(user="alice")  # still in force
     path.write_text(f"bob: {BOB}\n")
     assert tokens.reload_users() is None
-    assert tokens.identify(ALICE.encode())[0] is auth.Role.NONE  # revoked
+    assert tokens.identify(ALICE.encode())[0] is auth.ApiRole.NONE  # revoked
     assert tokens.identify(BOB.encode())[2] == auth.Caller(user="bob")
 
 

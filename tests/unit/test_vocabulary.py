@@ -28,7 +28,7 @@ from ratewarden import vocabulary
 from ratewarden.calls import ToolFacts
 from ratewarden.client import AsyncGuard, Guard, unreachable_answer
 from ratewarden.policy import PolicyError, model, parse_policy, schema
-from ratewarden.wire import CheckRequest, CheckResponse, SettleResponse, ToolMetadata
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleResponse, ToolMetadata
 
 PACKAGE = Path(vocabulary.__file__).parent
 PATTERN = re.compile(vocabulary.CALL_ID_PATTERN)
@@ -546,7 +546,7 @@ def test_a_host_id_the_api_refuses_is_cut_and_cleaned(daemon: Daemon) -> None:
 
 
 def test_a_mapped_name_has_the_same_shape() -> None:
-    from ratewarden.integrations import names
+    from ratewarden.wire import names
 
     assert PATTERN.fullmatch(names.usable_call_id("c\x00"))
     assert re.fullmatch(r".{0,239}~[0-9a-f]{16}", names.subject("x" * 300))

@@ -20,7 +20,7 @@ from ratewarden.vocabulary import APPROVED_PAST, RuleKind
 
 
 @dataclass(frozen=True, slots=True)
-class Gate:
+class AccessGate:
     """The access rules that cover one call, decided; the counted rules left for the store."""
 
     counted: tuple[Applied, ...]
@@ -29,7 +29,7 @@ class Gate:
     approvals: tuple[Verdict, ...]  # `ask` rules the user's approval lets past
 
     @classmethod
-    def of(cls, policy: Policy, applied: Sequence[Applied], call: Call) -> Gate | None:
+    def of(cls, policy: Policy, applied: Sequence[Applied], call: Call) -> AccessGate | None:
         """The gate of `call`, or None when no access rule covers it. (The engine asks
         only under a policy that has access rules.)"""
         for candidate in applied:  # a loop, not any(genexpr): on every call of such a policy

@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 from ratewarden.calls import UNCLASSIFIED, Call
 from ratewarden.clock import Clock
-from ratewarden.engine.access import Gate
+from ratewarden.engine.access import AccessGate
 from ratewarden.engine.decision import (
     Decision,
     Settlement,
@@ -187,7 +187,7 @@ class Engine:
         applied = policy.applicable(call)
         if not applied:
             return Decision("allow", call.call_id, approved=call.approved)
-        gate = Gate.of(policy, applied, call) if policy.has_access_rules else None
+        gate = AccessGate.of(policy, applied, call) if policy.has_access_rules else None
         if gate is not None:
             if gate.refused or not gate.counted:  # no counter to ask, or nothing to consume
                 return gate.decision(call)
@@ -265,7 +265,7 @@ class Engine:
             replayed=False,
         )
 
-    async def _asked(self, policy: Policy, call: Call, gate: Gate) -> Decision:
+    async def _asked(self, policy: Policy, call: Call, gate: AccessGate) -> Decision:
         """An access rule asks: the counters are read, not consumed, so that a call they
         would refuse anyway is denied now rather than approved and then refused."""
         plans = self._plans(policy, gate.counted)

@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from ratewarden import vocabulary
 from ratewarden.hooks.contract import (
     BadInput,
-    Decision,
     Event,
     HookOutput,
     Host,
@@ -31,6 +30,7 @@ from ratewarden.hooks.contract import (
     one_line,
     tool_name,
 )
+from ratewarden.vocabulary import DecisionName
 
 EXIT_REFUSED = {"deny": 1, "ask": 3}  # the same codes as `ratewarden check`
 EVENT, TOOL = "AGENT_CODE_HOOK_EVENT", "AGENT_CODE_HOOK_TOOL"
@@ -50,7 +50,7 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
     return PreCall(tool=tool, args=payload)
 
 
-def refuse(decision: Decision, message: str) -> HookOutput:
+def refuse(decision: DecisionName, message: str) -> HookOutput:
     # agent-code has no one to ask: an `ask` is a veto, saying a human must approve.
     line = one_line(message) or vocabulary.REFUSED_BY.format(decision=decision)
     if decision == "ask":

@@ -19,7 +19,6 @@ import json
 from collections.abc import Mapping
 
 from ratewarden.hooks.contract import (
-    Decision,
     Event,
     HookOutput,
     Host,
@@ -32,6 +31,7 @@ from ratewarden.hooks.contract import (
     string,
     tool_name,
 )
+from ratewarden.vocabulary import DecisionName
 
 EXIT_HOOK_ERROR = 1  # a hook that failed, without blocking
 EXIT_BLOCK = 2  # block, and show stderr to the model
@@ -56,7 +56,7 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
     return None
 
 
-def refuse(decision: Decision, message: str) -> HookOutput:
+def refuse(decision: DecisionName, message: str) -> HookOutput:
     return HookOutput(stdout=json.dumps(_decision(decision, message)))
 
 
@@ -73,7 +73,7 @@ def http(output: HookOutput) -> HttpAnswer:
     return HttpAnswer(body=output.stdout)
 
 
-def _decision(decision: Decision, message: str) -> dict[str, object]:
+def _decision(decision: DecisionName, message: str) -> dict[str, object]:
     return {
         "hookSpecificOutput": {
             "hookEventName": "PreToolUse",

@@ -42,7 +42,6 @@ from typing import Any
 from ratewarden import vocabulary
 from ratewarden.hooks import ledger
 from ratewarden.hooks.contract import (
-    Decision,
     Event,
     HookOutput,
     Host,
@@ -53,6 +52,7 @@ from ratewarden.hooks.contract import (
     string,
     tool_name,
 )
+from ratewarden.vocabulary import DecisionName
 
 EXIT_HOOK_ERROR = 1  # a failed hook: Codex logs it and runs the call
 EXIT_BLOCK = 2  # block, stderr as the reason
@@ -142,7 +142,7 @@ def call_id(data: dict[str, Any]) -> str | None:
     return vocabulary.call_id("codex", call, unique=f"{session}\x00{turn}")
 
 
-def refuse(decision: Decision, message: str) -> HookOutput:
+def refuse(decision: DecisionName, message: str) -> HookOutput:
     reason = message or vocabulary.REFUSED_BY.format(decision=decision)  # Codex wants one
     if decision == "ask":  # unsupported by Codex, which would run the call
         reason = vocabulary.needs_approval(reason)

@@ -26,16 +26,14 @@ import contextlib
 import json
 import math
 import os
-import socket
 import sys
-import time
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ratewarden import vocabulary
 from ratewarden.hooks.contract import BadInput, HookOutput, Host, PostCall, PreCall, one_line
 from ratewarden.hooks.hosts import HOSTS, SUMMARIES
+from ratewarden.http import exchange
 
 if TYPE_CHECKING:
     import argparse
@@ -282,7 +280,7 @@ _NAMES = frozenset({"user", "default_user", "team", "tool", "session", "call_id"
 def _sendable(key: str, value: Any) -> Any:
     """A name or id JSON can carry: one with a lone surrogate (a `\\ud800` in the host's
     JSON) cannot be read back as text, so it goes mapped, exactly as the daemon maps any
-    name it cannot take (integrations/names.py: `<prefix>~<digest>`). Args are the
+    name it cannot take (wire/names.py: `<prefix>~<digest>`). Args are the
     daemon's to read or leave out (`_args`)."""
     if key not in _NAMES or not isinstance(value, str) or vocabulary.sendable(value):
         return value
@@ -343,7 +341,7 @@ def _post(
     if token is not None and not token.isprintable():
         raise Unanswered("the token holds a control character")
     try:
-        status, raw = _exchange(url, path, json.dumps(body).encode(), token, options.timeout)
+        status, raw = exchange.post(url, path, json.dumps(body).encode(), token, options.timeout)
     except (OSError, ValueError) as exc:
         raise Unanswered(f"daemon unreachable at {url} ({exc or type(exc).__name__})") from None
     if status == 403 and _names_user(raw):
@@ -357,81 +355,6 @@ def _post(
     if not isinstance(answer, dict):
         raise Unanswered("the daemon's answer is not a JSON object")
     return answer
-
-
-def _exchange(
-    url: str, path: str, body: bytes, token: str | None, timeout: float
-) -> tuple[int, bytes]:
-    """One HTTP/1.1 request (`Connection: close`) and its answer, within `timeout` in all.
-
-    ValueError for a URL or an answer it cannot use, OSError for the connection.
-    """
-    parts = urllib.parse.urlsplit(url)
-    secure = parts.scheme == "https"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    host, port = parts.hostname, parts.port or (443 if secure else 80)
-    deadline = time.monotonic() + timeout
-    lines = [
-        f"POST {parts.path.rstrip('/')}{path} HTTP/1.1",
-        f"host: {parts.netloc.rpartition('@')[2]}",
-        "content-type: application/json",
-        f"content-length: {len(body)}",
-        "connection: close",
-    ]
-    if token:
-        lines.append(f"authorization: Bearer {token}")
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-    with socket.create_connection((host, port), timeout=timeout) as raw_socket:
-        sock = raw_socket
-        if secure:
-            import ssl  # only for https: half of what a plain request imports
-
-            sock = ssl.create_default_context().wrap_socket(raw_socket, server_hostname=host)
-        sock.sendall(request)
-        return _answer(_read_all(sock, deadline))
-
-
-def _read_all(sock: socket.socket, deadline: float) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("timed out")
-        sock.settimeout(left)
-        data = sock.recv(65536)
-        if not data:
-            return b"".join(chunks)
-        chunks.append(data)
-
-
-def _answer(raw: bytes) -> tuple[int, bytes]:
-    """The status and body of a whole HTTP/1.1 answer."""
-    head, separator, body = raw.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.split(b"\r\n")
-    version, _, rest = status_line.partition(b" ")
-    if not separator or not version.startswith(b"HTTP/1.") or not rest[:3].isdigit():
-        raise ValueError("not an HTTP answer")
-    headers = {}
-    for line in header_lines:
-        name, _, value = line.partition(b":")
-        headers[name.strip().lower()] = value.strip()
-    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-        body = _unchunked(body)
-    elif b"content-length" in headers:
-        body = body[: int(headers[b"content-length"])]
-    return int(rest[:3]), body
-
-
-def _unchunked(body: bytes) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        size_line, _, body = body.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        if size == 0:
-            return b"".join(parts)
-        parts.append(body[:size])
-        body = body[size + 2 :]
 
 
 def _names_user(raw: bytes) -> bool:

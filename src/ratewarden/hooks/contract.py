@@ -16,8 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from ratewarden.arguments import read_json
-
-Decision = str  # "allow", "deny" or "ask" (vocabulary.DecisionName)
+from ratewarden.vocabulary import DecisionName
 
 
 class PreCall(NamedTuple):
@@ -95,7 +94,7 @@ class Host(NamedTuple):
 
     name: str
     read: Reader
-    refuse: Callable[[Decision, str], HookOutput]
+    refuse: Callable[[DecisionName, str], HookOutput]
     refuse_unreadable: Callable[[str], HookOutput]
     unreadable_open_code: int
     context: Mapping[str, str] = {}  # a default never mutated

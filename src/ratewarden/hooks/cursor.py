@@ -33,7 +33,6 @@ from typing import Any
 
 from ratewarden import vocabulary
 from ratewarden.hooks.contract import (
-    Decision,
     Event,
     HookOutput,
     Host,
@@ -46,6 +45,7 @@ from ratewarden.hooks.contract import (
     text,
     tool_name,
 )
+from ratewarden.vocabulary import DecisionName
 
 EXIT_HOOK_ERROR = 1  # a failed hook: the call runs (unless the hook is `failClosed`)
 SHELL = "Shell"  # what preToolUse calls Cursor's shell, and so what beforeShellExecution is
@@ -104,7 +104,7 @@ def call_id(data: dict[str, Any]) -> str | None:
     return vocabulary.call_id("cursor", call, unique=found)
 
 
-def refuse(decision: Decision, message: str) -> HookOutput:
+def refuse(decision: DecisionName, message: str) -> HookOutput:
     message = message or vocabulary.REFUSED_BY.format(decision=decision)
     return HookOutput(stdout=_permission(decision, message))
 
@@ -114,7 +114,7 @@ def refuse_unreadable(message: str) -> HookOutput:
     return HookOutput(stdout=_permission("deny", message))
 
 
-def _permission(decision: Decision, message: str) -> str:
+def _permission(decision: DecisionName, message: str) -> str:
     answer = {"permission": decision, "user_message": message, "agent_message": message}
     return json.dumps(answer)
 

@@ -27,7 +27,6 @@ from collections.abc import Mapping
 
 from ratewarden import vocabulary
 from ratewarden.hooks.contract import (
-    Decision,
     Event,
     HookOutput,
     Host,
@@ -37,6 +36,7 @@ from ratewarden.hooks.contract import (
     string,
     tool_name,
 )
+from ratewarden.vocabulary import DecisionName
 
 EXIT_WARNING = 1  # a failed hook: Gemini warns and runs the call
 EXIT_BLOCK = 2  # block, stderr as the reason
@@ -53,7 +53,7 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
     )
 
 
-def refuse(decision: Decision, message: str) -> HookOutput:
+def refuse(decision: DecisionName, message: str) -> HookOutput:
     reason = message or vocabulary.REFUSED_BY.format(decision=decision)
     if decision == "ask":
         reason = vocabulary.needs_approval(reason)

@@ -13,7 +13,6 @@ from typing import Any
 
 from ratewarden import vocabulary
 from ratewarden.hooks.contract import (
-    Decision,
     Event,
     HookOutput,
     Host,
@@ -26,6 +25,7 @@ from ratewarden.hooks.contract import (
     text,
     tool_name,
 )
+from ratewarden.vocabulary import DecisionName
 
 EXIT_HOOK_ERROR = 1  # hermes logs a failed hook and runs the call
 
@@ -78,7 +78,7 @@ def block(message: str) -> HookOutput:
     return HookOutput(stdout=json.dumps({"action": "block", "message": message}))
 
 
-def refuse(decision: Decision, message: str) -> HookOutput:
+def refuse(decision: DecisionName, message: str) -> HookOutput:
     # A shell hook can only block; hermes has no way to ask a human from one.
     return block(message or vocabulary.BLOCKED)
 

@@ -13,9 +13,9 @@ import logging
 import weakref
 
 from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
-from ratewarden.integrations.names import check_request
 from ratewarden.vocabulary import FailMode, fail_mode
-from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
+from ratewarden.wire.names import check_request
 
 log = logging.getLogger("ratewarden.integrations")
 __all__ = ["LoopGuards", "check_call", "settle_call"]

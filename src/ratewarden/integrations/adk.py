@@ -40,7 +40,7 @@ from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
 from ratewarden.integrations._async import LoopGuards, check_call, settle_call
 from ratewarden.integrations._identity import UserLookup, resolve_user
-from ratewarden.wire import SettleRequest
+from ratewarden.wire.bodies import SettleRequest
 
 try:
     from google.adk.plugins import BasePlugin

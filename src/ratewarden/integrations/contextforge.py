@@ -45,8 +45,8 @@ from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
 from ratewarden.integrations._async import LoopGuards, settle_call
 from ratewarden.integrations._identity import default_user
-from ratewarden.integrations.names import check_request
-from ratewarden.wire import CheckRequest, CheckResponse, ToolMetadata
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, ToolMetadata
+from ratewarden.wire.names import check_request
 
 try:
     from cpex.framework import Plugin
@@ -62,7 +62,7 @@ _STATE_KEY = "ratewarden"  # in the plugin's per-request context.state
 
 
 @dataclass(frozen=True)
-class Settings:
+class PluginSettings:
     """The plugin's `config:` block."""
 
     url: str | None = None
@@ -72,7 +72,7 @@ class Settings:
     tool_name: str = "original"  # or "gateway"
 
     @classmethod
-    def read(cls, config: Mapping[str, Any] | None) -> Settings:
+    def read(cls, config: Mapping[str, Any] | None) -> PluginSettings:
         given = dict(config or {})
         tool_name = str(given.get("tool_name") or "original")
         if tool_name not in ("original", "gateway"):
@@ -98,7 +98,7 @@ class RatewardenPlugin(Plugin):  # type: ignore[misc,unused-ignore]
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.settings = Settings.read(getattr(config, "config", None))
+        self.settings = PluginSettings.read(getattr(config, "config", None))
         guard = None
         if self.settings.url or self.settings.token:
             guard = AsyncGuard(

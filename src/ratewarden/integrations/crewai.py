@@ -52,8 +52,8 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user, user_from
-from ratewarden.integrations.names import check_request
-from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
+from ratewarden.wire.names import check_request
 
 __all__ = ["RatewardenHooks", "console_approval", "kickoff_inputs"]
 

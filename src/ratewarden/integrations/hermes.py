@@ -43,8 +43,8 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user
-from ratewarden.integrations.names import check_request
-from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+from ratewarden.wire.names import check_request
 
 log = logging.getLogger("ratewarden.integrations.hermes")
 

@@ -46,9 +46,9 @@ from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard, ClientError, Guard, unreachable_answer
 from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import default_user, user_from
-from ratewarden.integrations.names import check_request
 from ratewarden.vocabulary import FailMode, fail_mode
-from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
+from ratewarden.wire.names import check_request
 
 try:
     from langchain.agents.middleware import AgentMiddleware

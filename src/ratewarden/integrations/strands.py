@@ -32,8 +32,8 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import resolve_user, user_from
-from ratewarden.integrations.names import check_request
-from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+from ratewarden.wire.names import check_request
 
 try:
     from strands.hooks import (

@@ -119,12 +119,6 @@ class Recorded:
     fingerprint: str
 
 
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    outcome: str  # "settled", "already_settled" or "unknown"
-    charged: dict[str, int] = field(default_factory=dict)  # rule -> micro-units charged now
-
-
 def blocks(ops: list[CounterOp], admitted: list[bool]) -> bool:
     """All or nothing: the call is blocked when any enforcing op does not admit it."""
     return any(op.role is Role.ENFORCE and not ok for op, ok in zip(ops, admitted, strict=True))

@@ -77,7 +77,7 @@ SOURCE = "\n".join(_HERE.joinpath(part).read_text() for part in _PARTS)
 SHA = hashlib.sha1(SOURCE.encode()).hexdigest()
 
 
-class Mode(StrEnum):
+class ScriptMode(StrEnum):
     """ARGV[1]: which step the script runs (see the module docstring)."""
 
     DECIDE = "decide"
@@ -141,12 +141,12 @@ def hold_values(hold: Hold) -> tuple[str, int, int, int, int]:
     return hold.kind.value, hold.estimate, *hold.period
 
 
-_DECIDE = Mode.DECIDE.value  # read once: an enum member's .value costs 0.4 us a read
+_DECIDE = ScriptMode.DECIDE.value  # read once: an enum member's .value costs 0.4 us a read
 _CONFLICT, _SETTLED, _REPLAYED = int(Status.CONFLICT), int(Status.SETTLED), int(Status.REPLAYED)
 
 
 def decide_head(now: str, dry_run: bool, record: CallRecord | None) -> list[str | int]:
-    """Mode.DECIDE's ARGV before the ops."""
+    """ScriptMode.DECIDE's ARGV before the ops."""
     dry = "1" if dry_run else "0"
     if record is None:
         return [_DECIDE, now, dry, "", "", 0, "0"]
@@ -154,8 +154,8 @@ def decide_head(now: str, dry_run: bool, record: CallRecord | None) -> list[str 
     return [_DECIDE, now, dry, record.call_id, record.fingerprint, record.ttl_ms, named]
 
 
-def settle_head(mode: Mode, now: str, call_id: str, actual: int | None) -> list[str | int]:
-    """Mode.SETTLE's or Mode.SETTLE_HOLDS' ARGV before the holds."""
+def settle_head(mode: ScriptMode, now: str, call_id: str, actual: int | None) -> list[str | int]:
+    """ScriptMode.SETTLE's or ScriptMode.SETTLE_HOLDS' ARGV before the holds."""
     return [mode.value, now, call_id, "" if actual is None else actual]
 
 

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from ratewarden.client import AsyncClient, ClientError, DaemonUnavailable, unreachable_answer
 from ratewarden.vocabulary import ADAPTER_TIMEOUT_S, fail_mode
-from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, SettleResponse
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, SettleResponse
 
 __all__ = ["DaemonPool"]
 log = logging.getLogger("ratewarden.mcp")

@@ -52,18 +52,18 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from ratewarden.asgi import read_body, replay
-from ratewarden.mcp.command import DEFAULT_MAX_BODY
+from ratewarden.http import connections
+from ratewarden.http.readahead import read_body, replay
+from ratewarden.mcp.cli import DEFAULT_MAX_BODY
 from ratewarden.mcp.daemons import DaemonPool
 from ratewarden.mcp.guard import Daemon, SessionGuard, can_elicit
 from ratewarden.mcp.identity import Identities
 from ratewarden.mcp.lazy import Greetings, lazily
 from ratewarden.mcp.relay import Relay
 from ratewarden.mcp.upstream import SERVER_NAME, Upstream
-from ratewarden.service import connections
-from ratewarden.settings import Settings
 from ratewarden.vocabulary import ClientSettings, fail_mode
-from ratewarden.wire import MAX_ARGS_DEPTH, TooManyItems, too_deep, too_many_items
+from ratewarden.wire.bodies import MAX_ARGS_DEPTH
+from ratewarden.wire.bounded import TooManyItems, too_deep, too_many_items
 
 __all__ = ["Gateway", "run"]
 log = logging.getLogger("ratewarden.mcp")
@@ -71,7 +71,7 @@ log = logging.getLogger("ratewarden.mcp")
 ROUTE = re.compile(rf"/({SERVER_NAME.pattern})/mcp/?")
 # Reading JSON makes a Python object of every item, and the SDK reads each body whole: 2 MB
 # of 500 000 small items held the gateway's event loop 1.1-2.2 s (issue 25, item 7). So a
-# body is held to the daemon's caps on its items and depth (wire.py), counted on its bytes
+# body is held to the daemon's caps on its items and depth (wire/bodies.py), counted on its bytes
 # before anything reads it; a call's arguments sit two levels down (a message, its params).
 MAX_DEPTH = MAX_ARGS_DEPTH + 2
 PROTOCOL_HEADER = "mcp-protocol-version"
@@ -478,7 +478,7 @@ async def run(options: argparse.Namespace, identities: Identities) -> None:
     host, port = options.listen
     # The daemon's guard against sockets that never finish a request, and its cap on open
     # connections (RATEWARDEN_REQUEST_TIMEOUT_S, RATEWARDEN_MAX_CONNECTIONS).
-    connections.install(Settings())
+    connections.install(connections.ConnectionSettings())
     config = uvicorn.Config(
         gateway,
         host=host,

@@ -38,10 +38,10 @@ from typing import Any, Protocol
 
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, unreachable_answer
-from ratewarden.integrations.names import check_request
-from ratewarden.wire import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+from ratewarden.wire.names import check_request
 
-__all__ = ["Decision", "SessionGuard", "ToolCatalog", "can_elicit", "tool_metadata"]
+__all__ = ["GuardAction", "SessionGuard", "ToolCatalog", "can_elicit", "tool_metadata"]
 
 HOST = "mcp"  # leads a call id when the JSON-RPC id cannot
 log = logging.getLogger("ratewarden.mcp")
@@ -101,7 +101,7 @@ class ToolCatalog:
         }
 
 
-class Decision(enum.Enum):
+class GuardAction(enum.Enum):
     FORWARD = "forward"  # send the call on to the server
     REFUSE = "refuse"  # answer it with an error result (`Verdict.message`)
     DROP = "drop"  # cancelled meanwhile: no answer is due
@@ -109,7 +109,7 @@ class Decision(enum.Enum):
 
 @dataclass(frozen=True)
 class Verdict:
-    decision: Decision
+    decision: GuardAction
     message: str = ""
 
 
@@ -161,7 +161,7 @@ class SessionGuard:
         """What to do with `tools/call` `request_id`; an admitted call awaits `sent`."""
         tool = params.get("name")
         if not isinstance(tool, str) or not tool:
-            return Verdict(Decision.FORWARD)  # not a call the server can run: its error
+            return Verdict(GuardAction.FORWARD)  # not a call the server can run: its error
         call_id = vocabulary.call_id(HOST, str(request_id))
         self._checking[request_id] = call_id
         while self._settling:  # the calls that just ended first give back what they held
@@ -177,12 +177,12 @@ class SessionGuard:
             self._cancelled.discard(request_id)
             if held:
                 await self._settle(_Admitted(call_id), "cancelled", None)
-            return Verdict(Decision.DROP)
+            return Verdict(GuardAction.DROP)
         if not answer.allowed:
-            return Verdict(Decision.REFUSE, answer.message)
+            return Verdict(GuardAction.REFUSE, answer.message)
         if held:
             self._admitted[request_id] = _Admitted(call_id)
-        return Verdict(Decision.FORWARD)
+        return Verdict(GuardAction.FORWARD)
 
     async def _decide(
         self, tool: str, call_id: str, params: Mapping[str, Any], ask: Ask

@@ -14,8 +14,8 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ratewarden.tokens import digest, read_tokens
 from ratewarden.vocabulary import MAX_NAME
+from ratewarden.wire.tokens import digest, read_tokens
 
 __all__ = ["LOOPBACK", "Identities", "read_tokens"]
 

@@ -33,7 +33,7 @@ from anyio.abc import ObjectReceiveStream, ObjectSendStream, TaskGroup
 from mcp import types
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
-from ratewarden.mcp.guard import Decision, RequestId, SessionGuard, Settle, refusal_result
+from ratewarden.mcp.guard import GuardAction, RequestId, SessionGuard, Settle, refusal_result
 
 __all__ = ["Relay"]
 log = logging.getLogger("ratewarden.mcp")
@@ -150,12 +150,12 @@ class Relay:
                 await self._listed.wait()
         ask = functools.partial(self._ask, message.id)
         verdict = await self.guard.check(message.id, message.params or {}, ask)
-        if verdict.decision is Decision.FORWARD:
+        if verdict.decision is GuardAction.FORWARD:
             self.guard.sent(message.id)
             await self._to_server.send(item)
             return
         self._answered(message.id)  # by the relay (a refusal), or not at all (cancelled)
-        if verdict.decision is Decision.REFUSE:
+        if verdict.decision is GuardAction.REFUSE:
             refusal = types.JSONRPCResponse(
                 jsonrpc="2.0", id=message.id, result=refusal_result(verdict.message)
             )

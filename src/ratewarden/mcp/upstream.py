@@ -56,7 +56,7 @@ class Upstream:
         from mcp.client.stdio import StdioServerParameters, stdio_client
         from mcp.client.streamable_http import streamable_http_client
 
-        from ratewarden.mcp.streamable import streamable_http
+        from ratewarden.mcp.http_upstream import streamable_http
 
         session: AbstractAsyncContextManager[tuple[Incoming, Outgoing]]
         if self.url is not None and self.url.startswith("http://"):

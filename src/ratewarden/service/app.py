@@ -13,20 +13,20 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratewarden import __version__
-from ratewarden.audit import AuditTrail
 from ratewarden.engine import Engine
-from ratewarden.logs import configure_audit, configure_logging
-from ratewarden.metrics import Metrics, TimedStore
+from ratewarden.http.limits import BodySizeLimit
 from ratewarden.policy import Policy, load_example_policy, load_policy
 from ratewarden.service import apidocs, auth, console, hooks, overrides
+from ratewarden.service.audit import AuditTrail
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.fleet import Fleet, daemon_name
 from ratewarden.service.hotpath import HotPath, serves
-from ratewarden.service.limits import BodySizeLimit
+from ratewarden.service.logs import configure_audit, configure_logging
+from ratewarden.service.metrics import Metrics, TimedStore
 from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.service.routes import router
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 from ratewarden.store import Store, StoreError, store_from_url
 from ratewarden.store.breaker import CircuitBreaker, GuardedStore
 
@@ -98,10 +98,10 @@ def create_app(
     # refused before anything reads its body), then the body cap (counted as it arrives,
     # chunked too; past it, a 413). The last added is the outermost.
     caps = {"max_bytes": settings.max_body_bytes, "hook_max_bytes": settings.max_hook_body_bytes}
-    app.add_middleware(BodySizeLimit, **caps)
+    app.add_middleware(BodySizeLimit, **caps, hook_refusal=hooks.refuse_too_large)
     app.add_middleware(auth.AuthMiddleware, tokens=tokens, insecure=settings.insecure_no_auth)
     # Valid decisions skip FastAPI altogether, behind the same two.
-    capped = BodySizeLimit(HotPath(app.stack), **caps)
+    capped = BodySizeLimit(HotPath(app.stack), **caps, hook_refusal=hooks.refuse_too_large)
     app.front = auth.AuthMiddleware(capped, tokens=tokens, insecure=settings.insecure_no_auth)
     auth.document(app)
     return app

@@ -40,14 +40,14 @@ from fastapi import FastAPI
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ratewarden.settings import Settings
-from ratewarden.tokens import digest, read_tokens
+from ratewarden.service.settings import Settings
+from ratewarden.wire.tokens import digest, read_tokens
 
 REALM = "ratewarden"
 log = logging.getLogger("ratewarden.auth")
 
 
-class Role(enum.IntFlag):
+class ApiRole(enum.IntFlag):
     """What a token may do; ADMIN includes CHECK."""
 
     NONE = 0
@@ -56,23 +56,23 @@ class Role(enum.IntFlag):
 
 
 # Every endpoint's role, by route path. OPEN needs no token.
-OPEN = Role.NONE
-ROLES: dict[str, Role] = {
-    "/v1/check": Role.CHECK,
-    "/v1/check/batch": Role.CHECK,
-    "/v1/calls/{call_id:path}/settle": Role.CHECK,
-    "/v1/usage": Role.CHECK,
-    "/v1/capabilities": Role.CHECK,
-    "/v1/hooks/{host}": Role.CHECK,
-    "/v1/hooks/{host}/decision": Role.CHECK,
+OPEN = ApiRole.NONE
+ROLES: dict[str, ApiRole] = {
+    "/v1/check": ApiRole.CHECK,
+    "/v1/check/batch": ApiRole.CHECK,
+    "/v1/calls/{call_id:path}/settle": ApiRole.CHECK,
+    "/v1/usage": ApiRole.CHECK,
+    "/v1/capabilities": ApiRole.CHECK,
+    "/v1/hooks/{host}": ApiRole.CHECK,
+    "/v1/hooks/{host}/decision": ApiRole.CHECK,
     # Who was denied (user identities) and the whole policy (groups name users): admin.
-    "/v1/denials": Role.ADMIN,
-    "/v1/policy": Role.ADMIN,
-    "/v1/admin/reset": Role.ADMIN,
-    "/v1/admin/reload": Role.ADMIN,
-    "/v1/admin/overrides": Role.ADMIN,
-    "/v1/admin/overrides/{override_id}": Role.ADMIN,
-    "/v1/admin/stats": Role.ADMIN,  # the console's overview
+    "/v1/denials": ApiRole.ADMIN,
+    "/v1/policy": ApiRole.ADMIN,
+    "/v1/admin/reset": ApiRole.ADMIN,
+    "/v1/admin/reload": ApiRole.ADMIN,
+    "/v1/admin/overrides": ApiRole.ADMIN,
+    "/v1/admin/overrides/{override_id}": ApiRole.ADMIN,
+    "/v1/admin/stats": ApiRole.ADMIN,  # the console's overview
     # Liveness and readiness for orchestrators, metrics for Prometheus (no user identity
     # is ever a label), and the API documentation.
     "/healthz": OPEN,
@@ -98,14 +98,14 @@ _PATTERNS = [
 ]
 
 
-def role_needed(path: str) -> Role:
+def role_needed(path: str) -> ApiRole:
     """The role a request for `path` needs: its route's, else admin."""
     if len(path) > 1:
         path = path.rstrip("/")  # `/v1/check/` is redirected to `/v1/check`: same role
     for pattern, role in _PATTERNS:
         if pattern.match(path):
             return role
-    return Role.ADMIN
+    return ApiRole.ADMIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +159,8 @@ class Tokens:
         admin, check, names = list(admin), list(check), list(admin_names)
         names += [f"admin token {n}" for n in range(len(names) + 1, len(admin) + 1)]
         globs = [*service_globs, *[None] * (len(check) - len(service_globs))]
-        self._known = [(digest(t), Role.ADMIN) for t in admin]
-        self._known += [(digest(t), Role.CHECK) for t in check]
+        self._known = [(digest(t), ApiRole.ADMIN) for t in admin]
+        self._known += [(digest(t), ApiRole.CHECK) for t in check]
         self._callers = [ANYONE] * len(admin) + [
             ANYONE if g is None else Caller(globs=g) for g in globs
         ]
@@ -187,7 +187,7 @@ class Tokens:
 
     def counts(self) -> tuple[int, int]:
         """(check tokens, admin tokens)."""
-        admin = sum(1 for _, role in self._known if role is Role.ADMIN)
+        admin = sum(1 for _, role in self._known if role is ApiRole.ADMIN)
         return len(self._known) - admin, admin
 
     @property
@@ -195,10 +195,10 @@ class Tokens:
         """How many users have a token of their own."""
         return len(set(self._users.values()))
 
-    def role_of(self, presented: bytes) -> Role:
+    def role_of(self, presented: bytes) -> ApiRole:
         return self.identify(presented)[0]
 
-    def identify(self, presented: bytes) -> tuple[Role, str | None, Caller]:
+    def identify(self, presented: bytes) -> tuple[ApiRole, str | None, Caller]:
         """The token's role, its configured name if it is an admin token, and whom it
         vouches for."""
         found_digest = digest(presented)
@@ -210,11 +210,11 @@ class Tokens:
         user = self._users.get(found_digest)
         if found >= 0:
             name = self._names[found] if found < len(self._names) else None
-            caller = ANYONE if granted == Role.ADMIN else self._callers[found]
-            return Role(granted), name, caller
+            caller = ANYONE if granted == ApiRole.ADMIN else self._callers[found]
+            return ApiRole(granted), name, caller
         if user is not None:
-            return Role.CHECK, None, Caller(user=user)
-        return Role.NONE, None, ANYONE
+            return ApiRole.CHECK, None, Caller(user=user)
+        return ApiRole.NONE, None, ANYONE
 
     def reload_users(self) -> str | None:
         """Read the user tokens file again; on a mistake keep the tokens in force and
@@ -236,7 +236,7 @@ class Tokens:
         for known, role in self._known:
             if known in users:
                 setting = (
-                    "RATEWARDEN_ADMIN_TOKENS" if role is Role.ADMIN else "RATEWARDEN_API_TOKENS"
+                    "RATEWARDEN_ADMIN_TOKENS" if role is ApiRole.ADMIN else "RATEWARDEN_API_TOKENS"
                 )
                 raise ValueError(
                     f"tokens file {path}: user {users[known]!r}: a token that is also one of "
@@ -245,10 +245,12 @@ class Tokens:
         return users
 
 
-def needs(role: Role) -> str:
-    return {Role.NONE: "", Role.CHECK: "Needs a check token.", Role.ADMIN: "Needs an admin token."}[
-        role
-    ]
+def needs(role: ApiRole) -> str:
+    return {
+        ApiRole.NONE: "",
+        ApiRole.CHECK: "Needs a check token.",
+        ApiRole.ADMIN: "Needs an admin token.",
+    }[role]
 
 
 def admin_name(request: Any) -> str:
@@ -327,7 +329,7 @@ class AuthMiddleware:
         else:
             await refusal.send(send)
 
-    def refusal(self, scope: Scope, needed: Role) -> _Refusal | None:
+    def refusal(self, scope: Scope, needed: ApiRole) -> _Refusal | None:
         presented = _bearer(scope)
         if presented is None:
             return _Refusal(
@@ -337,7 +339,7 @@ class AuthMiddleware:
                 f'Bearer realm="{REALM}"',
             )
         role, name, caller = self.tokens.identify(presented)
-        if role is Role.NONE:
+        if role is ApiRole.NONE:
             return _Refusal(
                 401,
                 "unauthorized",

@@ -43,8 +43,8 @@ from prometheus_client import Counter
 from pydantic import BaseModel, Field
 
 from ratewarden.engine import Engine
-from ratewarden.metrics import Metrics
 from ratewarden.service.fleet import Fleet
+from ratewarden.service.metrics import Metrics
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.store import StoreError
 from ratewarden.store.breaker import CircuitBreaker

@@ -17,7 +17,7 @@ from ratewarden.arguments import WHOLE_ARGS
 from ratewarden.calls import UNCLASSIFIED, Call, ToolFacts
 from ratewarden.engine import Decision, Usage, Verdict
 from ratewarden.vocabulary import METADATA_FLAGS
-from ratewarden.wire import CheckRequest, CheckResponse, LimitState, UsageItem, Violation
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, LimitState, UsageItem, Violation
 
 
 def to_call(request: CheckRequest) -> Call:

@@ -14,7 +14,8 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 from starlette.exceptions import HTTPException
 
-from ratewarden.wire import ErrorResponse, FieldError, TooManyItems
+from ratewarden.wire.bodies import ErrorResponse, FieldError
+from ratewarden.wire.bounded import TooManyItems
 
 log = logging.getLogger("ratewarden.service")
 # Fields named in one answer. A 256 KiB body can hold 20 000 unknown fields; naming them

@@ -14,7 +14,7 @@ its own terms, and the decisions `ratewarden hook HOST` asks for.
   bytes before it is read), and past either is refused as too large to check.
 
 Either way the same steps follow, here: the names and ids are made acceptable
-(integrations/names.py), the call is checked (its `args` when the policy reads them) or
+(wire/names.py), the call is checked (its `args` when the policy reads them) or
 settled, and a call id the host reused is checked as a new call: the daemon replays an
 allowed id without counting it, and a host that reuses ids must not get free calls.
 """
@@ -33,20 +33,15 @@ from starlette.types import Scope
 from ratewarden.engine import CallIdConflict, Decision
 from ratewarden.hooks.contract import BadInput, HookOutput, Host, PostCall, PreCall
 from ratewarden.hooks.hosts import HOSTS
-from ratewarden.integrations.names import check_request, usable_call_id
+from ratewarden.http.limits import HOOK_PATHS
 from ratewarden.service import routes, vouch
 from ratewarden.service.auth import Caller
 from ratewarden.service.errors import error_response
 from ratewarden.store import StoreError
 from ratewarden.vocabulary import NOT_VOUCHED, TOO_LARGE, UNREADABLE, FailMode
-from ratewarden.wire import (
-    ErrorResponse,
-    FieldError,
-    HookDecision,
-    HookEvent,
-    TooManyItems,
-    too_many_items,
-)
+from ratewarden.wire.bodies import ErrorResponse, FieldError, HookDecision, HookEvent
+from ratewarden.wire.bounded import TooManyItems, too_many_items
+from ratewarden.wire.names import check_request, usable_call_id
 
 router = APIRouter(tags=["hooks"])
 UNKNOWN_CALL = (
@@ -225,6 +220,19 @@ async def settle(
     routes.observer_of(app).settled(found, engine.policy)
     notes = [] if found.outcome != "unknown" else [f"could not settle {call_id}: {UNKNOWN_CALL}"]
     return HookDecision(decision="allow", notes=notes)
+
+
+def refuse_too_large(path: str, problem: str) -> tuple[int, str, bytes] | None:
+    """A host's own refusal of a call whose hook body is over the cap (the body cap's
+    `hook_refusal`), or None for any other path. Refused, never passed: padding a call
+    past the cap must not run it."""
+    if not path.startswith(HOOK_PATHS) or path.endswith("/decision"):
+        return None
+    host = HOSTS.get(path.removeprefix(HOOK_PATHS))
+    if host is None or host.http is None:
+        return None
+    sent = host.http(host.refuse("deny", TOO_LARGE.format(reason=f"body {problem}")))
+    return sent.status, sent.media_type, sent.body.encode()
 
 
 def _unreadable(host: Host, fail: FailMode, reason: str) -> HookDecision | str:

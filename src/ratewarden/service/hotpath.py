@@ -38,8 +38,8 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ratewarden.asgi import read_body, replay
 from ratewarden.engine import CallIdConflict
+from ratewarden.http.readahead import read_body, replay
 from ratewarden.service import hooks, routes, vouch
 from ratewarden.service.convert import batch_json, check_json
 from ratewarden.service.errors import (
@@ -49,14 +49,8 @@ from ratewarden.service.errors import (
     refusal,
     undecodable,
 )
-from ratewarden.wire import (
-    LARGE_BODY,
-    BatchRequest,
-    CheckRequest,
-    collector_paused,
-    read_json,
-    too_many_items,
-)
+from ratewarden.wire.bodies import BatchRequest, CheckRequest
+from ratewarden.wire.bounded import LARGE_BODY, collector_paused, read_json, too_many_items
 
 _JSON = (b"content-type", b"application/json")
 _SERVERS = {"/v1/check": "_check", "/v1/check/batch": "_batch"}  # path -> method

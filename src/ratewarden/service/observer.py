@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ratewarden.audit import AuditTrail
 from ratewarden.calls import Call
 from ratewarden.engine import Decision, Settlement
 from ratewarden.engine.refusals import RefusalCache
-from ratewarden.metrics import Metrics
 from ratewarden.policy import Policy
+from ratewarden.service.audit import AuditTrail
+from ratewarden.service.metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,17 +32,17 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from ratewarden.audit import admin_change
 from ratewarden.clock import Clock, SystemClock
-from ratewarden.metrics import Metrics
 from ratewarden.policy.durations import parse_duration
 from ratewarden.policy.schema import OverrideSpec
+from ratewarden.service.audit import admin_change
 from ratewarden.service.auth import admin_name
 from ratewarden.service.errors import error_response
+from ratewarden.service.metrics import Metrics
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.service.routes import BODY_ERRORS, ERRORS
 from ratewarden.store.base import Store, StoreError
-from ratewarden.wire import (
+from ratewarden.wire.bodies import (
     ErrorResponse,
     FieldError,
     Override,

@@ -38,7 +38,6 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from ratewarden.engine import Engine
-from ratewarden.metrics import Metrics
 from ratewarden.policy import (
     Policy,
     PolicyError,
@@ -50,6 +49,7 @@ from ratewarden.policy.bounded_yaml import read_bounded
 from ratewarden.policy.compile import compile_runtime_override, with_runtime
 from ratewarden.policy.model import CompiledOverride
 from ratewarden.policy.schema import OverrideSpec
+from ratewarden.service.metrics import Metrics
 
 log = logging.getLogger("ratewarden.reload")
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ratewarden.audit import admin_change
 from ratewarden.engine import Engine
 from ratewarden.engine.decision import Usage
-from ratewarden.metrics import Metrics
-from ratewarden.wire import ForgottenCounter, ResetResponse, held_by_user
+from ratewarden.service.audit import admin_change
+from ratewarden.service.metrics import Metrics
+from ratewarden.wire.bodies import ForgottenCounter, ResetResponse, held_by_user
 
 
 async def read_before(

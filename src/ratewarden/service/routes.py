@@ -13,10 +13,9 @@ from fastapi.routing import APIRoute
 from pydantic import AfterValidator, TypeAdapter, ValidationError
 from starlette.convertors import PathConvertor, register_url_convertor
 
-from ratewarden.audit import RECENT_LIMIT
 from ratewarden.engine import CallIdConflict, Decision, Engine
-from ratewarden.metrics import exposition
 from ratewarden.service import resets, vouch
+from ratewarden.service.audit import RECENT_LIMIT
 from ratewarden.service.auth import admin_name
 from ratewarden.service.convert import to_call, to_response, to_usage_item
 from ratewarden.service.errors import (
@@ -26,10 +25,11 @@ from ratewarden.service.errors import (
     items_refusal,
     refusal,
 )
+from ratewarden.service.metrics import exposition
 from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader, ReloadResponse
 from ratewarden.store import StoreError
-from ratewarden.wire import (
+from ratewarden.wire.bodies import (
     BatchRequest,
     BatchResponse,
     Capabilities,
@@ -43,11 +43,10 @@ from ratewarden.wire import (
     ResetResponse,
     SettleRequest,
     SettleResponse,
-    TooManyItems,
     UsageResponse,
     no_control_characters,
-    read_json,
 )
+from ratewarden.wire.bounded import TooManyItems, read_json
 
 
 class _Route(APIRoute):

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 
 from ratewarden.service.auth import ANYONE, Caller
 from ratewarden.service.errors import error_response
-from ratewarden.wire import BatchRequest, CheckRequest, FieldError
+from ratewarden.wire.bodies import BatchRequest, CheckRequest, FieldError
 
 MISSING = "required field is missing"  # as errors.py words pydantic's `missing`
 

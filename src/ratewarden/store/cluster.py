@@ -51,7 +51,7 @@ from ratewarden.limiter.script import (
     RECORD_FIELDS,
     SHA,
     SOURCE,
-    Mode,
+    ScriptMode,
     SettleStatus,
     Status,
     evaluation_of,
@@ -253,7 +253,7 @@ class _Decision:
         record = self.record
         assert record is not None
         return [
-            Mode.RECORD.value,
+            ScriptMode.RECORD.value,
             self.now,
             self.taken.nonce,
             record.fingerprint,
@@ -335,7 +335,7 @@ class ClusterStore(RedisKeyspace):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         delay = 0.002
-        args: list[Any] = [Mode.CLAIM.value, now, record.call_id, record.fingerprint, nonce]
+        args: list[Any] = [ScriptMode.CLAIM.value, now, record.call_id, record.fingerprint, nonce]
         args.append(self.pending_ttl_ms)
         while True:
             reply = await self._run([record.key], args)
@@ -348,14 +348,14 @@ class ClusterStore(RedisKeyspace):
 
     async def _unclaim(self, record: CallRecord | None, taken: _Taken) -> None:
         if record is not None and taken.claim:
-            await self._run([record.key], [Mode.UNCLAIM.value, "", taken.nonce])
+            await self._run([record.key], [ScriptMode.UNCLAIM.value, "", taken.nonce])
         taken.claim = False
 
     async def _group(
         self, group: _Group, ops: list[CounterOp], now: str, call_id: str, *, dry: bool
     ) -> _Reply:
         """Run one slot's ops: evaluate, and unless `dry`, commit them if none refuses."""
-        args: list[Any] = [Mode.GROUP.value, now, "1" if dry else "0", call_id]
+        args: list[Any] = [ScriptMode.GROUP.value, now, "1" if dry else "0", call_id]
         for i in group.indices:
             args += op_values(ops[i])
         reply = await self._run([ops[i].key for i in group.indices], args)
@@ -373,7 +373,7 @@ class ClusterStore(RedisKeyspace):
         """Take back what one slot's commit took; the counters' numbers afterwards."""
         if not items:
             return {}
-        args: list[Any] = [Mode.RELEASE.value, now, call_id]
+        args: list[Any] = [ScriptMode.RELEASE.value, now, call_id]
         for i, undo, undo2 in items:
             args += [*op_values(ops[i]), undo, undo2]
         reply = await self._run([ops[i].key for i, _, _ in items], args)
@@ -445,14 +445,14 @@ class ClusterStore(RedisKeyspace):
         reclaimed when their leases end.
         """
         now = self._now()
-        mark = [Mode.SETTLE_MARK.value, now, fingerprint]  # only the record the caller read
+        mark = [ScriptMode.SETTLE_MARK.value, now, fingerprint]  # only the record the caller read
         status = SettleStatus((await self._run([record_key], mark))[0])
         if status != SettleStatus.SETTLED:
             return status, []
         charged = [0] * len(holds)
 
         async def one(group: _Group) -> None:
-            args: list[Any] = settle_head(Mode.SETTLE_HOLDS, now, call_id, actual)
+            args: list[Any] = settle_head(ScriptMode.SETTLE_HOLDS, now, call_id, actual)
             for i in group.indices:
                 args += hold_values(holds[i])
             reply = await self._run([holds[i].key for i in group.indices], args)

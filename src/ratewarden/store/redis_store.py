@@ -30,7 +30,7 @@ from ratewarden.limiter.ops import (
 from ratewarden.limiter.script import (
     RECORD_FIELDS,
     SOURCE,
-    Mode,
+    ScriptMode,
     SettleStatus,
     decide_head,
     evaluation_of,
@@ -306,7 +306,7 @@ class RedisStore(RedisKeyspace):
         holds: Sequence[Hold],
         fingerprint: str = "",
     ) -> tuple[SettleStatus, list[int]]:
-        args: list[Any] = settle_head(Mode.SETTLE, self._now(), call_id, actual)
+        args: list[Any] = settle_head(ScriptMode.SETTLE, self._now(), call_id, actual)
         args.append(fingerprint)
         for hold in holds:
             args += hold_values(hold)

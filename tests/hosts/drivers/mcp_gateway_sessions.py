@@ -19,7 +19,8 @@ import httpx2
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from ratewarden.wire import MAX_ARGS_DEPTH, MAX_ITEMS, count_items
+from ratewarden.wire.bodies import MAX_ARGS_DEPTH
+from ratewarden.wire.bounded import MAX_ITEMS, count_items
 
 CONFIG: dict[str, Any] = json.loads(sys.argv[1])
 WORK = Path(CONFIG["work"])

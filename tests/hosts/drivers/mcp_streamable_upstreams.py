@@ -1,4 +1,4 @@
-"""The gateway's own client of a URL upstream (`ratewarden.mcp.streamable`) against small
+"""The gateway's own client of a URL upstream (`ratewarden.mcp.http_upstream`) against small
 scripted HTTP servers, each answering as a careless or hostile upstream would.
 
 Runs in the mcp host venv (the SDK's types parse every message). For each case, a client
@@ -16,8 +16,8 @@ from typing import Any
 from mcp import types
 from mcp.shared.message import SessionMessage
 
-from ratewarden.mcp.events import MAX_EVENT_BYTES
-from ratewarden.mcp.streamable import streamable_http
+from ratewarden.http.sse import MAX_EVENT_BYTES
+from ratewarden.mcp.http_upstream import streamable_http
 
 Answer = Callable[[str, dict[str, str], bytes], Awaitable[bytes]]
 INIT_RESULT = {

@@ -39,16 +39,8 @@ from pydantic_core import PydanticSerializationError, from_json, to_json, to_jso
 
 from ratewarden.arguments import MAX_CUT, WHOLE_ARGS, BoundedArgs, bounded_args
 from ratewarden.vocabulary import MAX_CALL_ID, MAX_NAME, SUFFIX_CHARS, digest, sendable, tagged
-from ratewarden.wire import (
-    MAX_ARGS_BYTES,
-    MAX_ITEMS,
-    Args,
-    CallId,
-    CheckRequest,
-    Subject,
-    ToolMetadata,
-    count_items,
-)
+from ratewarden.wire.bodies import MAX_ARGS_BYTES, Args, CallId, CheckRequest, Subject, ToolMetadata
+from ratewarden.wire.bounded import MAX_ITEMS, count_items
 
 __all__ = [
     "DIGEST_CHARS",

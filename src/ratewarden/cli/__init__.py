@@ -17,14 +17,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ratewarden import __version__, cli_override, cli_reset
+from ratewarden import __version__
+from ratewarden.cli import override as cli_override
+from ratewarden.cli import reset as cli_reset
 from ratewarden.hooks import command as hook_command
 from ratewarden.vocabulary import METADATA_FLAGS
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from ratewarden.settings import Settings
+    from ratewarden.service.settings import Settings
 
 EXIT_ALLOW, EXIT_DENY, EXIT_USAGE, EXIT_ASK, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
@@ -56,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _settings(**given: Any) -> Settings:
     """The settings, from `given` flags over the environment (pydantic-settings loads only
     for the commands that read them: never for a hook)."""
-    from ratewarden.settings import Settings
+    from ratewarden.service.settings import Settings
 
     return Settings(**given)
 
@@ -78,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_mcp_help(commands: Any) -> None:
-    """`mcp`, for --help only: `ratewarden mcp` runs from __main__ (ratewarden.mcp.stdio)."""
+    """`mcp`, for --help only: `ratewarden mcp` runs from __main__ (ratewarden.mcp.proxy)."""
     commands.add_parser(
         "mcp",
         help="MCP servers, their tool calls checked (the mcp extra): over stdio, "
@@ -146,10 +148,10 @@ def _add_serve(commands: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ratewarden.logs import configure_audit, configure_logging
+    from ratewarden.http.connections import NoRoomForConnections, connection_limits
     from ratewarden.policy import PolicyError
     from ratewarden.service.auth import bind_problem
-    from ratewarden.service.connections import NoRoomForConnections, connection_limits
+    from ratewarden.service.logs import configure_audit, configure_logging
 
     given = _given(args, "host", "port", "workers", "store_url", "policy", "fail",
                    "store_timeout_ms", "log_format", "log_level", "insecure_no_auth",
@@ -181,8 +183,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _run_uvicorn(settings: Settings) -> int:
     import uvicorn
 
+    from ratewarden.http.connections import GuardedHttpProtocol, install
     from ratewarden.service.app import create_app, load_configured_policy
-    from ratewarden.service.connections import GuardedHttpProtocol, install
     from ratewarden.store import StoreURLError
 
     try:
@@ -196,7 +198,7 @@ def _run_uvicorn(settings: Settings) -> int:
         "port": settings.port,
         "log_config": None,
         "access_log": False,
-        # A deadline on every request and a cap on connections (service/connections.py).
+        # A deadline on every request and a cap on connections (http/connections.py).
         "http": GuardedHttpProtocol,
     }
     if app is not None:
@@ -282,7 +284,7 @@ def _add_metadata_flags(parser: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     from ratewarden.client import Client, ClientError, DaemonUnavailable
-    from ratewarden.wire import CheckRequest
+    from ratewarden.wire.bodies import CheckRequest
 
     request = CheckRequest.model_validate(
         {
@@ -328,7 +330,7 @@ def _add_settle(commands: Any) -> None:
 
 def _settle(args: argparse.Namespace) -> int:
     from ratewarden.client import Client, ClientError, DaemonUnavailable
-    from ratewarden.wire import SettleRequest
+    from ratewarden.wire.bodies import SettleRequest
 
     request = SettleRequest.model_validate(_given(args, "cost", "status"))
     settings = _settings(**_given(args, "url", "token"))
@@ -479,7 +481,7 @@ def _args_json(text: str) -> dict[str, Any]:
     """`--args`: a JSON object within the API's caps (wire.Args), or a usage error."""
     from pydantic import TypeAdapter, ValidationError
 
-    from ratewarden.wire import Args
+    from ratewarden.wire.bodies import Args
 
     try:
         value: dict[str, Any] = TypeAdapter(Args).validate_json(text)

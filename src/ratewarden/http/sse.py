@@ -3,7 +3,7 @@ HTML standard (§9.2), as MCP's streamable HTTP transport carries messages in it
 
 A decoder of a few lines rather than a dependency: `httpx-sse` and httpx2's reader work on
 an httpx response, and the gateway reads its upstreams on bare connections
-(`ratewarden.keepalive`). No SDK import, so it is tested without the `mcp` extra.
+(`ratewarden.http.keepalive`). No SDK import, so it is tested without the `mcp` extra.
 """
 
 from __future__ import annotations

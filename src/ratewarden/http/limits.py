@@ -13,8 +13,12 @@ not depend on how an endpoint or a framework version reacts to a body cut short.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# A path's own refusal of a body over its cap (status, media type, body), or None.
+Refusal = Callable[[str, str], tuple[int, str, bytes] | None]
 
 
 class BodyTooLarge(Exception):
@@ -28,14 +32,22 @@ HOOK_PATHS = "/v1/hooks/"
 
 class BodySizeLimit:
     """Answer 413 to any HTTP request whose body is larger than `max_bytes` (a host's own
-    HTTP hook, `/v1/hooks/{host}`: `hook_max_bytes`)."""
+    HTTP hook, `/v1/hooks/{host}`: `hook_max_bytes`, answered by `hook_refusal` in the
+    host's own form when it gives one)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, hook_max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        hook_max_bytes: int | None = None,
+        hook_refusal: Refusal | None = None,
+    ) -> None:
         if max_bytes < 0 or (hook_max_bytes or 0) < 0:
             raise ValueError("max_bytes must be >= 0")
         self.app = app
         self.max_bytes = max_bytes
         self.hook_max_bytes = max_bytes if hook_max_bytes is None else hook_max_bytes
+        self.hook_refusal = hook_refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -57,7 +69,10 @@ class BodySizeLimit:
         """The 413, in the error shape of every other refusal; to a host's own HTTP hook,
         its own refusal instead (a host runs the call on a 413)."""
         problem = f"larger than the {cap}-byte limit ({setting})"
-        status, media, body = _hook_refusal(path, problem) or (413, "application/json", b"")
+        own = None
+        if self.hook_refusal is not None and path.startswith(HOOK_PATHS):
+            own = self.hook_refusal(path, problem)
+        status, media, body = own or (413, "application/json", b"")
         if status == 413:
             body = json.dumps(
                 {
@@ -124,21 +139,6 @@ class _Guarded:
                 raise
         if self.exceeded and not self.started:
             await self.limit.refuse(self._send, self.cap, self.setting, scope.get("path", ""))
-
-
-def _hook_refusal(path: str, problem: str) -> tuple[int, str, bytes] | None:
-    """A host's own refusal of a call whose hook body is over the cap, or None for any
-    other path. Refused, never passed: padding a call past the cap must not run it."""
-    if not path.startswith(HOOK_PATHS) or path.endswith("/decision"):
-        return None
-    from ratewarden.hooks.hosts import HOSTS  # the daemon's own hooks: loaded with it anyway
-    from ratewarden.vocabulary import TOO_LARGE
-
-    host = HOSTS.get(path.removeprefix(HOOK_PATHS))
-    if host is None or host.http is None:
-        return None
-    sent = host.http(host.refuse("deny", TOO_LARGE.format(reason=f"body {problem}")))
-    return sent.status, sent.media_type, sent.body.encode()
 
 
 def _content_length(scope: Scope) -> int | None:

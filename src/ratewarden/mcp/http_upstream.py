@@ -1,5 +1,5 @@
 """The gateway's client of a plain `http://` upstream: MCP's streamable HTTP transport on
-kept-alive connections (`ratewarden.keepalive`).
+kept-alive connections (`ratewarden.http.keepalive`).
 
 Why not the SDK's `streamable_http_client` here: it costs the gateway about 1.5 ms of CPU
 a call (a task and an httpx2 request per message, its SSE reader), which alone broke the
@@ -34,8 +34,8 @@ from anyio.abc import ObjectSendStream, TaskGroup
 from mcp import types
 from mcp.shared.message import SessionMessage
 
-from ratewarden.keepalive import KeepAlive, Streamed, Unreachable
-from ratewarden.mcp.events import MAX_EVENT_BYTES, EventReader
+from ratewarden.http.keepalive import KeepAlive, Streamed, Unreachable
+from ratewarden.http.sse import MAX_EVENT_BYTES, EventReader
 
 __all__ = ["streamable_http"]
 log = logging.getLogger("ratewarden.mcp")

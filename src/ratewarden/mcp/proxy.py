@@ -7,7 +7,7 @@ stdout, and relays every message both ways (`relay.Relay`), checking each `tools
 with the daemon first. The SDK frames and parses the messages (`mcp.server.stdio`,
 `mcp.client.stdio`). The server's stderr is this process's stderr.
 
-The user is `--user`, else RATEWARDEN_USER, else the login name (command.py reads the
+The user is `--user`, else RATEWARDEN_USER, else the login name (cli.py reads the
 command line).
 """
 

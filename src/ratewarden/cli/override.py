@@ -54,7 +54,7 @@ def _add_set(actions: Any) -> argparse.ArgumentParser:
 
 def _client(args: argparse.Namespace) -> Any:
     from ratewarden.client import Client
-    from ratewarden.settings import Settings
+    from ratewarden.service.settings import Settings
 
     given = {name: getattr(args, name) for name in ("url", "token") if getattr(args, name, None)}
     settings = Settings(**given)
@@ -82,7 +82,7 @@ def _set(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from ratewarden.cli import EXIT_USAGE
-    from ratewarden.wire import OverrideRequest
+    from ratewarden.wire.bodies import OverrideRequest
 
     fields = ("users", "groups", "rule", "rate", "budget", "concurrency", "burst", "ttl", "until")
     body = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}

@@ -79,7 +79,7 @@ def _json_line(entry: dict[str, Any]) -> str:
     whatever its locale, and any JSON parser can read it (never NaN or Infinity)."""
     try:
         return json.dumps(entry, ensure_ascii=True, default=str, allow_nan=False)
-    except ValueError:  # `args` with them are refused (wire.py): a figure of ours, a bug
+    except ValueError:  # `args` with them are refused (wire/bodies.py): a figure of ours, a bug
         return json.dumps(_finite(entry), ensure_ascii=True, default=str, allow_nan=False)
 
 

@@ -19,7 +19,7 @@ at the protocol level, where such sockets are seen:
   Reaching the cap is logged once per burst, not once per socket.
 
 `GuardedHttpProtocol` is uvicorn's httptools protocol (what `uvicorn[standard]` serves
-with) plus the two; `cli.py` hands it to uvicorn. Each worker process guards its own
+with) plus the two; `cli/` hands it to uvicorn. Each worker process guards its own
 connections against its own file limit.
 """
 
@@ -33,11 +33,11 @@ import resource
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
-
-from ratewarden.settings import Settings
 
 log = logging.getLogger("ratewarden.connections")
 
@@ -58,6 +58,22 @@ class NoRoomForConnections(ValueError):
     """The open-file limit leaves no descriptor for a single client connection."""
 
 
+class ConnectionSettings(BaseSettings):
+    """The guard's settings, read by the daemon (its `Settings` extend these) and the MCP
+    gateway from the same `RATEWARDEN_*` variables."""
+
+    model_config = SettingsConfigDict(env_prefix="RATEWARDEN_", extra="ignore", frozen=True)
+
+    # Seconds a connection has to deliver a whole request (headers and body), counted from
+    # its opening or from its previous answer; past it, the connection is closed. Without
+    # it a silent or slow socket held a file descriptor for ever (http/connections.py).
+    request_timeout_s: float = Field(5.0, gt=0, le=300)
+    # Open connections per process; past it, a new one gets a 503 and is closed at once.
+    # Unset: the open-file limit (ulimit -n) minus what the daemon keeps for its own files
+    # (a quarter of the limit, at least 64). A larger value is lowered to that, with a warning.
+    max_connections: int | None = Field(None, ge=1, le=1 << 20)
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     request_timeout_s: float
@@ -76,7 +92,7 @@ def room_for_connections(file_limit: int) -> int:
 
 
 def connection_limits(
-    settings: Settings, file_limit: int | None = None
+    settings: ConnectionSettings, file_limit: int | None = None
 ) -> tuple[ConnectionLimits, str | None]:
     """The limits to serve with, and a warning when the configured cap had to be lowered.
 
@@ -103,7 +119,7 @@ def connection_limits(
     )
 
 
-class Gate:
+class ConnectionGate:
     """What every connection of one process shares: the limits, and the cap's burst."""
 
     def __init__(self, limits: ConnectionLimits) -> None:
@@ -150,16 +166,16 @@ def _busy_response(limits: ConnectionLimits) -> bytes:
     return head.encode() + body
 
 
-_gate: Gate | None = None
+_gate: ConnectionGate | None = None
 
 
 def configure(limits: ConnectionLimits) -> None:
     """Set this process's limits (`serve` does, before uvicorn accepts a connection)."""
     global _gate  # noqa: PLW0603 - one server per process; uvicorn builds each protocol
-    _gate = Gate(limits)
+    _gate = ConnectionGate(limits)
 
 
-def install(settings: Settings) -> None:
+def install(settings: ConnectionSettings) -> None:
     """`configure` from `settings`, and say in the log what the limits are (and why)."""
     limits, warning = connection_limits(settings)
     if warning is not None:
@@ -173,10 +189,10 @@ def install(settings: Settings) -> None:
     configure(limits)
 
 
-def gate() -> Gate:
+def gate() -> ConnectionGate:
     """This process's gate; a worker process reads its limits from the environment."""
     if _gate is None:
-        configure(connection_limits(Settings())[0])
+        configure(connection_limits(ConnectionSettings())[0])
     assert _gate is not None
     return _gate
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ratewarden.cli_override import asking
+from ratewarden.cli.override import asking
 
 EXIT_NOT_CONFIRMED = 1
 
@@ -60,7 +60,7 @@ def _request(user: str | None, rule: str | None) -> Any:
     """The request to send, or what is wrong with the flags (naming the flag)."""
     from pydantic import ValidationError
 
-    from ratewarden.wire import ResetRequest
+    from ratewarden.wire.bodies import ResetRequest
 
     if user is None and rule is None:
         return "--user or --rule: name a user, a rule, or both"
@@ -92,7 +92,7 @@ def _confirmed(client: Any, request: Any) -> bool:
 def _question(client: Any, request: Any) -> str:
     """What will be forgotten, read from the user's usage just before asking."""
     from ratewarden.vocabulary import shown
-    from ratewarden.wire import held_by_user
+    from ratewarden.wire.bodies import held_by_user
 
     if request.user is None:
         return f"Forget {shown(request.rule)} for every user?"

@@ -2,7 +2,7 @@
 
 Two modes:
 - `ratewarden mcp [--user U] [flags] -- COMMAND ARGS…`: one client's server over stdio
-  (stdio.py), configured in the client in place of the server's own command;
+  (proxy.py), configured in the client in place of the server's own command;
 - `ratewarden mcp --listen HOST:PORT --server NAME=URL|COMMAND… --tokens FILE`: a shared
   gateway over streamable HTTP (gateway.py), each server at `/NAME/mcp`.
 
@@ -77,7 +77,7 @@ def cli(argv: Sequence[str]) -> int:
 
         anyio.run(http.run, options, identities, backend_options=LOOP)
     else:
-        from ratewarden.mcp import stdio
+        from ratewarden.mcp import proxy as stdio
 
         anyio.run(stdio.run, options, command, backend_options=LOOP)
     return 0

@@ -1,6 +1,6 @@
 """HTTP/1.1 to one server on kept-alive asyncio connections: what the async clients send
 their checks and settles to the daemon on, and the MCP gateway its messages to a plain
-http:// upstream (`ratewarden.mcp.streamable`).
+http:// upstream (`ratewarden.mcp.http_upstream`).
 
 Why not httpx here: a guard asks the daemon before every tool call, and an httpx async
 request costs about 0.8 ms of CPU on this project's machines (its transport on anyio, its
@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import httptools
 
+from ratewarden.http import head
+
 __all__ = ["KeepAlive", "Streamed", "Unreachable"]
 
 MAX_IDLE = 16  # connections kept for reuse; more are closed when returned
 READ_SIZE = 65536
-_SPLITTERS = ("\r", "\n", "\0")  # what would end a header line early (a smuggled header)
 
 
 class Unreachable(Exception):
@@ -141,19 +142,6 @@ class _Connection:
         self.writer.close()
 
 
-def _encode(method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1", *(f"{name}: {value}" for name, value in headers)]
-    return "\r\n".join([*lines, "", ""]).encode("latin-1") + body
-
-
-def _checked(headers: Mapping[str, str]) -> list[tuple[str, str]]:
-    """`headers` as sent; ValueError for a value that would end its line (or the head)."""
-    for name, value in headers.items():
-        if any(splitter in name or splitter in value for splitter in _SPLITTERS):
-            raise ValueError(f"header {name!r}: a value holding CR, LF or NUL")
-    return list(headers.items())
-
-
 class Streamed(NamedTuple):
     """An answer being read: its status, its headers (names in lower case), its body."""
 
@@ -173,7 +161,7 @@ class KeepAlive:
             raise ValueError(f"KeepAlive speaks plain http://host[:port] only, not {url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
         self.prefix = parts.path.rstrip("/")
-        self.headers = _checked({"host": parts.netloc.rpartition("@")[2], **headers})
+        self.headers = head.checked({"host": parts.netloc.rpartition("@")[2], **headers})
         self.timeout = timeout
         self._idle: list[_Connection] = []
 
@@ -186,7 +174,7 @@ class KeepAlive:
             headers.append(("content-type", content_type))
         try:
             async with asyncio.timeout(self.timeout):
-                return await self._send(_encode(method, self.prefix + target, headers, body))
+                return await self._send(head.encode(method, self.prefix + target, headers, body))
         except TimeoutError:
             raise self._timed_out() from None
 
@@ -197,8 +185,8 @@ class KeepAlive:
         """One request whose answer is read as it comes: its head within the timeout, its
         body for as long as it lasts. Unreachable when there is no answer; ValueError for
         a header value holding CR, LF or NUL."""
-        sent = [*self.headers, *_checked(headers or {}), ("content-length", str(len(body)))]
-        request = _encode(method, self.prefix + target, sent, body)
+        sent = [*self.headers, *head.checked(headers or {}), ("content-length", str(len(body)))]
+        request = head.encode(method, self.prefix + target, sent, body)
         try:
             async with asyncio.timeout(self.timeout):
                 connection, status = await self._open(request)

@@ -6,14 +6,20 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from ratewarden.http.connections import ConnectionSettings
 
 DEFAULT_PORT = 8470
 TokenList = Annotated[list[str], NoDecode]
 
 
-class Settings(BaseSettings):
-    """Every knob of the daemon and its clients. Lists are comma-separated in the environment."""
+class Settings(ConnectionSettings):
+    """Every knob of the daemon and its clients. Lists are comma-separated in the environment.
+
+    The connection guard's two (`request_timeout_s`, `max_connections`) are declared with the
+    guard, in `ConnectionSettings`: the MCP gateway reads them too.
+    """
 
     model_config = SettingsConfigDict(env_prefix="RATEWARDEN_", extra="ignore", frozen=True)
 
@@ -29,18 +35,18 @@ class Settings(BaseSettings):
     # None configured: auth is off and `serve` listens on loopback only. A check token is
     # a service token: it vouches for the users it names (a gateway that authenticated
     # them), any user unless API_TOKEN_USERS limits it.
-    api_tokens: TokenList = []
-    admin_tokens: TokenList = []
+    api_tokens: TokenList = Field(default_factory=list)
+    admin_tokens: TokenList = Field(default_factory=list)
     # The users each API token may name, one entry per token in their order: globs
     # separated by spaces (`team-a-* bot-7`); `*`, or no entry, is any user.
-    api_token_users: TokenList = []
+    api_token_users: TokenList = Field(default_factory=list)
     # Users' own tokens: a file in the MCP gateway's tokens format (user: token, or a list
     # of tokens). A request with one acts as its user and no other. Read at start and on
     # every policy reload (a bad file on reload keeps the tokens in force).
     user_tokens: Path | None = None
     # Names of the admin tokens, in their order (RATEWARDEN_ADMIN_NAMES=ops-ana,ops-ben):
     # what the audit and the overrides list say set a change. Unnamed: "admin token N".
-    admin_names: TokenList = []
+    admin_names: TokenList = Field(default_factory=list)
     # Allow `serve` on a non-loopback address with no tokens (something else guards it).
     insecure_no_auth: bool = False
     # Seconds between checks of the policy file for changes (reloaded when it changes);
@@ -86,14 +92,6 @@ class Settings(BaseSettings):
     # about as much as a few normal checks (docs/benchmarks.md, "Worst bodies"), so the
     # cap bounds what one hook request can cost. The command hook has no such cap.
     max_hook_body_bytes: int = Field(128 * 1024, ge=1024, le=64 * 1024 * 1024)
-    # Seconds a connection has to deliver a whole request (headers and body), counted from
-    # its opening or from its previous answer; past it, the connection is closed. Without
-    # it a silent or slow socket held a file descriptor for ever (service/connections.py).
-    request_timeout_s: float = Field(5.0, gt=0, le=300)
-    # Open connections per process; past it, a new one gets a 503 and is closed at once.
-    # Unset: the open-file limit (ulimit -n) minus what the daemon keeps for its own files
-    # (a quarter of the limit, at least 64). A larger value is lowered to that, with a warning.
-    max_connections: int | None = Field(None, ge=1, le=1 << 20)
     # Clients (CLI, hooks, adapters): where the daemon is, and the token to send.
     url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
     token: str | None = None
