@@ -54,6 +54,7 @@ from starlette.types import Receive, Scope, Send
 
 from ratewarden.http import connections
 from ratewarden.http.readahead import read_body, replay
+from ratewarden.http.settings import ConnectionSettings
 from ratewarden.mcp.cli import DEFAULT_MAX_BODY
 from ratewarden.mcp.daemons import DaemonPool
 from ratewarden.mcp.guard import Daemon, SessionGuard, can_elicit
@@ -478,7 +479,7 @@ async def run(options: argparse.Namespace, identities: Identities) -> None:
     host, port = options.listen
     # The daemon's guard against sockets that never finish a request, and its cap on open
     # connections (RATEWARDEN_REQUEST_TIMEOUT_S, RATEWARDEN_MAX_CONNECTIONS).
-    connections.install(connections.ConnectionSettings())
+    connections.install(ConnectionSettings())
     config = uvicorn.Config(
         gateway,
         host=host,

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from ratewarden.http.connections import ConnectionSettings
+from ratewarden.http.settings import ConnectionSettings
 
 DEFAULT_PORT = 8470
 TokenList = Annotated[list[str], NoDecode]
