@@ -540,3 +540,29 @@ def test_serve_on_a_real_redis(tmp_path: Path, redis_server: RedisServer, redis_
         b"rw:{terminal-per-minute|user=discord%3A1234}:sw",
     ]
     assert b"rw:admin:{overrides}:reports" in keys
+
+
+def test_serve_flags_are_the_settings_fields_with_their_defaults(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each `serve` flag sets the field it names, and its help shows the field's own
+    default: a default changed in Settings cannot be left stale in --help."""
+    import argparse
+
+    from ratewarden.cli import build_parser, serve
+    from ratewarden.service.settings import Settings
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {a.dest: a for a in commands.choices["serve"]._actions}
+    for name in serve.FLAGS:
+        field = Settings.model_fields[name]
+        default = field.get_default(call_default_factory=True)
+        action = actions[name]
+        assert action.default is None  # unset flags fall back to the environment
+        if default is not None:
+            assert f"(default {default})" in (action.help or ""), name
+    assert actions["fail"].choices == ["open", "closed"]
+    assert actions["log_level"].choices == ["debug", "info", "warning", "error"]
+    assert actions["port"].type is int
+    assert actions["request_timeout_s"].type is float

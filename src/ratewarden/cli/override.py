@@ -63,7 +63,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 def asking(run: Callable[[Any], int], args: argparse.Namespace) -> int:
     """Run `run(client)`, saying plainly why the daemon did not do it (also for `reset`)."""
-    from ratewarden.cli import EXIT_UNREACHABLE, EXIT_USAGE
+    from ratewarden.cli.common import EXIT_UNREACHABLE, EXIT_USAGE
     from ratewarden.client import ClientError, DaemonUnavailable
     from ratewarden.vocabulary import shown
 
@@ -81,7 +81,7 @@ def asking(run: Callable[[Any], int], args: argparse.Namespace) -> int:
 def _set(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from ratewarden.cli import EXIT_USAGE
+    from ratewarden.cli.common import EXIT_USAGE
     from ratewarden.wire.bodies import OverrideRequest
 
     fields = ("users", "groups", "rule", "rate", "budget", "concurrency", "burst", "ttl", "until")

@@ -35,7 +35,7 @@ def add_parser(commands: Any, add_client_flags: Callable[[argparse.ArgumentParse
 
 
 def _reset(args: argparse.Namespace) -> int:
-    from ratewarden.cli import EXIT_USAGE
+    from ratewarden.cli.common import EXIT_USAGE
 
     request = _request(args.user, args.rule)
     if isinstance(request, str):

@@ -1,0 +1,173 @@
+"""`check`, `settle` and `usage`: a running daemon's client on the command line.
+
+Exit codes of `check`: 0 allow, 1 deny (reason on stderr), 3 ask, 4 daemon unreachable,
+2 bad usage (a flag, or a request the daemon refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ratewarden.cli.common import (
+    EXIT_ALLOW,
+    EXIT_ASK,
+    EXIT_DENY,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    add_client_flags,
+    add_metadata_flags,
+    args_json,
+    client_settings,
+    flags_given,
+    table,
+    usage_error,
+)
+from ratewarden.vocabulary import METADATA_FLAGS
+
+
+def add_parsers(commands: Any) -> None:
+    _add_check(commands)
+    _add_settle(commands)
+    _add_usage(commands)
+
+
+def _add_check(commands: Any) -> None:
+    check = commands.add_parser("check", help="ask a running daemon whether a call may run")
+    check.add_argument("--user", required=True)
+    check.add_argument("--tool", required=True)
+    check.add_argument("--session")
+    check.add_argument("--team")
+    check.add_argument("--cost", type=float)
+    check.add_argument("--call-id")
+    check.add_argument("--approved", action="store_true", help="a human approved this call")
+    check.add_argument(
+        "--args",
+        type=args_json,
+        help="the call's arguments as a JSON object; sent only if the policy reads them",
+    )
+    add_metadata_flags(check)
+    add_client_flags(check)
+    check.set_defaults(run=_check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ratewarden.client import Client, ClientError, DaemonUnavailable
+    from ratewarden.wire.bodies import CheckRequest
+
+    request = CheckRequest.model_validate(
+        {
+            **flags_given(
+                args, "user", "tool", "session", "team", "cost", "call_id", "approved", "args"
+            ),
+            "metadata": _metadata(args),
+        }
+    )
+    settings = client_settings(**flags_given(args, "url", "token"))
+    try:
+        with Client(settings.url, settings.token, timeout=args.timeout) as client:
+            answer = client.check(request)
+    except DaemonUnavailable as exc:
+        print(f"ratewarden daemon unreachable at {settings.url}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except ClientError as exc:
+        return usage_error(f"the daemon refused the request: {exc}")
+    if args.json:
+        print(answer.model_dump_json(indent=2))
+    if answer.decision != "allow":
+        print(answer.message, file=sys.stderr)
+    return {"allow": EXIT_ALLOW, "deny": EXIT_DENY, "ask": EXIT_ASK}[answer.decision]
+
+
+def _metadata(args: argparse.Namespace) -> dict[str, Any] | None:
+    given = {
+        name: getattr(args, name) for name in METADATA_FLAGS if getattr(args, name) is not None
+    }
+    if args.tags:
+        given["tags"] = args.tags
+    return given or None
+
+
+def _add_settle(commands: Any) -> None:
+    settle = commands.add_parser("settle", help="report a finished call: its actual cost")
+    settle.add_argument("call_id", metavar="CALL_ID")
+    settle.add_argument("--cost", type=float, help="actual cost (default: the estimate)")
+    settle.add_argument("--status", help="how the call ended (ok, error...)")
+    add_client_flags(settle)
+    settle.set_defaults(run=_settle)
+
+
+def _settle(args: argparse.Namespace) -> int:
+    from ratewarden.client import Client, ClientError, DaemonUnavailable
+    from ratewarden.wire.bodies import SettleRequest
+
+    request = SettleRequest.model_validate(flags_given(args, "cost", "status"))
+    settings = client_settings(**flags_given(args, "url", "token"))
+    try:
+        with Client(settings.url, settings.token, timeout=args.timeout) as client:
+            answer = client.settle(args.call_id, request)
+    except DaemonUnavailable as exc:
+        print(f"ratewarden daemon unreachable at {settings.url}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except ClientError as exc:
+        print(f"ratewarden: {exc}", file=sys.stderr)
+        return EXIT_DENY if exc.status == 404 else EXIT_USAGE
+    if args.json:
+        print(answer.model_dump_json(indent=2))
+    else:
+        charged = ", ".join(f"{rule} {amount:.2f}" for rule, amount in answer.charged.items())
+        print(
+            f"{answer.call_id}: {answer.outcome.replace('_', ' ')}"
+            + (f" ({charged})" if charged else "")
+        )
+    return 0
+
+
+def _add_usage(commands: Any) -> None:
+    usage = commands.add_parser("usage", help="a user's limits, used and remaining")
+    usage.add_argument("--user", required=True)
+    usage.add_argument("--tool")
+    usage.add_argument("--session")
+    usage.add_argument("--team")
+    add_client_flags(usage)
+    usage.set_defaults(run=_usage)
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from ratewarden.client import Client, ClientError, DaemonUnavailable
+
+    settings = client_settings(**flags_given(args, "url", "token"))
+    try:
+        with Client(settings.url, settings.token, timeout=args.timeout) as client:
+            answer = client.usage(args.user, tool=args.tool, session=args.session, team=args.team)
+    except DaemonUnavailable as exc:
+        print(f"ratewarden daemon unreachable at {settings.url}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except ClientError as exc:
+        return usage_error(f"the daemon refused the request: {exc}")
+    if args.json:
+        print(answer.model_dump_json(indent=2))
+        return 0
+    rows = [_usage_row(item) for item in answer.limits]
+    print(f"usage for {answer.user}" + (f", tool {answer.tool}" if answer.tool else ""))
+    print(table(["RULE", "KIND", "LIMIT", "USED", "REMAINING", "RESETS IN", "MODE"], rows))
+    return 0
+
+
+def _usage_row(item: Any) -> list[str]:
+    """One table row; money with two decimals and its currency, reservations shown apart."""
+    if item.limit is None:
+        return [item.rule, item.kind, "unlimited", "-", "-", "-", item.mode]
+    if item.kind == "access":  # no counter: it refuses (or asks about) what it matches
+        return [item.rule, item.kind, "refuses what it matches", "-", "-", "-", item.mode]
+    resets = f"{item.reset_after:.0f}s" if item.used or item.reserved else "-"
+    if item.kind == "budget":
+        limit = f"{item.limit:.2f} {item.currency}/{item.period}"
+        used = f"{item.used:.2f}" + (f" (+{item.reserved:.2f} reserved)" if item.reserved else "")
+        return [item.rule, item.kind, limit, used, f"{item.remaining:.2f}", resets, item.mode]
+    if item.kind == "concurrency":  # slots free on settle or lease expiry, not at a time
+        limit, resets = f"{item.limit} at once", "-"
+    else:
+        limit = f"{item.limit}/{item.window}"
+    return [item.rule, item.kind, limit, str(item.used), str(item.remaining), resets, item.mode]

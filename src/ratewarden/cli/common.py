@@ -1,0 +1,82 @@
+"""What the commands share: exit codes, the client flags, settings from flags over the
+environment, and how a usage error is said."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ratewarden.vocabulary import METADATA_FLAGS
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from ratewarden.service.settings import Settings
+
+EXIT_ALLOW, EXIT_DENY, EXIT_USAGE, EXIT_ASK, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+
+
+def client_settings(**given: Any) -> Settings:
+    """The settings, from `given` flags over the environment (pydantic-settings loads only
+    for the commands that read them: never for a hook)."""
+    from ratewarden.service.settings import Settings
+
+    return Settings(**given)
+
+
+def add_client_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", help="daemon URL (default $RATEWARDEN_URL or http://127.0.0.1:8470)"
+    )
+    parser.add_argument("--token", help="API token (default $RATEWARDEN_TOKEN)")
+    parser.add_argument("--timeout", type=float, default=2.0, help="seconds to wait (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the daemon's JSON answer")
+
+
+def add_metadata_flags(parser: argparse.ArgumentParser) -> None:
+    for name in METADATA_FLAGS:
+        flag = name.replace("_", "-")
+        parser.add_argument(f"--{flag}", dest=name, action=argparse.BooleanOptionalAction)
+    parser.add_argument("--tag", dest="tags", action="append", default=[], help="tool tag (repeat)")
+
+
+def args_json(text: str) -> dict[str, Any]:
+    """`--args`: a JSON object within the API's caps (wire.Args), or a usage error."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from ratewarden.wire.bodies import Args
+
+    try:
+        value: dict[str, Any] = TypeAdapter(Args).validate_json(text)
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"]
+        raise argparse.ArgumentTypeError(f"not a JSON object of arguments: {problem}") from None
+    return value
+
+
+def flags_given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The flags the user actually gave, so unset ones fall back to the environment."""
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def settings_problem(exc: ValidationError) -> str:
+    return "; ".join(
+        f"--{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+        for e in exc.errors()
+    )
+
+
+def usage_error(message: str) -> int:
+    print(f"ratewarden: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned columns, two spaces apart."""
+    if not rows:
+        return "(no rules apply)"
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in [header, *rows]]  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,185 @@
+"""`ratewarden serve`: the daemon, under uvicorn, with one worker or several."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
+
+from ratewarden.cli.common import (
+    EXIT_USAGE,
+    client_settings,
+    flags_given,
+    usage_error,
+)
+
+if TYPE_CHECKING:
+    from ratewarden.service.settings import Settings
+
+
+# The flags of `serve`: each sets the field of `Settings` it names. Only the words are
+# here; the type, the choices and the default are read from the field, so that no default
+# is restated (tests/service/test_cli.py holds every flag to its field).
+FLAGS: dict[str, tuple[str, str, str | None]] = {  # field: (flag, help, metavar)
+    "host": ("--host", "address to listen on", None),
+    "port": ("--port", "port", None),
+    "workers": ("--workers", "worker processes", None),
+    "store_url": ("--store-url", "memory://, redis://, rediss://, unix://", None),
+    "policy": ("--policy", "policy file (unset: ./ratewarden.yaml, else the example)", None),
+    "fail": ("--fail", "answer when the store is down (unset: the policy's)", None),
+    "store_timeout_ms": ("--store-timeout-ms", "store timeout", "MS"),
+    "log_format": ("--log-format", "log format", None),
+    "log_level": ("--log-level", "log level", None),
+    "reload_interval_s": (
+        "--reload-interval", "seconds between checks of the policy file (0: off)", "SECONDS"
+    ),
+    "request_timeout_s": (
+        "--request-timeout", "seconds a connection has to send a whole request", "SECONDS"
+    ),
+    "max_connections": (
+        "--max-connections",
+        "open connections per process (unset: the open-file limit minus a reserve)",
+        "N",
+    ),
+}  # fmt: skip
+TOKENS = "(repeatable; replaces $RATEWARDEN_%s, safer since flags show in `ps`)"
+
+
+def add_parser(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="run the daemon")
+    serve.set_defaults(run=_serve)
+    try:
+        from ratewarden.service.settings import Settings
+    except ModuleNotFoundError:  # a client-only install: `serve` says what to install
+        return
+    for name, (flag, text, metavar) in FLAGS.items():
+        kind, choices = _kind(Settings.model_fields[name].annotation)
+        default = Settings.model_fields[name].get_default(call_default_factory=True)
+        shown = "" if default is None else f" (default {default})"
+        serve.add_argument(
+            flag, dest=name, type=kind, choices=choices, metavar=metavar, help=text + shown
+        )
+    for name, role in (("api_tokens", "check"), ("admin_tokens", "admin")):
+        serve.add_argument(
+            f"--{name.removesuffix('s').replace('_', '-')}",
+            dest=name,
+            action="append",
+            metavar="TOKEN",
+            help=f"bearer token of the {role} role " + TOKENS % name.upper(),
+        )
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        default=None,
+        help="allow a non-loopback --host with no tokens (auth off)",
+    )
+
+
+def _kind(annotation: Any) -> tuple[Any, list[str] | None]:
+    """A field's type for argparse (None left out of an optional one), and its choices
+    if it is a Literal."""
+    kinds = [annotation]
+    if get_origin(annotation) is not Literal:
+        kinds = [arg for arg in get_args(annotation) if arg is not type(None)] or kinds
+    if get_origin(kinds[0]) is Literal:
+        return str, list(get_args(kinds[0]))
+    return (kinds[0] if kinds[0] in (int, float) else str), None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ratewarden.http.connections import NoRoomForConnections, connection_limits
+    from ratewarden.policy import PolicyError
+    from ratewarden.service.auth import bind_problem
+    from ratewarden.service.logs import configure_audit, configure_logging
+
+    chosen = flags_given(args, *FLAGS, "insecure_no_auth")
+    for name, tokens in flags_given(args, "api_tokens", "admin_tokens").items():
+        chosen[name] = ",".join(tokens)  # split like the environment's comma-separated lists
+    settings = client_settings(**chosen)
+    problem = bind_problem(settings)
+    if problem is not None:
+        return usage_error(problem)
+    if settings.workers > 1 and settings.store_url.startswith("memory:"):
+        return usage_error(
+            "the embedded memory:// store lives in one process; use --workers 1, "
+            "or a shared store such as --store-url redis://localhost:6379/0"
+        )
+    try:
+        connection_limits(settings)  # a file limit with no room: refused before anything runs
+    except NoRoomForConnections as exc:
+        return usage_error(str(exc))
+    configure_logging(settings.log_format, settings.log_level)
+    configure_audit(settings.audit_log)
+    try:
+        return _run_uvicorn(settings)
+    except PolicyError as exc:
+        print(f"cannot load the policy:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run_uvicorn(settings: Settings) -> int:
+    import uvicorn
+
+    from ratewarden.http.connections import GuardedHttpProtocol, install
+    from ratewarden.service.app import create_app, load_configured_policy
+    from ratewarden.store import StoreURLError
+
+    try:
+        policy = load_configured_policy(settings)  # fail fast, before binding a port
+        app = create_app(settings, policy=policy) if settings.workers == 1 else None
+    except StoreURLError as exc:
+        return usage_error(str(exc))
+    install(settings)  # workers derive the same limits from the environment
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_config": None,
+        "access_log": False,
+        # A deadline on every request and a cap on connections (http/connections.py).
+        "http": GuardedHttpProtocol,
+    }
+    if app is not None:
+        uvicorn.run(app, **options)
+    else:
+        # Workers import the app themselves; they read the same settings from the environment,
+        # and write their metrics where /metrics in any worker can merge them.
+        os.environ.update(_as_environment(settings))
+        created = _prepare_multiprocess_metrics()
+        try:
+            uvicorn.run(
+                "ratewarden.service.app:create_app_from_env",
+                factory=True,
+                workers=settings.workers,
+                **options,
+            )
+        finally:
+            if created:  # ours: remove it; an operator's directory stays
+                shutil.rmtree(created, ignore_errors=True)
+    return 0
+
+
+def _prepare_multiprocess_metrics() -> str | None:
+    """prometheus-client multiprocess mode: a directory that starts empty for this run.
+
+    Returns the directory if this run created it (and should remove it at exit).
+    """
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        for stale in Path(directory).glob("*.db"):
+            stale.unlink()  # values of a previous run would be merged in otherwise
+        return None
+    created = tempfile.mkdtemp(prefix="ratewarden-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
+    return created
+
+
+def _as_environment(settings: Settings) -> dict[str, str]:
+    env = {}
+    for name, value in settings.model_dump(exclude_none=True).items():
+        text = ",".join(value) if isinstance(value, list) else str(value)
+        env[f"RATEWARDEN_{name.upper()}"] = text
+    return env
