@@ -3,7 +3,7 @@
 Random checks, settles (on time, late, twice, of unknown calls) and clock jumps across
 hourly periods, driven through the engine; after every step the engine's decision and
 the budget's spent and reserved money must equal the oracle's. The oracle keeps every
-call and recomputes the money from the rules the README states, with no bookkeeping of
+call and recomputes the money from the rules docs/guarantees.md states, with no bookkeeping of
 its own:
 
 - a call starts only while spent + reserved (+ its estimate) stays within the budget;
