@@ -2,7 +2,7 @@
 normal check, and what sending them does to other clients (issue 15, item 6).
 
 Every body here fits the body cap (RATEWARDEN_MAX_BODY_BYTES, 256 KiB). Those of more
-than wire.MAX_ITEMS items are refused unread, their items counted on their bytes (wide,
+than wire.bounded.MAX_ITEMS items are refused unread, their items counted on their bytes (wide,
 deep, keys, unknown fields, strings dense with escapes and commas, too many calls); the
 rest are read and validated, each at the item cap and costly in its own way (the largest
 accepted args, thousands of keys, arrays too deep, unknown fields, a count that must

@@ -162,7 +162,7 @@ def _step_into(value: Any, step: str, index: int | None) -> Any:
 
 # --- arguments too large to send whole ------------------------------------------------
 #
-# A host hands over whatever its model wrote. Arguments the wire would refuse (wire.Args:
+# A host hands over whatever its model wrote. Arguments the wire would refuse (wire.bodies.Args:
 # over 64 KiB as JSON, deeper than 32 levels, a number JSON cannot carry) must not leave
 # the call without arguments, which would match no `args` condition: `"n": 1e400` beside
 # `"command": "rm -rf /"` would pass a rule refusing the command. So every client sends a
@@ -175,7 +175,7 @@ BOUNDED_BYTES: Final = 48 * 1024  # the copy's budget as compact JSON (the wire'
 # Array elements and object members: each may open a bracket too, and the wire counts
 # commas and brackets (at most about 3 900 for args).
 BOUNDED_ITEMS: Final = 1_500
-BOUNDED_DEPTH: Final = 32  # levels, as wire.MAX_ARGS_DEPTH: {"a": 1} is 1 level
+BOUNDED_DEPTH: Final = 32  # levels, as wire.bodies.MAX_ARGS_DEPTH: {"a": 1} is 1 level
 MAX_TEXT: Final = 4_096  # characters a string keeps; the rest is cut
 MAX_CUT: Final = 16  # paths named; a call with more is cut as a whole (`*`)
 MAX_CUT_PATH: Final = 512  # characters of a cut path's text; longer: its parent is cut

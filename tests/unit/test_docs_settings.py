@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ratewarden.settings import Settings
+from ratewarden.service.settings import Settings
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 

@@ -42,7 +42,7 @@ def add_metadata_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def args_json(text: str) -> dict[str, Any]:
-    """`--args`: a JSON object within the API's caps (wire.Args), or a usage error."""
+    """`--args`: a JSON object within the API's caps (wire.bodies.Args), or a usage error."""
     from pydantic import TypeAdapter, ValidationError
 
     from ratewarden.wire.bodies import Args

@@ -38,7 +38,7 @@ from ratewarden.http import exchange
 if TYPE_CHECKING:
     import argparse
 
-# The wire's cap on a check's `args` (wire.MAX_ARGS_BYTES): larger ones are bounded here
+# The wire's cap on a check's `args` (wire.bodies.MAX_ARGS_BYTES): larger ones are bounded here
 # (arguments.bounded_args) rather than sent to be refused.
 MAX_ARGS_BYTES = 64 * 1024
 
