@@ -98,7 +98,7 @@ def undecodable() -> JSONResponse:
 
 
 def items_refusal() -> JSONResponse:
-    """The 422 for a body over wire.bounded.MAX_ITEMS, refused unread (hot path and routes alike)."""
+    """The 422 for a body over wire.bounded.MAX_ITEMS, refused unread (hot path and routes)."""
     problem = str(TooManyItems())
     return error_response(
         422, "invalid_request", f"body: {problem}", [FieldError(field="body", message=problem)]
