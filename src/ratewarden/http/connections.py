@@ -18,6 +18,11 @@ at the protocol level, where such sockets are seen:
   whatever the peers do, its store connections, policy and state files still open.
   Reaching the cap is logged once per burst, not once per socket.
 
+Why not a library: uvicorn has no deadline on a request still arriving, and a front proxy
+that has one is not always there; the guard lives in the protocol uvicorn already runs
+(tests/unit/test_trusted_internals.py holds the internals it reads). The row that
+re-checks its cost: bench/run's one rule / floor, every request of which passes it.
+
 `GuardedHttpProtocol` is uvicorn's httptools protocol (what `uvicorn[standard]` serves
 with) plus the two; `cli/` hands it to uvicorn. Each worker process guards its own
 connections against its own file limit.

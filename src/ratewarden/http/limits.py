@@ -8,6 +8,12 @@ passed, with `Connection: close` so the server stops reading the rest. A declare
 
 It wraps the whole application (outside FastAPI's own exception handling), so the 413 does
 not depend on how an endpoint or a framework version reacts to a body cut short.
+
+Why not a library: Starlette and FastAPI have no body cap, and uvicorn reads whatever a
+client sends; the MCP SDK's `RequestBodyLimitMiddleware` (which the gateway uses for its
+own cap) is not a daemon dependency and cannot answer a host's hook in the host's form.
+The row that re-checks it: "Worst bodies" in docs/benchmarks.md (bench/worstbody.py), the
+costliest bodies within the caps against a normal check.
 """
 
 from __future__ import annotations

@@ -1,5 +1,12 @@
 """A request's body read ahead of the application that answers it (ASGI), and given to it
-again: what the daemon's hot path and the MCP gateway do before they hand a request on."""
+again: what the daemon's hot path and the MCP gateway do before they hand a request on.
+
+Why not a library: Starlette's `Request` keeps a body it read for itself only; an ASGI app
+that reads a body and then hands the request to another must replay the receive channel,
+which is these two functions. The rows that re-check it: bench/run's one rule / floor (the
+hot path reads every check this way) and "Worst bodies" at the MCP gateway
+(bench/mcp_worstbody.py).
+"""
 
 from __future__ import annotations
 

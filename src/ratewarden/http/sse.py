@@ -4,6 +4,8 @@ HTML standard (§9.2), as MCP's streamable HTTP transport carries messages in it
 A decoder of a few lines rather than a dependency: `httpx-sse` and httpx2's reader work on
 an httpx response, and the gateway reads its upstreams on bare connections
 (`ratewarden.http.keepalive`). No SDK import, so it is tested without the `mcp` extra.
+The row that re-checks the path it serves: bench/mcp_overhead.py, the gateway with a URL
+upstream against the stdio proxy (docs/mcp.md).
 """
 
 from __future__ import annotations
