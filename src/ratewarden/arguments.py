@@ -248,8 +248,50 @@ def _raw(text: str | bytes | bytearray) -> bytes:
 def read_json(text: str | bytes | bytearray) -> Any:
     """`json.loads`, with an integer too long for any JSON reader (Python refuses 4 300
     digits) read as an infinity: a number JSON cannot carry, cut like `1e400`, rather
-    than a payload that cannot be read at all. Hooks read their host's payload with it."""
-    return json.loads(text, parse_int=_int_or_infinity)
+    than a payload that cannot be read at all. Hooks read their host's payload with it.
+
+    A payload nested deeper than Python's reader goes (about 1 000 levels; a host's own
+    reader may go deeper) is read again with every array and object below SHALLOW_DEPTH
+    levels replaced by a mark: the call is still read, and `bounded_args` cuts the
+    arguments' deep part (and names its path) as it cuts any past BOUNDED_DEPTH, so
+    padding a call with deep nesting cannot make it unreadable, and so allowed by a
+    hook's fail mode."""
+    try:
+        return json.loads(text, parse_int=_int_or_infinity)
+    except RecursionError:
+        return json.loads(_shallow(text), parse_int=_int_or_infinity)
+
+
+# Levels kept by the re-read of a payload too deep to parse: past BOUNDED_DEPTH (so the cut
+# is the Bounder's, which names its path) and far within the interpreter's recursion limit.
+SHALLOW_DEPTH: Final = 2 * BOUNDED_DEPTH
+# A string (escapes skipped whole), or a bracket outside strings.
+_TOKENS: Final = r'"(?:[^"\\]++|\\.)*+"|[\[\]{}]'
+
+
+def _shallow(text: str | bytes | bytearray) -> str:
+    """`text` with each array or object opening below SHALLOW_DEPTH levels replaced by a
+    string mark. Linear: one C scan of strings and brackets, a step per bracket. Text that
+    is not UTF-8 raises ValueError, as json.loads does."""
+    import re  # seldom needed: not at a hook's start
+
+    if not isinstance(text, str):
+        text = bytes(text).decode(json.detect_encoding(bytes(text)))
+    pieces, kept_to, depth, cut_from = [], 0, 0, -1
+    for token in re.finditer(_TOKENS, text, re.DOTALL):
+        mark = token.group()
+        if mark[0] == '"':
+            continue
+        if mark in "[{":
+            depth += 1
+            if depth == SHALLOW_DEPTH + 1:
+                cut_from = token.start()
+        else:
+            if depth == SHALLOW_DEPTH + 1 and cut_from >= 0:
+                pieces += [text[kept_to:cut_from], json.dumps(_CUT_MARK)]
+                kept_to, cut_from = token.end(), -1
+            depth -= 1
+    return "".join([*pieces, text[kept_to:]])
 
 
 def _int_or_infinity(text: str) -> int | float:

@@ -51,6 +51,8 @@ def nested(depth: int) -> str:
 PADDINGS = {
     "over 64 KiB": '{"command": "rm -rf /", "pad": "%s"}' % ("x" * 70_000),
     "deeper than 32 levels": f'{{"command": "rm -rf /", "deep": {nested(40)}}}',
+    # Deeper than Python's own JSON reader goes (a host's, such as Node's, reads it).
+    "deeper than Python reads": f'{{"command": "rm -rf /", "deep": {nested(1_100)}}}',
     "more items than a body holds": f'{{"command": "rm -rf /", "many": {list(range(5_000))}}}',
     "1e400": '{"command": "rm -rf /", "n": 1e400}',
     "an integer past 4300 digits": '{"command": "rm -rf /", "n": %s}' % ("9" * 5_000),

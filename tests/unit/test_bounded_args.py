@@ -160,3 +160,24 @@ def test_depth_is_cut_at_the_wires_level() -> None:
     assert bounded is not None
     assert len(bounded.cut) == 1
     assert bounded.cut[0].count("a") == BOUNDED_DEPTH  # the 33rd level
+
+
+def test_a_payload_deeper_than_python_reads_is_read_with_its_deep_part_cut() -> None:
+    """Padding a call with nesting deeper than the interpreter's reader must not make the
+    payload unreadable (a hook would answer by its fail mode): the deep part is marked,
+    then cut by the Bounder at its usual depth, and named; brackets and escaped quotes
+    inside strings are text, not structure."""
+    from ratewarden.arguments import read_json
+
+    deep = "[" * 3_000 + "]" * 3_000
+    text = '{"command": "rm -rf /", "s": "\\"[{[", "deep": ' + deep + ', "after": 1}'
+    with pytest.raises(RecursionError):
+        json.loads(text)
+    value = read_json(text.encode())
+    assert value["command"] == "rm -rf /"
+    assert value["s"] == '"[{['
+    assert value["after"] == 1
+    bounded = bounded_args(value)
+    assert bounded is not None
+    assert bounded.value["command"] == "rm -rf /"
+    assert bounded.cut == ("deep" + ".0" * 31,)
