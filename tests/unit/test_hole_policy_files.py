@@ -346,7 +346,8 @@ def test_modest_anchors_aliases_and_merge_keys_still_load(work: Work) -> None:
     broken = SHARED.replace("rate: 100/hour", "rate: 100 per hour")
     assert refusal(broken) == [
         f"{SOURCE}:16: rules[1].rate: "
-        'expected "N/window" (e.g. "10/minute", "5/10 minutes"), got \'100 per hour\''
+        'expected "N/window" (e.g. "10/minute", "5/10 minutes"), got \'100 per hour\' '
+        "(rule 'b')"
     ]
 
 

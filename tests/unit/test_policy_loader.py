@@ -253,6 +253,15 @@ def test_bad_policy_reports_file_line_field_and_problem(
         assert message in text.removeprefix(prefix), text
 
 
+def test_an_issue_inside_a_rule_names_the_rule() -> None:
+    """Issue 25, item 2: the refusal names the rule and the pattern, not only its place."""
+    with pytest.raises(PolicyError) as raised:
+        load_policy(BAD / "regex_too_costly.yaml")
+    [line] = str(raised.value).splitlines()
+    assert r"regex '\w{1,1000}Z' is too costly" in line
+    assert line.endswith("(rule 'long-words')")
+
+
 def test_an_unreadable_file_is_a_policy_error_without_a_line(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     with pytest.raises(PolicyError) as raised:

@@ -65,10 +65,10 @@ def parse_policy(
         issues += [_issue_from_pydantic(error) for error in exc.errors()]
     issues += reference_issues(data)
     if issues:
-        raise PolicyError(source, _with_lines(issues, lines))
+        raise PolicyError(source, _named(_with_lines(issues, lines), data))
     policy, problems = compile_policy(spec, source, raw, runtime)
     if policy is None:
-        raise PolicyError(source, _with_lines(problems, lines))
+        raise PolicyError(source, _named(_with_lines(problems, lines), data))
     return policy
 
 
@@ -137,6 +137,32 @@ def _with_lines(issues: list[PolicyIssue], lines: dict[Path_, int]) -> list[Poli
             path = path[:-1]
         located.append(PolicyIssue(issue.path, issue.message, issue.line or lines.get(path)))
     return sorted(located, key=lambda issue: issue.line or 0)  # in file order
+
+
+def _named(issues: list[PolicyIssue], data: dict[str, Any]) -> list[PolicyIssue]:
+    """Each issue inside a rule also names the rule (`rules[3]` alone sends a reader
+    counting), when the rule has a name that is text."""
+    rules = data.get("rules")
+    named = []
+    for issue in issues:
+        name = _rule_name(rules, issue.path)
+        if name is None or f"{name!r}" in issue.message:
+            named.append(issue)
+        else:
+            named.append(PolicyIssue(issue.path, f"{issue.message} (rule {name!r})", issue.line))
+    return named
+
+
+def _rule_name(rules: Any, path: tuple[str | int, ...]) -> str | None:
+    """The name of the rule `path` is inside, if it has one that is text."""
+    if len(path) < 2 or path[0] != "rules" or not isinstance(rules, list):
+        return None
+    index = path[1]
+    if not isinstance(index, int) or not 0 <= index < len(rules):
+        return None
+    rule = rules[index]
+    name = rule.get("name") if isinstance(rule, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def _yaml_issue(exc: yaml.YAMLError) -> PolicyIssue:
