@@ -125,7 +125,8 @@ def test_policy_check_through_the_installed_command() -> None:
     assert done.stdout.startswith(f"{SPEC_EXAMPLE}: ok ")
     assert done.stderr == (
         f'{bad}:4: rules[0].rate: expected "N/window" '
-        '(e.g. "10/minute", "5/10 minutes"), got \'ten per minute\'\n'
+        '(e.g. "10/minute", "5/10 minutes"), got \'ten per minute\' '
+        "(rule 'terminal-per-minute')\n"
     )
 
 
@@ -336,7 +337,7 @@ def test_explain_of_a_bad_file_prints_its_errors(capsys: pytest.CaptureFixture[s
     assert main(["policy", "explain", str(bad), "--user", "u", "--tool", "t"]) == 1
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == f"{bad}:6: rules[0].match.group: unknown group 'staff'\n"
+    assert err == f"{bad}:6: rules[0].match.group: unknown group 'staff' (rule 'r')\n"
 
 
 def test_explain_needs_user_and_tool(capsys: pytest.CaptureFixture[str]) -> None:

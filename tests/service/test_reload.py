@@ -199,7 +199,8 @@ async def test_reload_endpoint_refuses_an_invalid_file_whole(
         assert [f["message"] for f in body["fields"]] == lines
         assert [f["field"] for f in body["fields"]] == [i.field for i in raised.value.issues]
         assert lines[0] == f"{policy_file}:5: rules[0].rate: " + (
-            'expected "N/window" (e.g. "10/minute", "5/10 minutes"), got \'ten per minute\''
+            'expected "N/window" (e.g. "10/minute", "5/10 minutes"), got \'ten per minute\' '
+            "(rule 'r1')"
         )
         assert re.match(rf"^{re.escape(str(policy_file))}:\d+: ", lines[-1])
         # Nothing of the bad file applies; the old policy decides.
