@@ -3,7 +3,7 @@
 - the enums of a policy (rule kinds, algorithms, modes, what to do past a limit, fail
   modes, the `per` dimensions): `policy/schema.py` types its fields with them and
   `policy/model.py` compiles to them;
-- the names of decisions and of settle outcomes;
+- the names of decisions, of settle outcomes and of how a call ended (`CallStatus`);
 - the metadata fields a caller may state about a tool, and their MCP names;
 - every sentence a model can read: the daemon's default messages (rendered by
   `policy/messages.py`) and the adapters' and hooks' own fallbacks;
@@ -123,6 +123,22 @@ SettledOutcome = Literal["settled", "already_settled"]  # what a settle answers
 SettleOutcome = Literal[SettledOutcome, "unknown"]  # "unknown": a 404, no such call
 DECISIONS: tuple[DecisionName, ...] = get_args(DecisionName)
 SETTLE_OUTCOMES: tuple[SettleOutcome, ...] = get_args(SettleOutcome)
+
+
+class CallStatus(StrEnum):
+    """How an admitted call ended, as the host reports it in its settle (`status`).
+
+    The settle's `status` is free text on the wire (a host such as hermes passes its own);
+    these are the ones ratewarden's adapters, hooks and MCP guard send. Not the store's
+    answer to a settle (`limiter.script.SettleStatus`: settled, already settled, unknown).
+    """
+
+    OK = "ok"
+    ERROR = "error"  # the tool raised, or answered with an error
+    CANCELLED = "cancelled"  # stopped while it ran (MCP's notifications/cancelled, Strands)
+    ABANDONED = "abandoned"  # its session ended first (the MCP guard)
+    BLOCKED = "blocked"  # allowed by ratewarden, then stopped by a later hook: it never ran
+
 
 # -- what a caller may say about a tool ---------------------------------------------------
 
