@@ -343,13 +343,18 @@ def shown(value: object) -> str:
 
 # -- the client side's settings ------------------------------------------------------------
 
-DEFAULT_URL = "http://127.0.0.1:8470"
+# Where the daemon listens unless told otherwise (service/settings.py's `host` and `port`
+# default to these), so where a client looks for it.
+DEFAULT_HOST = "127.0.0.1"  # loopback: nothing is exposed until an operator says so
+DEFAULT_PORT = 8470
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 DEFAULT_TIMEOUT_S = 2.0  # a client's (the CLI's) wait for an answer
 ADAPTER_TIMEOUT_S = 1.0  # a guard in front of every tool call must not stall the agent
 
 
 class ClientSettings(NamedTuple):
-    """The `RATEWARDEN_*` variables the client, the hooks and the adapters read.
+    """The `RATEWARDEN_*` variables the client, the hooks, the adapters, the MCP proxy and
+    gateway and the CLI's client commands read (the daemon's own: service/settings.py).
 
     Read when a guard or hook is made, never at import. An argument or flag given in code
     wins over each of them.

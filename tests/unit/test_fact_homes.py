@@ -249,3 +249,83 @@ def test_the_mcp_guard_settles_through_the_lifecycle() -> None:
         ("abandoned", True),
     ]
     assert [call_id.split(vocabulary.SEPARATOR)[0] for call_id, _ in settled] == ["1", "2"]
+
+
+# -- one default URL, one reader of RATEWARDEN_URL and RATEWARDEN_TOKEN ----------------------
+
+
+def _code_strings(path: Path) -> Iterator[tuple[ast.Constant, ast.AST]]:
+    """`constants` without the docstrings (an example config may show the default URL)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    for const, parent in constants(tree):
+        if id(const) not in docstrings:
+            yield const, parent
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_default_url_and_the_client_variables_have_one_home(path: Path) -> None:
+    port = str(vocabulary.DEFAULT_PORT)
+    tree = ast.parse(path.read_text())
+    numbers = [
+        where(path, node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value == vocabulary.DEFAULT_PORT
+    ]
+    spelled = [
+        f"{where(path, const)} {const.value!r}"
+        for const, _ in _code_strings(path)
+        if isinstance(const.value, str)
+        and (port in const.value or const.value in {"RATEWARDEN_URL", "RATEWARDEN_TOKEN"})
+    ]
+    assert numbers + spelled == []
+
+
+def test_the_daemons_settings_hold_no_client_url_or_token() -> None:
+    from ratewarden.service.settings import Settings
+
+    assert {"url", "token"} & set(Settings.model_fields) == set()
+    daemon = Settings()
+    assert f"http://{daemon.host}:{daemon.port}" == vocabulary.DEFAULT_URL
+
+
+def test_the_cli_reads_the_client_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ratewarden usage` goes where RATEWARDEN_URL says, with RATEWARDEN_TOKEN; a flag wins."""
+    from ratewarden import cli
+
+    seen: list[tuple[str, str | None]] = []
+
+    class Client:
+        def __init__(self, url: str, token: str | None, timeout: float) -> None:
+            seen.append((url, token))
+
+        def __enter__(self) -> Client:
+            raise _Stop
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr("ratewarden.client.Client", Client)
+    monkeypatch.setenv("RATEWARDEN_URL", "http://env:1")
+    monkeypatch.setenv("RATEWARDEN_TOKEN", "env-token")
+    for argv in (["usage", "--user", "u"], ["usage", "--user", "u", "--url", "http://flag:2"]):
+        with pytest.raises(_Stop):
+            cli.main(argv)
+    monkeypatch.delenv("RATEWARDEN_URL")
+    with pytest.raises(_Stop):
+        cli.main(["usage", "--user", "u", "--token", "flag-token"])
+    assert seen == [
+        ("http://env:1", "env-token"),
+        ("http://flag:2", "env-token"),
+        (vocabulary.DEFAULT_URL, "flag-token"),
+    ]
+
+
+class _Stop(Exception):
+    """Stops a CLI command once it has made its client."""

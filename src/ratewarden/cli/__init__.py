@@ -21,7 +21,7 @@ from ratewarden import __version__
 from ratewarden.cli import override as cli_override
 from ratewarden.cli import reset as cli_reset
 from ratewarden.hooks import command as hook_command
-from ratewarden.vocabulary import METADATA_FLAGS
+from ratewarden.vocabulary import DEFAULT_PORT, DEFAULT_URL, METADATA_FLAGS, ClientSettings
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -95,7 +95,7 @@ def _add_mcp_help(commands: Any) -> None:
 def _add_serve(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run the daemon")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8470)")
+    serve.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT})")
     serve.add_argument("--workers", type=int, help="worker processes (default 1)")
     serve.add_argument("--store-url", help="memory:// (default), redis://, rediss://, unix://")
     serve.add_argument("--policy", help="policy file (default ./ratewarden.yaml, else the example)")
@@ -248,9 +248,7 @@ def _as_environment(settings: Settings) -> dict[str, str]:
 
 
 def _add_client_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url", help="daemon URL (default $RATEWARDEN_URL or http://127.0.0.1:8470)"
-    )
+    parser.add_argument("--url", help=f"daemon URL (default $RATEWARDEN_URL or {DEFAULT_URL})")
     parser.add_argument("--token", help="API token (default $RATEWARDEN_TOKEN)")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds to wait (default 2)")
     parser.add_argument("--json", action="store_true", help="print the daemon's JSON answer")
@@ -294,7 +292,7 @@ def _check(args: argparse.Namespace) -> int:
             "metadata": _metadata(args),
         }
     )
-    settings = _settings(**_given(args, "url", "token"))
+    settings = ClientSettings.read()._replace(**_given(args, "url", "token"))
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.check(request)
@@ -333,7 +331,7 @@ def _settle(args: argparse.Namespace) -> int:
     from ratewarden.wire.bodies import SettleRequest
 
     request = SettleRequest.model_validate(_given(args, "cost", "status"))
-    settings = _settings(**_given(args, "url", "token"))
+    settings = ClientSettings.read()._replace(**_given(args, "url", "token"))
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.settle(args.call_id, request)
@@ -367,7 +365,7 @@ def _add_usage(commands: Any) -> None:
 def _usage(args: argparse.Namespace) -> int:
     from ratewarden.client import Client, ClientError, DaemonUnavailable
 
-    settings = _settings(**_given(args, "url", "token"))
+    settings = ClientSettings.read()._replace(**_given(args, "url", "token"))
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.usage(args.user, tool=args.tool, session=args.session, team=args.team)
