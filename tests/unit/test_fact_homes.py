@@ -329,3 +329,22 @@ def test_the_cli_reads_the_client_settings(monkeypatch: pytest.MonkeyPatch) -> N
 
 class _Stop(Exception):
     """Stops a CLI command once it has made its client."""
+
+
+# -- one policy version ---------------------------------------------------------------------
+
+
+def test_the_policy_version_is_computed_in_one_place() -> None:
+    from ratewarden.policy import parse_policy
+    from ratewarden.policy.compile import policy_version
+
+    raw = b"version: 1\nrules: []\n"
+    assert parse_policy(raw).version == policy_version(raw)
+    hashing = [
+        where(path, node).split(":")[0]
+        for path in SOURCES
+        if path.parent.name in {"policy", "service"}
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "sha256"
+    ]
+    assert hashing == ["policy/compile.py"]
