@@ -348,3 +348,30 @@ def test_the_policy_version_is_computed_in_one_place() -> None:
         if isinstance(node, ast.Attribute) and node.attr == "sha256"
     ]
     assert hashing == ["policy/compile.py"]
+
+
+# -- the settle route ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_settle_route_is_spelled_once(path: Path) -> None:
+    if name(path) == "wire/bodies.py":
+        return
+    spelled = [
+        where(path, const)
+        for const, _ in _code_strings(path)
+        if isinstance(const.value, str) and "/settle" in const.value
+    ]
+    assert spelled == []
+
+
+def test_the_client_the_route_and_the_auth_table_share_it() -> None:
+    from ratewarden.client import _settle_path
+    from ratewarden.service.auth import ROLES, ApiRole
+    from ratewarden.service.routes import router
+    from ratewarden.wire.bodies import SETTLE_PATH
+
+    assert _settle_path("a/b~1") == "/v1/calls/a%2Fb~1/settle"
+    assert ROLES[SETTLE_PATH.format(call_id="{call_id:path}")] is ApiRole.CHECK
+    paths = {getattr(route, "path", "") for route in router.routes}
+    assert SETTLE_PATH.format(call_id="{call_id:anytext}") in paths
