@@ -7,7 +7,8 @@
 - the metadata fields a caller may state about a tool, and their MCP names;
 - every sentence a model can read: the daemon's default messages (rendered by
   `policy/messages.py`) and the adapters' and hooks' own fallbacks;
-- the one call-id scheme of every host: `call_id`;
+- the one call-id scheme of every host, `call_id`, and the daemon's own for a check that
+  named none, `daemon_call_id`;
 - the one reader of the client side's `RATEWARDEN_*` variables: `ClientSettings` (the
   daemon's own settings are `service/settings.py`).
 
@@ -275,6 +276,16 @@ def call_id(host: str, host_call_id: object = None, *, unique: str | None = None
     if unique is None:
         return tagged(lead, os.urandom(SUFFIX_CHARS // 2).hex(), MAX_CALL_ID)
     return tagged(lead, digest(f"{given}\x00{unique}"), MAX_CALL_ID)
+
+
+DAEMON_CALL_ID_PREFIX = "rw-"
+
+
+def daemon_call_id() -> str:
+    """The second scheme, the daemon's own: the id of a check that named none, `rw-` and
+    128 random bits in 32 hex digits. Unguessable, so only the caller who got it can
+    settle the call (a host's `call_id` carries 64 bits after a lead others may know)."""
+    return DAEMON_CALL_ID_PREFIX + os.urandom(16).hex()
 
 
 def tagged(lead: str, suffix: str, limit: int) -> str:

@@ -375,3 +375,34 @@ def test_the_client_the_route_and_the_auth_table_share_it() -> None:
     assert ROLES[SETTLE_PATH.format(call_id="{call_id:path}")] is ApiRole.CHECK
     paths = {getattr(route, "path", "") for route in router.routes}
     assert SETTLE_PATH.format(call_id="{call_id:anytext}") in paths
+
+
+# -- the daemon's own call ids ---------------------------------------------------------------
+
+
+def test_the_daemons_call_ids_are_the_vocabularys_second_scheme() -> None:
+    from ratewarden.service.convert import to_call
+    from ratewarden.wire.bodies import CheckRequest
+
+    made = {to_call(CheckRequest(user="u", tool="t")).call_id for _ in range(3)}
+    assert len(made) == 3
+    for call_id in made:
+        assert call_id.startswith(vocabulary.DAEMON_CALL_ID_PREFIX)
+        assert len(call_id) == len(vocabulary.DAEMON_CALL_ID_PREFIX) + 32
+        int(call_id.removeprefix(vocabulary.DAEMON_CALL_ID_PREFIX), 16)
+    named = to_call(CheckRequest(user="u", tool="t", call_id="mine~1"))
+    assert named.call_id == "mine~1"
+
+
+@pytest.mark.parametrize("folder", ["service", "engine"])
+def test_no_other_module_of_the_daemon_makes_a_call_id(folder: str) -> None:
+    made = [
+        where(path, node)
+        for path in sorted((PACKAGE / folder).glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute | ast.Name)
+        and getattr(node, "attr", getattr(node, "id", "")) in {"token_hex", "urandom", "uuid4"}
+        # not call ids: an audit line's own id, an override's id
+        and name(path) not in {"service/audit.py", "service/overrides.py"}
+    ]
+    assert made == []
