@@ -170,7 +170,7 @@ class RatewardenHooks:
             return None
         if pending.refusal is not None or pending.call is None:
             return pending.refusal
-        # Blocked (allowed by us, blocked by a later hook) it never ran: it costs nothing.
+        # A blocked call (allowed by us, blocked by a later hook) never ran: it costs nothing.
         self.guard.settle(pending.call.call_id, pending.call.settlement(result_status(context)))
         return None
 
