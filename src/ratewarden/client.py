@@ -33,6 +33,7 @@ from ratewarden.vocabulary import (
     unavailable,
 )
 from ratewarden.wire.bodies import (
+    SETTLE_PATH,
     Capabilities,
     CheckRequest,
     CheckResponse,
@@ -93,7 +94,7 @@ def _raise_for(response: httpx.Response) -> None:
 
 
 def _settle_path(call_id: str) -> str:
-    return f"/v1/calls/{quote(call_id, safe='')}/settle"
+    return SETTLE_PATH.format(call_id=quote(call_id, safe=""))
 
 
 def _check_body(request: CheckRequest) -> dict[str, Any]:

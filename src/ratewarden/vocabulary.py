@@ -3,11 +3,12 @@
 - the enums of a policy (rule kinds, algorithms, modes, what to do past a limit, fail
   modes, the `per` dimensions): `policy/schema.py` types its fields with them and
   `policy/model.py` compiles to them;
-- the names of decisions and of settle outcomes;
+- the names of decisions, of settle outcomes and of how a call ended (`CallStatus`);
 - the metadata fields a caller may state about a tool, and their MCP names;
 - every sentence a model can read: the daemon's default messages (rendered by
   `policy/messages.py`) and the adapters' and hooks' own fallbacks;
-- the one call-id scheme of every host: `call_id`;
+- the one call-id scheme of every host, `call_id`, and the daemon's own for a check that
+  named none, `daemon_call_id`;
 - the one reader of the client side's `RATEWARDEN_*` variables: `ClientSettings` (the
   daemon's own settings are `service/settings.py`).
 
@@ -123,6 +124,22 @@ SettledOutcome = Literal["settled", "already_settled"]  # what a settle answers
 SettleOutcome = Literal[SettledOutcome, "unknown"]  # "unknown": a 404, no such call
 DECISIONS: tuple[DecisionName, ...] = get_args(DecisionName)
 SETTLE_OUTCOMES: tuple[SettleOutcome, ...] = get_args(SettleOutcome)
+
+
+class CallStatus(StrEnum):
+    """How an admitted call ended, as the host reports it in its settle (`status`).
+
+    The settle's `status` is free text on the wire (a host such as hermes passes its own);
+    these are the ones ratewarden's adapters, hooks and MCP guard send. Not the store's
+    answer to a settle (`limiter.script.SettleStatus`: settled, already settled, unknown).
+    """
+
+    OK = "ok"
+    ERROR = "error"  # the tool raised, or answered with an error
+    CANCELLED = "cancelled"  # stopped while it ran (MCP's notifications/cancelled, Strands)
+    ABANDONED = "abandoned"  # its session ended first (the MCP guard)
+    BLOCKED = "blocked"  # allowed by ratewarden, then stopped by a later hook: it never ran
+
 
 # -- what a caller may say about a tool ---------------------------------------------------
 
@@ -261,6 +278,16 @@ def call_id(host: str, host_call_id: object = None, *, unique: str | None = None
     return tagged(lead, digest(f"{given}\x00{unique}"), MAX_CALL_ID)
 
 
+DAEMON_CALL_ID_PREFIX = "rw-"
+
+
+def daemon_call_id() -> str:
+    """The second scheme, the daemon's own: the id of a check that named none, `rw-` and
+    128 random bits in 32 hex digits. Unguessable, so only the caller who got it can
+    settle the call (a host's `call_id` carries 64 bits after a lead others may know)."""
+    return DAEMON_CALL_ID_PREFIX + os.urandom(16).hex()
+
+
 def tagged(lead: str, suffix: str, limit: int) -> str:
     """`<lead>~<suffix>` in at most `limit` characters, the lead cut to fit and stripped
     of what the API refuses (control characters, lone surrogates)."""
@@ -327,13 +354,18 @@ def shown(value: object) -> str:
 
 # -- the client side's settings ------------------------------------------------------------
 
-DEFAULT_URL = "http://127.0.0.1:8470"
+# Where the daemon listens unless told otherwise (service/settings.py's `host` and `port`
+# default to these), so where a client looks for it.
+DEFAULT_HOST = "127.0.0.1"  # loopback: nothing is exposed until an operator says so
+DEFAULT_PORT = 8470
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 DEFAULT_TIMEOUT_S = 2.0  # a client's (the CLI's) wait for an answer
 ADAPTER_TIMEOUT_S = 1.0  # a guard in front of every tool call must not stall the agent
 
 
 class ClientSettings(NamedTuple):
-    """The `RATEWARDEN_*` variables the client, the hooks and the adapters read.
+    """The `RATEWARDEN_*` variables the client, the hooks, the adapters, the MCP proxy and
+    gateway and the CLI's client commands read (the daemon's own: service/settings.py).
 
     Read when a guard or hook is made, never at import. An argument or flag given in code
     wins over each of them.

@@ -336,11 +336,13 @@ async def test_the_watcher_waits_for_a_file_being_written(
 
 
 def test_the_watchers_hash_is_the_policy_version() -> None:
+    from ratewarden.policy.compile import policy_version  # the reloader's, and compile's
+
     for text in (POLICY_A, POLICY_B, BAD_POLICY):
         raw = text.encode()
-        assert reload_module.version_of(raw) == hashlib.sha256(raw).hexdigest()[:16]
-    assert reload_module.version_of(POLICY_A.encode()) == VERSION_A
-    assert reload_module.version_of(POLICY_B.encode()) == VERSION_B
+        assert policy_version(raw) == hashlib.sha256(raw).hexdigest()[:16]
+    assert policy_version(POLICY_A.encode()) == VERSION_A
+    assert policy_version(POLICY_B.encode()) == VERSION_B
 
 
 # -- never half a policy -----------------------------------------------------------------

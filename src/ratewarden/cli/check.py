@@ -19,12 +19,11 @@ from ratewarden.cli.common import (
     add_client_flags,
     add_metadata_flags,
     args_json,
-    client_settings,
     flags_given,
     table,
     usage_error,
 )
-from ratewarden.vocabulary import METADATA_FLAGS
+from ratewarden.vocabulary import METADATA_FLAGS, ClientSettings
 
 
 def add_parsers(commands: Any) -> None:
@@ -64,7 +63,7 @@ def _check(args: argparse.Namespace) -> int:
             "metadata": _metadata(args),
         }
     )
-    settings = client_settings(**flags_given(args, "url", "token"))
+    settings = ClientSettings.read()._replace(**flags_given(args, "url", "token"))
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.check(request)
@@ -103,7 +102,7 @@ def _settle(args: argparse.Namespace) -> int:
     from ratewarden.wire.bodies import SettleRequest
 
     request = SettleRequest.model_validate(flags_given(args, "cost", "status"))
-    settings = client_settings(**flags_given(args, "url", "token"))
+    settings = ClientSettings.read()._replace(**flags_given(args, "url", "token"))
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.settle(args.call_id, request)
@@ -137,7 +136,7 @@ def _add_usage(commands: Any) -> None:
 def _usage(args: argparse.Namespace) -> int:
     from ratewarden.client import Client, ClientError, DaemonUnavailable
 
-    settings = client_settings(**flags_given(args, "url", "token"))
+    settings = ClientSettings.read()._replace(**flags_given(args, "url", "token"))
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.usage(args.user, tool=args.tool, session=args.session, team=args.team)

@@ -7,28 +7,17 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ratewarden.vocabulary import METADATA_FLAGS
+from ratewarden.vocabulary import DEFAULT_URL, METADATA_FLAGS
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from ratewarden.service.settings import Settings
 
 EXIT_ALLOW, EXIT_DENY, EXIT_USAGE, EXIT_ASK, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
 
-def client_settings(**given: Any) -> Settings:
-    """The settings, from `given` flags over the environment (pydantic-settings loads only
-    for the commands that read them: never for a hook)."""
-    from ratewarden.service.settings import Settings
-
-    return Settings(**given)
-
-
 def add_client_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url", help="daemon URL (default $RATEWARDEN_URL or http://127.0.0.1:8470)"
-    )
+    parser.add_argument("--url", help=f"daemon URL (default $RATEWARDEN_URL or {DEFAULT_URL})")
     parser.add_argument("--token", help="API token (default $RATEWARDEN_TOKEN)")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds to wait (default 2)")
     parser.add_argument("--json", action="store_true", help="print the daemon's JSON answer")

@@ -54,10 +54,10 @@ def _add_set(actions: Any) -> argparse.ArgumentParser:
 
 def _client(args: argparse.Namespace) -> Any:
     from ratewarden.client import Client
-    from ratewarden.service.settings import Settings
+    from ratewarden.vocabulary import ClientSettings
 
     given = {name: getattr(args, name) for name in ("url", "token") if getattr(args, name, None)}
-    settings = Settings(**given)
+    settings = ClientSettings.read()._replace(**given)
     return Client(settings.url, settings.token, timeout=args.timeout)
 
 

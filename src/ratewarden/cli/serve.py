@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from ratewarden.cli.common import (
     EXIT_USAGE,
-    client_settings,
     flags_given,
     usage_error,
 )
@@ -79,6 +78,14 @@ def add_parser(commands: Any) -> None:
     )
 
 
+def _settings(**given: Any) -> Settings:
+    """The settings, from `given` flags over the environment (pydantic-settings loads only
+    for the commands that read them: never for a hook)."""
+    from ratewarden.service.settings import Settings
+
+    return Settings(**given)
+
+
 def _kind(annotation: Any) -> tuple[Any, list[str] | None]:
     """A field's type for argparse (None left out of an optional one), and its choices
     if it is a Literal."""
@@ -99,7 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
     chosen = flags_given(args, *FLAGS, "insecure_no_auth")
     for name, tokens in flags_given(args, "api_tokens", "admin_tokens").items():
         chosen[name] = ",".join(tokens)  # split like the environment's comma-separated lists
-    settings = client_settings(**chosen)
+    settings = _settings(**chosen)
     problem = bind_problem(settings)
     if problem is not None:
         return usage_error(problem)

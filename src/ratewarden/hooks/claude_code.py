@@ -31,7 +31,7 @@ from ratewarden.hooks.contract import (
     string,
     tool_name,
 )
-from ratewarden.vocabulary import DecisionName
+from ratewarden.vocabulary import CallStatus, DecisionName
 
 EXIT_HOOK_ERROR = 1  # a hook that failed, without blocking
 EXIT_BLOCK = 2  # block, and show stderr to the model
@@ -51,7 +51,7 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
         call_id = string(data.get("tool_use_id"))
         if call_id is None:
             return None
-        status = "ok" if event == "PostToolUse" else "error"
+        status = CallStatus.OK if event == "PostToolUse" else CallStatus.ERROR
         return PostCall(call_id, status=status, duration_ms=duration(data.get("duration_ms")))
     return None
 

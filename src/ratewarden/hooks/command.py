@@ -105,7 +105,7 @@ def add_client_flags(
         )
     else:
         parser.add_argument(
-            "--url", help="daemon URL (default $RATEWARDEN_URL or http://127.0.0.1:8470)"
+            "--url", help=f"daemon URL (default $RATEWARDEN_URL or {vocabulary.DEFAULT_URL})"
         )
     parser.add_argument("--token", help="API token (default $RATEWARDEN_TOKEN)")
     default = "the default" if fail_default == "open" else "default $RATEWARDEN_FAIL"

@@ -45,7 +45,7 @@ from ratewarden.hooks.contract import (
     text,
     tool_name,
 )
-from ratewarden.vocabulary import DecisionName
+from ratewarden.vocabulary import CallStatus, DecisionName
 
 EXIT_HOOK_ERROR = 1  # a failed hook: the call runs (unless the hook is `failClosed`)
 SHELL = "Shell"  # what preToolUse calls Cursor's shell, and so what beforeShellExecution is
@@ -84,10 +84,10 @@ def _finished(data: dict[str, Any], failed: bool) -> PostCall | None:
     if found is None:
         return None
     if not failed:
-        return PostCall(found, status="ok", duration_ms=duration(data.get("duration")))
+        return PostCall(found, status=CallStatus.OK, duration_ms=duration(data.get("duration")))
     if data.get("failure_type") == "permission_denied":  # refused by a hook: never ran
-        return PostCall(found, status="blocked", cost=0.0)
-    return PostCall(found, status="error", duration_ms=duration(data.get("duration")))
+        return PostCall(found, status=CallStatus.BLOCKED, cost=0.0)
+    return PostCall(found, status=CallStatus.ERROR, duration_ms=duration(data.get("duration")))
 
 
 def session(data: dict[str, Any]) -> str | None:

@@ -25,7 +25,7 @@ from ratewarden.hooks.contract import (
     text,
     tool_name,
 )
-from ratewarden.vocabulary import DecisionName
+from ratewarden.vocabulary import CallStatus, DecisionName
 
 EXIT_HOOK_ERROR = 1  # hermes logs a failed hook and runs the call
 
@@ -52,7 +52,7 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
             return None
         status = text(extra.get("status"), 32)
         # "blocked": another hook stopped the call after ratewarden allowed it; it never ran.
-        cost = 0.0 if status == "blocked" else None
+        cost = 0.0 if status == CallStatus.BLOCKED else None
         return PostCall(
             found, status=status, duration_ms=duration(extra.get("duration_ms")), cost=cost
         )

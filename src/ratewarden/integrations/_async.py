@@ -1,4 +1,5 @@
-"""What the asyncio adapters share: one guard per event loop, check and settle.
+"""What the asyncio adapters share: one guard per event loop, and the check (the settle
+is `_lifecycle.AdmittedCall`'s, shared with every adapter).
 
 httpx's async connection pool belongs to the event loop that opened it: an `AsyncGuard`
 reused from a second loop (a second `asyncio.run`, say) fails with `RuntimeError: Event
@@ -14,11 +15,11 @@ import weakref
 
 from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
 from ratewarden.vocabulary import FailMode, fail_mode
-from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
+from ratewarden.wire.bodies import CheckRequest, CheckResponse
 from ratewarden.wire.names import check_request
 
 log = logging.getLogger("ratewarden.integrations")
-__all__ = ["LoopGuards", "check_call", "settle_call"]
+__all__ = ["LoopGuards", "check_call"]
 
 
 class LoopGuards:
@@ -64,11 +65,3 @@ async def check_call(
     except (ClientError, ValueError) as exc:  # bad input or auth: the agent must go on
         unsent = CheckRequest.model_construct(user=user, tool=tool, call_id=call_id)
         return unreachable_answer(unsent, guard.fail, exc)
-
-
-async def settle_call(
-    guard: AsyncGuard, call_id: str, *, status: str, duration_ms: float | None
-) -> None:
-    """Report a finished call: releases its slots and charges its estimate."""
-    duration = None if duration_ms is None else max(duration_ms, 0.0)
-    await guard.settle(call_id, SettleRequest(status=status, duration_ms=duration))

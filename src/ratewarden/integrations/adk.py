@@ -31,16 +31,15 @@ it); the plugin needs it.
 
 from __future__ import annotations
 
-import time
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
-from ratewarden.integrations._async import LoopGuards, check_call, settle_call
+from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import UserLookup, resolve_user
-from ratewarden.wire.bodies import SettleRequest
+from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.vocabulary import CallStatus
 
 try:
     from google.adk.plugins import BasePlugin
@@ -60,15 +59,6 @@ HOST = "adk"  # leads the call id when a call has no function call id
 CONFIRMATION_CALL = "adk_request_confirmation"
 
 Response = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class _Admitted:
-    """An allowed call waiting for its tool to finish."""
-
-    guard: AsyncGuard
-    call_id: str
-    started: float
 
 
 class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
@@ -98,7 +88,7 @@ class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
         self._confirm = confirm
         # Allowed calls by their ToolContext: ADK hands the same one to the before, after
         # and error callbacks of one call, and a call that never ends is forgotten with it.
-        self._admitted: weakref.WeakKeyDictionary[Any, _Admitted] = weakref.WeakKeyDictionary()
+        self._admitted: weakref.WeakKeyDictionary[Any, AdmittedCall] = weakref.WeakKeyDictionary()
 
     async def before_tool_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any
@@ -123,7 +113,7 @@ class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
             return _refused(answer.message)
         # A fail-open answer holds nothing, unless the daemon counted it locally (holds).
         if answer.holds or not answer.degraded:
-            self._admitted[tool_context] = _Admitted(guard, call_id, time.perf_counter())
+            self._admitted[tool_context] = AdmittedCall(call_id, guard)
         return None
 
     def _ask(self, tool: str, tool_context: Any, reason: str) -> Response:
@@ -146,7 +136,7 @@ class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
         # The tool (or its require_confirmation gate) asked for a confirmation: the call
         # will run again once answered, and is checked again then.
         paused = tool_context.function_call_id in tool_context.actions.requested_tool_confirmations
-        await self._settle(tool_context, "blocked" if paused else "ok")
+        await self._settle(tool_context, CallStatus.BLOCKED if paused else CallStatus.OK)
         return None
 
     async def on_tool_error_callback(
@@ -157,19 +147,14 @@ class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
         tool_context: Any,
         error: BaseException,
     ) -> Response | None:
-        await self._settle(tool_context, "error")
+        await self._settle(tool_context, CallStatus.ERROR)
         return None
 
-    async def _settle(self, tool_context: Any, status: str) -> None:
+    async def _settle(self, tool_context: Any, status: CallStatus) -> None:
         admitted = self._admitted.pop(tool_context, None)
         if admitted is None:  # refused, fail-open, or not ours
             return
-        if status == "blocked":  # it did not run: release, charge nothing
-            request = SettleRequest(status=status, cost=0.0)
-            await admitted.guard.settle(admitted.call_id, request)
-            return
-        elapsed_ms = (time.perf_counter() - admitted.started) * 1000
-        await settle_call(admitted.guard, admitted.call_id, status=status, duration_ms=elapsed_ms)
+        await admitted.guard.settle(admitted.call_id, admitted.settlement(status))
 
 
 def _refused(message: str) -> Response:

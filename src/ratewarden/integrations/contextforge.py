@@ -36,15 +36,16 @@ when the gateway loads the plugin.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
-from ratewarden.integrations._async import LoopGuards, settle_call
+from ratewarden.integrations._async import LoopGuards
 from ratewarden.integrations._identity import default_user
+from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, ToolMetadata
 from ratewarden.wire.names import check_request
 
@@ -86,13 +87,6 @@ class PluginSettings:
         )
 
 
-@dataclass(frozen=True)
-class _Admitted:
-    guard: AsyncGuard
-    call_id: str
-    started: float
-
-
 class RatewardenPlugin(Plugin):  # type: ignore[misc,unused-ignore]
     """A ContextForge plugin: `tool_pre_invoke` checks, `tool_post_invoke` settles."""
 
@@ -125,19 +119,16 @@ class RatewardenPlugin(Plugin):  # type: ignore[misc,unused-ignore]
             return ToolPreInvokeResult(continue_processing=False, violation=violation)
         # A fail-open answer holds nothing, unless the daemon counted it locally (holds).
         if answer.holds or not answer.degraded:
-            context.state[_STATE_KEY] = _Admitted(guard, call_id, time.perf_counter())
+            context.state[_STATE_KEY] = AdmittedCall(call_id, guard)
         return ToolPreInvokeResult(continue_processing=True)
 
     async def tool_post_invoke(self, payload: Any, context: Any) -> Any:
         from cpex.framework import ToolPostInvokeResult
 
         admitted = context.state.pop(_STATE_KEY, None)
-        if isinstance(admitted, _Admitted):
-            elapsed_ms = (time.perf_counter() - admitted.started) * 1000
-            status = "error" if _is_error(payload.result) else "ok"
-            await settle_call(
-                admitted.guard, admitted.call_id, status=status, duration_ms=elapsed_ms
-            )
+        if isinstance(admitted, AdmittedCall):
+            status = CallStatus.ERROR if _is_error(payload.result) else CallStatus.OK
+            await admitted.guard.settle(admitted.call_id, admitted.settlement(status))
         return ToolPostInvokeResult(continue_processing=True)
 
     def user(self, context: Any) -> str:

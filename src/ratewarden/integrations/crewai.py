@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,7 +51,9 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user, user_from
-from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
+from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.vocabulary import CallStatus
+from ratewarden.wire.bodies import CheckRequest, CheckResponse
 from ratewarden.wire.names import check_request
 
 __all__ = ["RatewardenHooks", "console_approval", "kickoff_inputs"]
@@ -77,8 +78,7 @@ class _Pending:
 
     args: object = field(repr=False)  # the call's tool_input: holding it keeps its id ours
     refusal: str | None = None  # what the model reads in place of CrewAI's own text
-    call_id: str | None = None  # an allowed call holding a slot or a reservation
-    started: float = 0.0
+    call: AdmittedCall | None = None  # an allowed call holding a slot or a reservation
 
 
 class RatewardenHooks:
@@ -158,7 +158,7 @@ class RatewardenHooks:
         args = getattr(context, "tool_input", None)
         if answer.allowed:
             if answer.holds:
-                self._remember(_Pending(args, call_id=answer.call_id, started=time.perf_counter()))
+                self._remember(_Pending(args, call=AdmittedCall(answer.call_id)))
             return None
         self._remember(_Pending(args, refusal=refusal_message(answer, tool)))
         return _block(answer.message)
@@ -168,15 +168,10 @@ class RatewardenHooks:
         pending = self._take(getattr(context, "tool_input", None))
         if pending is None:  # not checked by us, or it held nothing
             return None
-        if pending.refusal is not None:
+        if pending.refusal is not None or pending.call is None:
             return pending.refusal
-        status = result_status(context)
-        if status == "blocked":  # allowed by us, blocked by a later hook: it never ran
-            settle = SettleRequest(status=status, duration_ms=0.0, cost=0.0)
-        else:
-            elapsed_ms = (time.perf_counter() - pending.started) * 1000
-            settle = SettleRequest(status=status, duration_ms=max(elapsed_ms, 0.0))
-        self.guard.settle(pending.call_id or "", settle)
+        # A blocked call (allowed by us, blocked by a later hook) never ran: it costs nothing.
+        self.guard.settle(pending.call.call_id, pending.call.settlement(result_status(context)))
         return None
 
     # -- the parts --------------------------------------------------------------------
@@ -258,13 +253,14 @@ def kickoff_inputs(context: Any) -> Mapping[str, Any]:
     return inputs if isinstance(inputs, Mapping) else {}
 
 
-def result_status(context: Any) -> str:
+def result_status(context: Any) -> CallStatus:
     """`blocked`, `error` or `ok`, from the after hook context's raw result."""
     raw = getattr(context, "raw_tool_result", None)
     if isinstance(raw, str) and raw.startswith(CREWAI_BLOCKED):
-        return "blocked"
+        return CallStatus.BLOCKED
     failed = isinstance(raw, BaseException) or type(raw).__name__ == "ToolFailure"
-    return "error" if failed or (isinstance(raw, str) and raw.startswith(CREWAI_ERROR)) else "ok"
+    failed = failed or (isinstance(raw, str) and raw.startswith(CREWAI_ERROR))
+    return CallStatus.ERROR if failed else CallStatus.OK
 
 
 def refusal_message(answer: CheckResponse, tool: str) -> str:

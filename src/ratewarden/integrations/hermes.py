@@ -43,7 +43,9 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user
-from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+from ratewarden.integrations._lifecycle import settlement
+from ratewarden.vocabulary import CallStatus
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, ToolMetadata
 from ratewarden.wire.names import check_request
 
 log = logging.getLogger("ratewarden.integrations.hermes")
@@ -105,14 +107,10 @@ class RatewardenPlugin:
         call_id = self._take(_call_key(kwargs))
         if call_id is None:  # refused by us, unjudged, or answered by the fail mode
             return
-        status = str(kwargs.get("status") or "ok")[:32]
-        if status == "blocked":
-            # Allowed by us, then refused by another plugin or hermes' guardrails: it
-            # never ran, so release what it holds and charge nothing.
-            settle = SettleRequest(status=status, duration_ms=0.0, cost=0.0)
-        else:
-            settle = SettleRequest(status=status, duration_ms=_duration(kwargs))
-        self.guard.settle(call_id, settle)
+        # `blocked`: allowed by us, then refused by another plugin or hermes' guardrails;
+        # it never ran, so `settlement` releases what it holds and charges nothing.
+        status = str(kwargs.get("status") or CallStatus.OK)[:32]
+        self.guard.settle(call_id, settlement(status, _duration(kwargs)))
 
     # -- the parts --------------------------------------------------------------------
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +45,8 @@ from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard, ClientError, Guard, unreachable_answer
 from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import default_user, user_from
-from ratewarden.vocabulary import FailMode, fail_mode
+from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.vocabulary import CallStatus, FailMode, fail_mode
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
 from ratewarden.wire.names import check_request
 
@@ -130,13 +130,13 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
             return refusal(request, answer)
         if not answer.holds:
             return handler(request)
-        started = time.perf_counter()
+        admitted = AdmittedCall(answer.call_id, guard)
         try:
             result = handler(request)
         except BaseException:
-            self._settle(guard, answer.call_id, _settlement("error", started))
+            guard.settle(admitted.call_id, admitted.settlement(CallStatus.ERROR))
             raise
-        self._settle(guard, answer.call_id, _settlement(_status(result), started))
+        guard.settle(admitted.call_id, admitted.settlement(_status(result)))
         return result
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -150,13 +150,13 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
             return refusal(request, answer)
         if not answer.holds:
             return await handler(request)
-        started = time.perf_counter()
+        admitted = AdmittedCall(answer.call_id)
         try:
             result = await handler(request)
         except BaseException:
-            await self._asettle(answer.call_id, _settlement("error", started))
+            await self._asettle(admitted.call_id, admitted.settlement(CallStatus.ERROR))
             raise
-        await self._asettle(answer.call_id, _settlement(_status(result), started))
+        await self._asettle(admitted.call_id, admitted.settlement(_status(result)))
         return result
 
     # -- the parts ----------------------------------------------------------------------
@@ -217,9 +217,6 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
             approved=approved,
             args=call.args,
         )
-
-    def _settle(self, guard: Guard, call_id: str, settle: SettleRequest) -> None:
-        guard.settle(call_id, settle)
 
     async def _asettle(self, call_id: str, settle: SettleRequest) -> None:
         if isinstance(self._guard, Guard):
@@ -294,11 +291,7 @@ def _check(guard: Guard, call: _Call, approved: bool = False) -> CheckResponse:
         return unreachable_answer(unsent, guard.fail, exc)
 
 
-def _settlement(status: str, started: float) -> SettleRequest:
-    elapsed_ms = max((time.perf_counter() - started) * 1000, 0.0)
-    return SettleRequest(status=status, duration_ms=elapsed_ms)
-
-
-def _status(result: Any) -> str:
+def _status(result: Any) -> CallStatus:
     """`error` for a ToolMessage with that status (a tool's handled error), else `ok`."""
-    return "error" if getattr(result, "status", None) == "error" else "ok"
+    failed = getattr(result, "status", None) == "error"  # a ToolMessage's own status
+    return CallStatus.ERROR if failed else CallStatus.OK

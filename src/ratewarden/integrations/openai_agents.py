@@ -30,15 +30,15 @@ at first use.
 
 from __future__ import annotations
 
-import time
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
-from ratewarden.integrations._async import LoopGuards, check_call, settle_call
+from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import UserLookup, resolve_user
+from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.vocabulary import CallStatus
 
 try:
     from agents import RunHooks
@@ -56,16 +56,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class _Admitted:
-    guard: AsyncGuard
-    call_id: str
-    started: float
-
-
 # Allowed calls by their ToolContext: the SDK hands the same object to the input and
 # output guardrails and to on_tool_end, and a call that never finishes is forgotten with it.
-_admitted: weakref.WeakKeyDictionary[Any, _Admitted] = weakref.WeakKeyDictionary()
+_admitted: weakref.WeakKeyDictionary[Any, AdmittedCall] = weakref.WeakKeyDictionary()
 
 
 class _Check:
@@ -91,7 +84,7 @@ class _Check:
         if not answer.allowed:
             return ToolGuardrailFunctionOutput.reject_content(answer.message, output_info=info)
         if answer.holds or not answer.degraded:  # a fail-open one holds only what it lists
-            _admitted[tool_context] = _Admitted(guard, call_id, time.perf_counter())
+            _admitted[tool_context] = AdmittedCall(call_id, guard)
         return ToolGuardrailFunctionOutput.allow(output_info=info)
 
 
@@ -117,7 +110,7 @@ def make_ratewarden_guardrail(
     return ToolInputGuardrail(guardrail_function=_Check(guard, user, fail), name=name)
 
 
-async def settle_tool_call(context: Any, status: str = "ok") -> None:
+async def settle_tool_call(context: Any, status: str = CallStatus.OK) -> None:
     """Report the end of the tool call whose `ToolContext` this is (no-op if not ours)."""
     try:
         admitted = _admitted.pop(context, None)
@@ -125,8 +118,7 @@ async def settle_tool_call(context: Any, status: str = "ok") -> None:
         return
     if admitted is None:
         return
-    elapsed_ms = (time.perf_counter() - admitted.started) * 1000
-    await settle_call(admitted.guard, admitted.call_id, status=status, duration_ms=elapsed_ms)
+    await admitted.guard.settle(admitted.call_id, admitted.settlement(status))
 
 
 async def _settle_output(data: Any) -> Any:

@@ -31,14 +31,15 @@ what they return when the framework calls them.
 from __future__ import annotations
 
 import contextvars
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
-from ratewarden.integrations._async import LoopGuards, check_call, log, settle_call
+from ratewarden.integrations._async import LoopGuards, check_call, log
 from ratewarden.integrations._identity import UserLookup, resolve_user
+from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.vocabulary import CallStatus
 
 try:
     from pydantic_ai_middleware import AgentMiddleware
@@ -51,14 +52,13 @@ HOST = "pydantic-ai"  # leads the call id: the hooks get no tool-call id
 
 @dataclass(frozen=True)
 class _Admitted:
-    """An allowed (or asked) call waiting for its tool to finish."""
+    """An allowed (or asked) call waiting for its tool to finish, with what the approval's
+    check needs again."""
 
-    guard: AsyncGuard
+    call: AdmittedCall  # its guard, id and start
     user: str
     tool: str
-    call_id: str
     asked: bool  # went through on the permission handler's approval
-    started: float
     args: object = field(default=None, repr=False)  # for the approval's check; never shown
 
 
@@ -107,8 +107,8 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         asked = answer.decision == "ask"
         # A fail-open answer holds nothing, unless the daemon counted it locally (holds).
         if answer.holds or not answer.degraded:
-            started = time.perf_counter()
-            admitted = _Admitted(guard, user, tool_name, call_id, asked, started, tool_args)
+            call = AdmittedCall(call_id, guard)
+            admitted = _Admitted(call, user, tool_name, asked, tool_args)
             self._admitted.set(admitted)
         if asked:
             return ToolPermissionResult(decision=ToolDecision.ASK, reason=answer.message)
@@ -122,7 +122,7 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         deps: Any,
         ctx: Any = None,
     ) -> Any:
-        await self._finish(tool_name, "ok")
+        await self._finish(tool_name, CallStatus.OK)
         return result
 
     async def on_tool_error(
@@ -133,26 +133,26 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         deps: Any,
         ctx: Any = None,
     ) -> Exception | None:
-        await self._finish(tool_name, "error")
+        await self._finish(tool_name, CallStatus.ERROR)
         return None
 
-    async def _finish(self, tool_name: str, status: str) -> None:
+    async def _finish(self, tool_name: str, status: CallStatus) -> None:
         admitted = self._admitted.get()
         if admitted is None or admitted.tool != tool_name:
             return
         self._admitted.set(None)
         if admitted.asked and not await self._record_approval(admitted):
             return
-        elapsed_ms = (time.perf_counter() - admitted.started) * 1000
-        await settle_call(admitted.guard, admitted.call_id, status=status, duration_ms=elapsed_ms)
+        call = admitted.call
+        await call.guard.settle(call.call_id, call.settlement(status))
 
     async def _record_approval(self, admitted: _Admitted) -> bool:
         """The handler approved an ask and the tool ran: count it as an approved call."""
         answer = await check_call(
-            admitted.guard,
+            admitted.call.guard,
             user=admitted.user,
             tool=admitted.tool,
-            call_id=admitted.call_id,
+            call_id=admitted.call.call_id,
             approved=True,
             args=admitted.args,
         )

@@ -32,7 +32,9 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import resolve_user, user_from
-from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
+from ratewarden.integrations._lifecycle import settlement
+from ratewarden.vocabulary import CallStatus
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, ToolMetadata
 from ratewarden.wire.names import check_request
 
 try:
@@ -105,11 +107,8 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
         call_id = self._take(_use_id(event.tool_use))
         if call_id is None:  # refused, or it held nothing: nothing to settle
             return
-        duration = event.duration
-        settle = SettleRequest(
-            status=_status(event),
-            duration_ms=None if duration is None else max(duration, 0.0) * 1000,
-        )
+        duration = event.duration  # Strands' own measure, in seconds
+        settle = settlement(_status(event), None if duration is None else duration * 1000)
         await asyncio.to_thread(self.guard.settle, call_id, settle)
 
     def request_for(self, event: Any) -> CheckRequest | None:
@@ -191,8 +190,9 @@ def _valid_tag(tag: object) -> bool:
     return isinstance(tag, str) and 0 < len(tag) <= vocabulary.MAX_TAG
 
 
-def _status(event: Any) -> str:
+def _status(event: Any) -> CallStatus:
     if event.cancel_message is not None:  # allowed by us, cancelled by a later hook
-        return "cancelled"
+        return CallStatus.CANCELLED
     result = event.result if isinstance(event.result, Mapping) else {}
-    return "error" if event.exception is not None or result.get("status") == "error" else "ok"
+    failed = event.exception is not None or result.get("status") == "error"  # Strands' own
+    return CallStatus.ERROR if failed else CallStatus.OK

@@ -31,13 +31,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, unreachable_answer
+from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
 from ratewarden.wire.names import check_request
 
@@ -113,12 +114,6 @@ class Verdict:
     message: str = ""
 
 
-@dataclass
-class _Admitted:
-    call_id: str
-    started: float | None = None  # when it went to the server
-
-
 class Daemon(Protocol):
     """What a session asks: an `AsyncGuard`, or the gateway's pool of daemons."""
 
@@ -148,7 +143,7 @@ class SessionGuard:
         self._prefix = f"{server}." if server else ""
         self.catalog = ToolCatalog()
         self.elicits = False
-        self._admitted: dict[RequestId, _Admitted] = {}
+        self._admitted: dict[RequestId, AdmittedCall] = {}
         self._checking: dict[RequestId, str] = {}  # request id -> call id, being checked
         self._cancelled: set[RequestId] = set()
         self._settling: list[asyncio.Event] = []  # settles under way, in the order begun
@@ -176,12 +171,12 @@ class SessionGuard:
         if request_id in self._cancelled:
             self._cancelled.discard(request_id)
             if held:
-                await self._settle(_Admitted(call_id), "cancelled", None)
+                await self._settle(_unstarted(call_id), CallStatus.CANCELLED)
             return Verdict(GuardAction.DROP)
         if not answer.allowed:
             return Verdict(GuardAction.REFUSE, answer.message)
         if held:
-            self._admitted[request_id] = _Admitted(call_id)
+            self._admitted[request_id] = _unstarted(call_id)
         return Verdict(GuardAction.FORWARD)
 
     async def _decide(
@@ -236,7 +231,7 @@ class SessionGuard:
         """The admitted call went to the server: its duration starts now."""
         admitted = self._admitted.get(request_id)
         if admitted is not None:
-            admitted.started = time.perf_counter()
+            admitted.start()
 
     def waiting(self, request_id: RequestId) -> bool:
         """Whether `request_id` is an admitted call the server has yet to answer."""
@@ -250,13 +245,14 @@ class SessionGuard:
         admitted = self._admitted.pop(request_id, None)
         if admitted is None:
             return None
-        elapsed = _since(admitted.started)  # the server's time, not the relay's after it
+        status = CallStatus.ERROR if error else CallStatus.OK
+        request = admitted.settlement(status)  # the server's time, not the relay's after it
         done = asyncio.Event()
         self._settling.append(done)
 
         async def settle() -> None:
             try:
-                await self._report(admitted.call_id, "error" if error else "ok", elapsed)
+                await self.guard.settle(admitted.call_id, request)
             finally:
                 self._settling.remove(done)
                 done.set()
@@ -270,26 +266,23 @@ class SessionGuard:
             return
         admitted = self._admitted.pop(request_id, None)
         if admitted is not None:
-            await self._settle(admitted, "cancelled", admitted.started)
+            await self._settle(admitted, CallStatus.CANCELLED)
 
     async def close(self) -> None:
         """The session ended: every call still out is settled as abandoned (and each one
         whose check it cut short: settling a call the daemon did not grant is a no-op)."""
-        admitted = [*self._admitted.values(), *map(_Admitted, self._checking.values())]
+        admitted = [*self._admitted.values(), *map(_unstarted, self._checking.values())]
         self._admitted, self._checking = {}, {}
         for call in admitted:
-            await self._settle(call, "abandoned", call.started)
+            await self._settle(call, CallStatus.ABANDONED)
 
-    async def _settle(self, call: _Admitted, status: str, started: float | None) -> None:
-        await self._report(call.call_id, status, _since(started))
-
-    async def _report(self, call_id: str, status: str, elapsed_ms: float | None) -> None:
-        await self.guard.settle(call_id, SettleRequest(status=status, duration_ms=elapsed_ms))
+    async def _settle(self, call: AdmittedCall, status: CallStatus) -> None:
+        await self.guard.settle(call.call_id, call.settlement(status))
 
 
-def _since(started: float | None) -> float | None:
-    """Milliseconds since `started` (a perf_counter reading), if the call started."""
-    return None if started is None else (time.perf_counter() - started) * 1000
+def _unstarted(call_id: str) -> AdmittedCall:
+    """An admitted call not yet sent to the server: its duration starts at `sent`."""
+    return AdmittedCall(call_id, started=False)
 
 
 def refusal_result(message: str) -> dict[str, Any]:

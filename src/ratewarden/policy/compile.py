@@ -53,6 +53,13 @@ from ratewarden.vocabulary import (
 )
 
 
+def policy_version(raw: bytes) -> str:
+    """A policy file's version: the first 16 hex digits of its bytes' SHA-256. What the
+    daemon reports as the version in force, and what the reloader compares a changed file
+    with (service/reload.py)."""
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
 def compile_policy(
     spec: PolicySpec,
     source: str,
@@ -87,7 +94,7 @@ def compile_policy(
     )
     document = spec.model_dump(mode="json", exclude_none=True)
     policy = Policy(
-        version=version or hashlib.sha256(raw).hexdigest()[:16],
+        version=version or policy_version(raw),
         source=source,
         defaults=spec.defaults.model_dump(),
         groups={name: NameSet.of(members) for name, members in spec.groups.items()},

@@ -41,6 +41,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratewarden.service.settings import Settings
+from ratewarden.wire.bodies import SETTLE_PATH
 from ratewarden.wire.tokens import digest, read_tokens
 
 REALM = "ratewarden"
@@ -60,7 +61,7 @@ OPEN = ApiRole.NONE
 ROLES: dict[str, ApiRole] = {
     "/v1/check": ApiRole.CHECK,
     "/v1/check/batch": ApiRole.CHECK,
-    "/v1/calls/{call_id:path}/settle": ApiRole.CHECK,
+    SETTLE_PATH.format(call_id="{call_id:path}"): ApiRole.CHECK,
     "/v1/usage": ApiRole.CHECK,
     "/v1/capabilities": ApiRole.CHECK,
     "/v1/hooks/{host}": ApiRole.CHECK,

@@ -6,7 +6,6 @@ attribute: a field added to both sides needs no copying code here.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +15,7 @@ from pydantic_core import CoreSchema, SchemaSerializer, core_schema
 from ratewarden.arguments import WHOLE_ARGS
 from ratewarden.calls import UNCLASSIFIED, Call, ToolFacts
 from ratewarden.engine import Decision, Usage, Verdict
-from ratewarden.vocabulary import METADATA_FLAGS
+from ratewarden.vocabulary import METADATA_FLAGS, daemon_call_id
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, LimitState, UsageItem, Violation
 
 
@@ -34,7 +33,7 @@ def to_call(request: CheckRequest) -> Call:
     return Call(
         user=request.user,
         tool=request.tool,
-        call_id=request.call_id or new_call_id(),
+        call_id=request.call_id or daemon_call_id(),
         session=request.session,
         team=request.team,
         cost=request.cost,
@@ -49,12 +48,6 @@ def to_call(request: CheckRequest) -> Call:
 def _steps(path: str) -> tuple[str, ...]:
     """A cut path's steps (the wire checked it): `*`, the whole args, has none."""
     return () if path == WHOLE_ARGS else tuple(path.split("."))
-
-
-def new_call_id() -> str:
-    """128 random bits: unguessable, so only the caller who got it can settle the call.
-    (Not uuid4, which spends more on building a UUID than on the randomness.)"""
-    return "rw-" + secrets.token_hex(16)
 
 
 def to_response(decision: Decision) -> CheckResponse:

@@ -26,7 +26,6 @@ trigger `FLEET_TRIGGER`, which is not announced again.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import signal
@@ -46,7 +45,7 @@ from ratewarden.policy import (
     parse_policy,
 )
 from ratewarden.policy.bounded_yaml import read_bounded
-from ratewarden.policy.compile import compile_runtime_override, with_runtime
+from ratewarden.policy.compile import compile_runtime_override, policy_version, with_runtime
 from ratewarden.policy.model import CompiledOverride
 from ratewarden.policy.schema import OverrideSpec
 from ratewarden.service.metrics import Metrics
@@ -149,7 +148,7 @@ class PolicyReloader:
                 new = await asyncio.to_thread(self._parse, raw)
             except PolicyError as exc:
                 if raw is not None:
-                    self._last_tried = version_of(raw)
+                    self._last_tried = policy_version(raw)
                 self.metrics.policy_load_failed()
                 log.error(
                     "policy reload (%s) refused; version %s stays in force:\n%s",
@@ -264,7 +263,7 @@ class PolicyReloader:
         if stat is not None and stat == self._seen_stat:
             return False
         first = await asyncio.to_thread(_read_or_none, path)
-        digest = version_of(first) if first is not None else "unreadable"
+        digest = policy_version(first) if first is not None else "unreadable"
         if digest in (self.engine.policy.version, self._last_tried):
             self._seen_stat = stat
             return False
@@ -277,11 +276,6 @@ class PolicyReloader:
             self._last_tried = digest  # report a missing file once, not every poll
         await self.reload("file change", first)
         return True
-
-
-def version_of(raw: bytes) -> str:
-    """The version a policy built from `raw` has (see `compile_policy`)."""
-    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 def _read(path: Path) -> bytes:

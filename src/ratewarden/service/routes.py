@@ -30,6 +30,7 @@ from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader, ReloadResponse
 from ratewarden.store import StoreError
 from ratewarden.wire.bodies import (
+    SETTLE_PATH,
     BatchRequest,
     BatchResponse,
     Capabilities,
@@ -200,7 +201,7 @@ async def check_batch(body: BatchRequest, request: Request) -> BatchResponse | J
 
 
 @router.post(
-    "/v1/calls/{call_id:anytext}/settle",
+    SETTLE_PATH.format(call_id="{call_id:anytext}"),
     response_model=SettleResponse,
     responses={**BODY_ERRORS, 404: {"model": ErrorResponse}},
     tags=["decide"],

@@ -9,13 +9,14 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from ratewarden.http.settings import ConnectionSettings
+from ratewarden.vocabulary import DEFAULT_HOST, DEFAULT_PORT
 
-DEFAULT_PORT = 8470
 TokenList = Annotated[list[str], NoDecode]
 
 
 class Settings(ConnectionSettings):
-    """Every knob of the daemon and its clients. Lists are comma-separated in the environment.
+    """Every knob of the daemon. Lists are comma-separated in the environment. (Its clients'
+    RATEWARDEN_URL and RATEWARDEN_TOKEN are `vocabulary.ClientSettings`.)
 
     The connection guard's two (`request_timeout_s`, `max_connections`) are declared with the
     guard, in `ConnectionSettings`: the MCP gateway reads them too.
@@ -28,7 +29,7 @@ class Settings(ConnectionSettings):
     # Policy file; unset means ./ratewarden.yaml if present, else the packaged example.
     policy: Path | None = None
     # Loopback by default: nothing is exposed until an operator says so.
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     workers: int = Field(1, ge=1, le=64)
     # Bearer tokens: `check` role (check, settle, usage) and `admin` role (everything).
@@ -92,9 +93,6 @@ class Settings(ConnectionSettings):
     # about as much as a few normal checks (docs/benchmarks.md, "Worst bodies"), so the
     # cap bounds what one hook request can cost. The command hook has no such cap.
     max_hook_body_bytes: int = Field(128 * 1024, ge=1024, le=64 * 1024 * 1024)
-    # Clients (CLI, hooks, adapters): where the daemon is, and the token to send.
-    url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
-    token: str | None = None
 
     @field_validator("api_tokens", "admin_tokens", "admin_names", "api_token_users", mode="before")
     @classmethod

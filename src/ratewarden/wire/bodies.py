@@ -287,9 +287,15 @@ class UsageResponse(BaseModel):
     limits: list[UsageItem]
 
 
+# The settle route, the call id one path segment in it: the client quotes an id into
+# `{call_id}`, the daemon's route and its auth table put their path converters there.
+SETTLE_PATH = "/v1/calls/{call_id}/settle"
+
+
 class SettleRequest(_Body):
     cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)] | None = None
-    status: Annotated[str, Field(min_length=1, max_length=32)] | None = None  # ok, error...
+    # How the call ended: free text (a host may pass its own); ours: vocabulary.CallStatus.
+    status: Annotated[str, Field(min_length=1, max_length=32)] | None = None
     duration_ms: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)] | None = None
 
 
