@@ -187,7 +187,7 @@ class LimitsContender:
         return open_limits
 
     async def check(self, user: str, tool: str) -> bool:
-        hit = self._limiter.hit
+        hit: Callable[..., Awaitable[bool]] = self._limiter.hit  # limits: untyped here
         return (
             await hit(self._user_minute, "user-minute", user)
             and await hit(self._tool_hour, "tool-hour", tool)
@@ -339,7 +339,7 @@ async def _monitor(url: str, action: Callable[[], Awaitable[object]]) -> list[st
 
     def watch() -> None:
         try:
-            with watcher.monitor() as monitor:
+            with watcher.monitor() as monitor:  # type: ignore[no-untyped-call]
                 ready.set()
                 for entry in monitor.listen():
                     if entry["command"] == f"ECHO {marker}":
