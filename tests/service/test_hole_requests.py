@@ -208,7 +208,7 @@ async def test_hole6_an_invalid_body_is_validated_once() -> None:
             calls = await post_counted(client, path_of(name), body_of(name))
             assert calls.named.get("_bounded_args") == 1, (name, calls.named.get("_bounded_args"))
             assert calls.named.get("read_json") == 1, name
-        deep = {"k": [[[[]]]]}
+        deep: dict[str, Any] = {"k": [[[[]]]]}
         for _ in range(MAX_ARGS_DEPTH):
             deep = {"k": [deep]}
         batch = {"calls": [{"user": "u", "tool": "t", "args": deep}]}
