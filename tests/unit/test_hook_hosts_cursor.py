@@ -105,7 +105,7 @@ def test_a_call_a_hook_refused_never_ran_and_costs_nothing() -> None:
 def test_the_same_model_call_id_in_another_conversation_is_another_call() -> None:
     other = read({**PRE, "session_id": "s2", "conversation_id": "s2"})
     assert isinstance(other, PreCall)
-    assert other.call_id != read(PRE).call_id  # type: ignore[union-attr]
+    assert other.call_id != read(PRE).call_id  # type: ignore[attr-defined]
 
 
 def test_before_shell_execution_is_a_shell_call_without_an_id() -> None:
