@@ -41,8 +41,8 @@ from ratewarden.engine.engine import Engine
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, OpResult
 from ratewarden.policy import Policy, parse_policy
 from ratewarden.policy.conditions import compile_condition
-from ratewarden.service.convert import new_call_id
 from ratewarden.store import MemoryStore
+from ratewarden.vocabulary import daemon_call_id
 
 ONE_RULE = """\
 version: 1
@@ -101,7 +101,7 @@ async def _per_call_us(engine: Engine, calls: int, args: dict[str, Any] | None) 
     users = [f"user-{i}" for i in range(USERS)]
     started = time.perf_counter()
     for i in range(calls):
-        call = Call(users[i % USERS], "terminal", new_call_id(), named=False, args=args)
+        call = Call(users[i % USERS], "terminal", daemon_call_id(), named=False, args=args)
         decision = await engine.check(call)
     elapsed = time.perf_counter() - started
     if not decision.allowed:  # every rule but the one rate rule must leave the call alone

@@ -160,7 +160,12 @@ class Driver(ABC):
         loop = asyncio.get_running_loop()
         measured = asyncio.Event()
         loop.call_later(self.warmup, self.meter.begin)
-        loop.call_later(self.warmup + self.duration, lambda: (self.meter.end(), measured.set()))
+
+        def end_window() -> None:
+            self.meter.end()
+            measured.set()
+
+        loop.call_later(self.warmup + self.duration, end_window)
         await self.send_until_stop(connections)
         deadline = time.perf_counter() + DRAIN_S
         while self.in_flight > 0 and time.perf_counter() < deadline:

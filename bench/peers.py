@@ -92,8 +92,8 @@ from bench.redis_server import refuse_shared
 from ratewarden.calls import Call
 from ratewarden.engine.engine import Engine
 from ratewarden.policy import parse_policy
-from ratewarden.service.convert import new_call_id
 from ratewarden.store import Store, store_from_url
+from ratewarden.vocabulary import daemon_call_id
 
 TOOL = "terminal"
 USERS = 1000
@@ -148,7 +148,7 @@ class RatewardenContender:
         return cls(Engine(policy, store), store)
 
     async def check(self, user: str, tool: str) -> bool:
-        call = Call(user=user, tool=tool, call_id=new_call_id(), named=False)  # as the daemon
+        call = Call(user=user, tool=tool, call_id=daemon_call_id(), named=False)  # as the daemon
         decision = await self._engine.check(call)
         if decision.degraded:  # the store failed and the fail mode decided: not a result
             raise RuntimeError(f"ratewarden could not reach Redis: {decision}")
@@ -187,7 +187,7 @@ class LimitsContender:
         return open_limits
 
     async def check(self, user: str, tool: str) -> bool:
-        hit = self._limiter.hit
+        hit: Callable[..., Awaitable[bool]] = self._limiter.hit  # limits: untyped here
         return (
             await hit(self._user_minute, "user-minute", user)
             and await hit(self._tool_hour, "tool-hour", tool)
@@ -339,7 +339,7 @@ async def _monitor(url: str, action: Callable[[], Awaitable[object]]) -> list[st
 
     def watch() -> None:
         try:
-            with watcher.monitor() as monitor:
+            with watcher.monitor() as monitor:  # type: ignore[no-untyped-call]
                 ready.set()
                 for entry in monitor.listen():
                     if entry["command"] == f"ECHO {marker}":

@@ -124,7 +124,7 @@ def redis_command(port: int, *args: str) -> Any:
 
     client = redis.Redis(port=port)
     try:
-        return client.execute_command(*args)
+        return client.execute_command(*args)  # type: ignore[no-untyped-call]
     finally:
         client.close()
 
@@ -370,7 +370,7 @@ def two_worker_ceiling(http: dict[str, Any]) -> float | None:
     with one worker (D, R, L) they decide at most cores / (D + R + L) a second, where one
     worker decides 1 / D: min(2, cores x D / (D + R + L)). Optimistic: a second worker
     adds contention, and a busy machine's time slices are not free either."""
-    spent = http["saturation"]["one rule"]["cpu_us_per_decision"]
+    spent: dict[str, float] = http["saturation"]["one rule"]["cpu_us_per_decision"]
     if not {"server", "redis", "load generator"} <= spent.keys():
         return None  # not on Linux: no /proc
     total = spent["server"] + spent["redis"] + spent["load generator"]
@@ -516,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mcp = measure_mcp(calls=100 if args.quick else 1000)
     print("worst bodies at the MCP gateway…", file=sys.stderr)
     mcp["worst_bodies"] = measure_mcp_worst(requests=50 if args.quick else 200)
-    results = {
+    results: dict[str, Any] = {
         "machine": machine(),
         "command": " ".join(["bench/run", *(argv if argv is not None else sys.argv[1:])]),
         "http": http,

@@ -53,7 +53,7 @@ class Usage:
     at: int
     user: str
     # (rule, limit, used, remaining, reset_after), in policy order
-    expected: tuple[tuple[str, int | None, int, int | None, float], ...]
+    expected: tuple[tuple[str, float | None, float, float | None, float], ...]
     tool: str | None = None
 
 

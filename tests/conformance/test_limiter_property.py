@@ -21,9 +21,10 @@ import bisect
 import itertools
 import math
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -119,7 +120,7 @@ def fixed_cases(
 # ---------------------------------------------------------------------------- oracles
 
 
-def sliding_oracle(times: Sequence[int], limit: int, window: int) -> list[dict[str, object]]:
+def sliding_oracle(times: Sequence[int], limit: int, window: int) -> list[dict[str, int]]:
     """Brute force: admit iff fewer than `limit` admitted calls have ts > t - window."""
     admitted: list[int] = []  # sorted, as `times` is
     out = []
@@ -148,7 +149,7 @@ def assert_no_window_exceeds(admitted: Sequence[int], limit: int, window: int) -
         assert inside <= limit, f"{inside} admissions in the window ending at {a}"
 
 
-def fixed_oracle(times: Sequence[int], limit: int, window: int) -> list[dict[str, object]]:
+def fixed_oracle(times: Sequence[int], limit: int, window: int) -> list[dict[str, int]]:
     counts: dict[int, int] = {}
     out = []
     for t in times:
@@ -170,16 +171,16 @@ def fixed_oracle(times: Sequence[int], limit: int, window: int) -> list[dict[str
 
 # ---------------------------------------------------------------------------- drivers
 
-Runner = Callable[[Callable[[Store, FakeClock], Awaitable[None]]], None]
+Runner = Callable[[Callable[[Store, FakeClock], Coroutine[Any, Any, None]]], None]
 
 
-def run_on_memory(body: Callable[[Store, FakeClock], Awaitable[None]]) -> None:
+def run_on_memory(body: Callable[[Store, FakeClock], Coroutine[Any, Any, None]]) -> None:
     clock = FakeClock(START_MS)
     asyncio.run(body(MemoryStore(clock), clock))
 
 
 def redis_runner(server: RedisServer) -> Runner:
-    def run(body: Callable[[Store, FakeClock], Awaitable[None]]) -> None:
+    def run(body: Callable[[Store, FakeClock], Coroutine[Any, Any, None]]) -> None:
         async def main() -> None:
             clock = FakeClock(START_MS)
             store = RedisStore(aioredis.Redis.from_url(server.url), server.url, clock)
@@ -386,7 +387,7 @@ def check_token_bucket(run: Runner, limit: int, window: int, burst: int, times: 
             tie = (allow_at - t).denominator == 1 and not floats_exact
             assert result.retry_after_ms in ({exact, exact + 1} if tie else {exact}), where
         # Remaining: whole emission intervals between TAT and the bucket's horizon.
-        room = (t + burst * interval - (tat if result.admitted else base)) / interval
+        room = (t + burst * interval - (base + interval if result.admitted else base)) / interval
         remaining = max(0, min(burst, math.floor(room)))
         tie = room.denominator == 1 and not floats_exact
         allowed = {remaining, max(0, remaining - 1)} if tie else {remaining}

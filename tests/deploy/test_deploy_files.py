@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from ratewarden.clock import FakeClock
 from ratewarden.policy import parse_policy
-from ratewarden.service.app import create_app
+from ratewarden.service.app import Daemon, create_app
 from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore, Store
 
@@ -38,6 +38,7 @@ def build_app(
         Settings(**(values | settings)), store=store, policy=parse_policy(policy_text.encode())
     )
     if not hot:
+        assert isinstance(app, Daemon)
         app.front = None
     return app
 

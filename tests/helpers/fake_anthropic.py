@@ -74,7 +74,7 @@ def _events(model: str, block: dict[str, Any], stop_reason: str) -> bytes:
         start = {"type": "text", "text": ""}
         delta = {"type": "text_delta", "text": block["text"]}
     usage = {"input_tokens": 10, "output_tokens": 1}
-    events = [
+    events: list[dict[str, Any]] = [
         {
             "type": "message_start",
             "message": {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import re
@@ -70,9 +71,9 @@ def prebuild(names: Iterable[str]) -> None:
     pool = ThreadPoolExecutor(thread_name_prefix="hostenv")
     for name in sorted(set(names)):
         if (PINS_DIR / f"{name}.txt").exists():
-            _start(name, pool, lambda n=name: _build_venv(n, pins(n)))
+            _start(name, pool, functools.partial(_build_venv, name, pins(name)))
         if (PINS_DIR / f"{name}.npm").exists():
-            _start(f"{name}.npm", pool, lambda n=name: _build_node(n, pins(n, ".npm")))
+            _start(f"{name}.npm", pool, functools.partial(_build_node, name, pins(name, ".npm")))
     pool.shutdown(wait=False)
 
 

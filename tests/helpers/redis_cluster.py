@@ -12,6 +12,7 @@ persistence) and stopped in the context manager's `finally`, whatever happens.
 from __future__ import annotations
 
 import contextlib
+import functools
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -71,7 +72,7 @@ class RedisClusterServers:
         """The index (in `nodes`) of the master that owns `slot`."""
         client = self.nodes[0].client()
         try:
-            for start, end, primary, *_ in client.execute_command("CLUSTER SLOTS"):
+            for start, end, primary, *_ in client.execute_command("CLUSTER SLOTS"):  # type: ignore[no-untyped-call]
                 if start <= slot <= end:
                     port = int(primary[1])
                     return next(i for i, n in enumerate(self.nodes) if n.port == port)
@@ -152,8 +153,9 @@ class SentinelDeployment:
         for sentinel in self.sentinels:
             client = sentinel.client()
             try:
-                _host, port = client.sentinel_get_master_addr_by_name(SERVICE)
-                return int(port)
+                address = client.sentinel_get_master_addr_by_name(SERVICE)
+                assert isinstance(address, tuple)  # redis-py's type allows a bool or None
+                return int(address[1])
             except (redis.RedisError, OSError):
                 continue
             finally:
@@ -168,7 +170,7 @@ class SentinelDeployment:
         master = self.current_master()
         client = master.client()
         client.flushall()
-        client.execute_command("WAIT", 1, 2000)  # the replica has it too
+        client.execute_command("WAIT", 1, 2000)  # type: ignore[no-untyped-call]  # the replica has it too
         client.close()
 
     def failover(self) -> RedisServer:
@@ -178,7 +180,7 @@ class SentinelDeployment:
         new = self.replica if old is self.master else self.master
         client = self.sentinels[0].client()
         try:
-            client.execute_command("SENTINEL", "FAILOVER", SERVICE)
+            client.execute_command("SENTINEL", "FAILOVER", SERVICE)  # type: ignore[no-untyped-call]
         finally:
             client.close()
         wait_for("the sentinels to name the new master", lambda: self.master_port() == new.port)
@@ -271,7 +273,8 @@ def running_sentinel(directory: Path, sentinels: int = 2) -> Iterator[SentinelDe
             deployment.sentinels.append(sentinel)
         for sentinel in deployment.sentinels:  # a failover needs a replica to promote
             wait_for(
-                "the sentinels to see the replica", lambda s=sentinel: _knows_replica(s, replica)
+                "the sentinels to see the replica",
+                functools.partial(_knows_replica, sentinel, replica),
             )
         yield deployment
     finally:

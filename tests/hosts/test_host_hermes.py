@@ -26,6 +26,7 @@ import pytest
 from ratewarden.client import Guard
 from ratewarden.integrations import hermes
 from ratewarden.integrations.hermes import RatewardenPlugin, install_directory_plugin
+from ratewarden.vocabulary import FailMode
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, SettleResponse
 from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_python, running_daemon
 from tests.helpers.redis_server import free_port
@@ -309,7 +310,7 @@ class FakeGuard(Guard):
     """Answers from a list; records checks and settles."""
 
     def __init__(self, *answers: CheckResponse) -> None:
-        self.fail = "open"
+        self.fail = FailMode.OPEN
         self.answers = list(answers)
         self.checks: list[CheckRequest] = []
         self.settled: list[tuple[str, SettleRequest | None]] = []

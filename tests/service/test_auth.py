@@ -212,7 +212,10 @@ async def test_a_check_token_reaches_the_settle_route_with_any_call_id(
 
 async def test_auth_comes_before_the_body_is_read(guarded: httpx.AsyncClient) -> None:
     """Without a token, a broken body gets 401, not 422: nothing is parsed for strangers."""
-    broken = {"content": b"{not json", "headers": {"content-type": "application/json"}}
+    broken: dict[str, Any] = {
+        "content": b"{not json",
+        "headers": {"content-type": "application/json"},
+    }
     assert (await guarded.post("/v1/check", **broken)).status_code == 401
     with_token = {"content-type": "application/json", **CALLERS["check"]}
     answer = await guarded.post("/v1/check", content=b"{not json", headers=with_token)
@@ -269,7 +272,7 @@ async def test_a_token_in_both_lists_is_admin_and_admin_only_daemons(policy_file
     # Only admin tokens: check endpoints need one of them.
     admin_only = settings_for(policy_file, admin_tokens=[ADMIN_TOKEN])
     async with serving(create_app(admin_only, store=MemoryStore(FakeClock()))) as client:
-        check = {"json": {"user": "u", "tool": "terminal"}}
+        check: dict[str, Any] = {"json": {"user": "u", "tool": "terminal"}}
         assert (await client.post("/v1/check", **check)).status_code == 401
         admin = await client.post("/v1/check", headers=CALLERS["admin"], **check)
         assert admin.status_code == 200
@@ -285,7 +288,7 @@ def test_every_token_is_compared_and_in_constant_time(monkeypatch: pytest.Monkey
         compared.append((len(a), len(b)))
         return real(a, b)
 
-    monkeypatch.setattr(auth.hmac, "compare_digest", counting)
+    monkeypatch.setattr(hmac, "compare_digest", counting)  # the module auth compares with
     tokens = auth.Tokens(check=["c1", "c2-longer-token"], admin=["a1", "a2"])
     cases = {
         b"a1": auth.ApiRole.ADMIN,
@@ -362,7 +365,7 @@ async def test_without_tokens_only_loopback_peers_are_served(policy_file: Path) 
     """A second guard for an app served by something else than `ratewarden serve`."""
     store = MemoryStore(FakeClock())
     app = create_app(settings_for(policy_file), store=store)
-    check = {"json": {"user": "u", "tool": "terminal"}}
+    check: dict[str, Any] = {"json": {"user": "u", "tool": "terminal"}}
     async with app.router.lifespan_context(app):
         for peer, status in ((("127.0.0.1", 5), 200), (("::1", 5), 200), (("203.0.113.9", 5), 403)):
             transport = httpx.ASGITransport(app=app, client=peer)
@@ -451,7 +454,7 @@ def test_serve_refuses_a_public_address_without_tokens_as_a_process(tmp_path: Pa
     with running(tmp_path, "--host", "0.0.0.0", env=env) as daemon:
         assert " | auth on (2 check, 0 admin tokens) | " in ready_line(daemon)
         with httpx.Client(base_url=daemon.url, trust_env=False) as http:
-            check = {"json": {"user": "u", "tool": "terminal"}}
+            check: dict[str, Any] = {"json": {"user": "u", "tool": "terminal"}}
             assert http.post("/v1/check", **check).status_code == 401
             ok = http.post("/v1/check", headers={"authorization": "Bearer other-check"}, **check)
             assert ok.status_code == 200

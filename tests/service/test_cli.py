@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pytest
@@ -535,7 +536,7 @@ def test_serve_on_a_real_redis(tmp_path: Path, redis_server: RedisServer, redis_
         ]
     # The counter, and the recent-denials list the denied call was audited into.
     # Beside the fleet's bookkeeping (each process's report: docs/operations.md).
-    keys = sorted(redis_server.client().keys("*"))
+    keys = sorted(cast("list[bytes]", redis_server.client().keys("*")))  # not decoded
     assert [k for k in keys if not k.startswith(b"rw:admin:")] == [
         b"rw:denials",
         b"rw:{terminal-per-minute|user=discord%3A1234}:sw",

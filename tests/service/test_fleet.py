@@ -62,7 +62,11 @@ def two_daemons_of_two_workers(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon,
             running_daemon(tmp_path, *flags, env=env) as two,
         ):
             for daemon in (one, two):
-                eventually(lambda d=daemon: d.log_text().count(" ready on ") == 2, WORKERS_START_S)
+
+                def both_workers_ready(d: Daemon = daemon) -> bool:
+                    return d.log_text().count(" ready on ") == 2
+
+                eventually(both_workers_ready, WORKERS_START_S)
             yield one, two, policy
 
 

@@ -71,7 +71,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 def payload(host: str, tool_input: str) -> str:
     """A pre-tool event of `host` whose tool input is `tool_input` (JSON text, inlined)."""
     call = uuid.uuid4().hex
-    fields: dict[str, Any] = {
+    fields: object = {
         "claude-code": {"hook_event_name": "PreToolUse", "tool_name": "Bash",
                         "session_id": "s", "tool_use_id": f"toolu_{call}"},
         "codex": {"hook_event_name": "PreToolUse", "tool_name": "Bash", "session_id": "s",

@@ -283,8 +283,7 @@ def test_hole5_every_worker_closes_silent_sockets(
     """Workers are processes of their own: each applies the deadline it reads from the
     environment."""
     flags = ("--workers", "2", "--store-url", redis_server.url)
-    timeout = {"RATEWARDEN_REQUEST_TIMEOUT_S": str(SHORT_TIMEOUT_S)}
-    with serving(tmp_path, *flags, **timeout) as daemon:
+    with serving(tmp_path, *flags, RATEWARDEN_REQUEST_TIMEOUT_S=str(SHORT_TIMEOUT_S)) as daemon:
         eventually(lambda: daemon.log_text().count(" ready on ") == 2, "two workers", daemon)
         silent = [connect(daemon) for _ in range(8)]  # spread over both workers
         try:

@@ -35,12 +35,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from ratewarden import wire
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine.decision import Decision
 from ratewarden.service.audit import AuditTrail
 from ratewarden.store import MemoryStore
+from ratewarden.wire import bodies, bounded
 from ratewarden.wire.bodies import MAX_ARGS_DEPTH, MAX_BATCH, MAX_FIELDS, BatchRequest, CheckRequest
 from ratewarden.wire.bounded import MAX_ITEMS, count_items, too_deep, too_many_items
 from tests.helpers.app import assert_error_shape, serving
@@ -157,7 +157,7 @@ async def test_hole6_a_body_over_the_item_cap_is_refused_unread_naming_body(
     alike with and without the hot path. On bd4a06f these bodies were read, then refused
     naming args or the unknown fields, or accepted."""
     read: list[str] = []
-    monkeypatch.setattr(wire, "_parse", lambda body: read.append("_parse"), raising=False)
+    monkeypatch.setattr(bounded, "_parse", lambda body: read.append("_parse"), raising=False)
     args = b'{"user":"u","tool":"t","args":{"k":['
     calls = b'{"user":"u","tool":"t","args":{"k":[' + b"0," * 2000 + b"0]}}"
     bodies = [
@@ -199,7 +199,7 @@ async def test_hole6_an_invalid_body_is_validated_once() -> None:
             calls = await post_counted(client, path_of(name), body_of(name))
             assert calls.named.get("_bounded_args") == 1, (name, calls.named.get("_bounded_args"))
             assert calls.named.get("read_json") == 1, name
-        deep = {"k": [[[[]]]]}
+        deep: dict[str, Any] = {"k": [[[[]]]]}
         for _ in range(MAX_ARGS_DEPTH):
             deep = {"k": [deep]}
         batch = {"calls": [{"user": "u", "tool": "t", "args": deep}]}
@@ -221,7 +221,7 @@ def test_hole6_checking_args_takes_steps_that_do_not_grow_with_them() -> None:
         refusal: AbstractContextManager[Any] = (
             pytest.raises(ValidationError, match="args") if name in ARGS_REFUSED else nullcontext()
         )
-        value = wire.read_json(body)
+        value = bounded.read_json(body)
         with counting() as calls, refusal:
             CheckRequest.model_validate(value, from_attributes=True)
         assert calls.events <= reference.events + 30, (name, calls.events)
@@ -307,8 +307,8 @@ def test_the_benchmarks_largest_accepted_args_are_at_every_cap() -> None:
 def test_a_body_the_hot_path_hands_on_is_counted_again_at_no_cost() -> None:
     """The hot path hands FastAPI only bodies it reads in one step (at most LARGE_BODY
     bytes), and a body of fewer bytes than MAX_ITEMS is within without a count."""
-    assert wire.LARGE_BODY <= MAX_ITEMS
-    body = b"[" + b"0," * (wire.LARGE_BODY // 2 - 1) + b"0]"
+    assert bounded.LARGE_BODY <= MAX_ITEMS
+    body = b"[" + b"0," * (bounded.LARGE_BODY // 2 - 1) + b"0]"
     with counting() as nothing:
         pass
     with counting() as calls:
@@ -358,7 +358,7 @@ def writable(value: Any) -> bool:
 
 def quick_bound(body: bytes) -> int:
     """What too_many_items counts first: every comma and opening bracket, strings too."""
-    marks = wire._ITEM_MARKS.marks(wire._utf8(body))
+    marks = bounded._ITEM_MARKS.marks(bounded._utf8(body))
     return len(marks) - marks.count(b"a")
 
 
@@ -393,7 +393,7 @@ def test_hole6_items_are_counted_exactly_from_the_bytes(
     assert count_items(body) == exact, body
     assert quick_bound(body) >= exact
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(wire, "MAX_ITEMS", cap)
+        patch.setattr(bounded, "MAX_ITEMS", cap)
         assert too_many_items(body) == (exact > cap), (body, cap)
 
 
@@ -430,7 +430,7 @@ def test_hole6_args_are_held_to_their_depth_and_to_finite_numbers_from_their_jso
     """The args check reads their compact JSON the same way: strings never fool it."""
     args = {"v": value}
     written = json.dumps(args, ensure_ascii=False).encode("utf-8", "surrogatepass")
-    assume(len(written) <= wire.MAX_ARGS_BYTES)
+    assume(len(written) <= bodies.MAX_ARGS_BYTES)
     valid = depth_of(args) <= MAX_ARGS_DEPTH and finite(value) and writable(args)
     refusal = nullcontext() if valid else pytest.raises(ValidationError, match="args")
     with refusal:
@@ -479,13 +479,13 @@ def test_hole6_counting_takes_a_fixed_number_of_passes_and_bounded_pieces(
     """However a body is built, its count is a few calls in C, and the strings are only
     taken out (one piece each) when there are at most 2 * MAX_ITEMS + 1 of them."""
     pieces: list[int] = []
-    outside = wire._outside
+    outside = bounded.outside_strings
 
     def spy(marks: bytes) -> bytes:
         pieces.append(marks.count(b"a") + 1)
         return outside(marks)
 
-    monkeypatch.setattr(wire, "_outside", spy)
+    monkeypatch.setattr(bounded, "outside_strings", spy)
     # Every step: escapes to resolve, more commas than items (in a string), one string.
     small = b'["' + b"," * MAX_ITEMS + b'\\\\", 0]'
     assert too_many_items(small) is False
@@ -517,7 +517,7 @@ def test_hole6_a_100_call_batch_of_a_few_dozen_values_each_fits() -> None:
     assert items_of(args) == 24
     body = json.dumps({"calls": [call] * MAX_BATCH}).encode()
     assert MAX_ITEMS * 0.8 < count_items(body) <= MAX_ITEMS
-    BatchRequest.model_validate(wire.read_json(body), from_attributes=True)
+    BatchRequest.model_validate(bounded.read_json(body), from_attributes=True)
 
 
 @pytest.mark.parametrize("size", [20_000, 200_000])

@@ -317,5 +317,5 @@ async def test_the_hot_path_answers_a_hook_exactly_as_fastapi_does() -> None:
                 answer = await client.post(f"/v1/hooks/{query}", content=body)
                 kind = answer.headers.get("content-type", "")
                 answers[hot].append((answer.status_code, kind, answer.content))
-    for request, hot, stack in zip(HOOK_REQUESTS, answers[True], answers[False], strict=True):
-        assert hot == stack, request[0]
+    for request, front, stack in zip(HOOK_REQUESTS, answers[True], answers[False], strict=True):
+        assert front == stack, request[0]

@@ -49,10 +49,10 @@ from ratewarden.store import keys as store_keys
 from ratewarden.store.redis_store import RedisStore
 from ratewarden.wire.bodies import MAX_ARGS_BYTES, MAX_ARGS_DEPTH, MAX_BATCH
 from tests.helpers.app import assert_error_shape, build_app, serving
+from tests.helpers.daemon import Daemon, wait_until_healthy
 from tests.helpers.hostenv import clean_environment
 from tests.helpers.redis_server import RedisServer, free_port
 from tests.service.test_api import POLICY
-from tests.service.test_cli import Daemon, wait_until_healthy
 
 DEFAULT_CAP = Settings().max_body_bytes
 JSON = {"content-type": "application/json"}
@@ -79,7 +79,7 @@ def refused_field(response: httpx.Response, status: int = 422) -> str:
     assert response.status_code == status, response.text
     body = response.json()
     assert_error_shape(body)
-    fields = [entry["field"] for entry in body["fields"]]
+    fields: list[str] = [entry["field"] for entry in body["fields"]]
     assert len(fields) == 1, body
     assert body["message"].startswith(f"{fields[0]}: "), body
     return fields[0]

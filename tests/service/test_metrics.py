@@ -740,7 +740,7 @@ def checks_by_worker(directory: Path) -> dict[str, float]:
     """ratewarden_checks_total per worker, read from each worker's own counter file."""
     found = {}
     for path in sorted(directory.glob("counter_*.db")):
-        metrics = MultiProcessCollector.merge([str(path)], accumulate=True)
+        metrics = MultiProcessCollector.merge([str(path)], accumulate=True)  # type: ignore[no-untyped-call]
         found[path.stem] = sum(
             s.value for m in metrics for s in m.samples if s.name == "ratewarden_checks_total"
         )
@@ -762,7 +762,7 @@ def scrape(url: str) -> dict[str, float]:
 
 def plant_stale_counter(directory: Path) -> None:
     """A counter file from a previous run, with 1000 checks; `serve` must not merge it."""
-    stale = MmapedDict(str(directory / "counter_999999.db"))
+    stale = MmapedDict(str(directory / "counter_999999.db"))  # type: ignore[no-untyped-call]
     key = mmap_key(
         "ratewarden_checks",
         "ratewarden_checks_total",
@@ -770,8 +770,8 @@ def plant_stale_counter(directory: Path) -> None:
         ["allow", "enforce"],
         "stale",
     )
-    stale.write_value(key, 1000.0, 0.0)
-    stale.close()
+    stale.write_value(key, 1000.0, 0.0)  # type: ignore[no-untyped-call]
+    stale.close()  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.redis

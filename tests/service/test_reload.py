@@ -389,7 +389,7 @@ async def test_every_answer_comes_from_exactly_one_policy_while_reloading(
     policy_file: Path, inner_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = YieldingStore(inner_store)
-    app = make_app(policy_file, store, store_timeout_ms=10_000)  # type: ignore[arg-type]
+    app = make_app(policy_file, store, store_timeout_ms=10_000)
     swaps_in_flight: list[int] = []
     metrics = app.state.observer.metrics
     loaded = metrics.policy_loaded

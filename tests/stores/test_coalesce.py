@@ -160,7 +160,7 @@ async def test_a_write_does_not_wait_for_the_replies_before_it(tmp_path: Path) -
                 assert script.writes == [1, 1, 1]  # the second went out behind the first
             finally:
                 os.kill(server.process.pid, signal.SIGCONT)
-            assert await asyncio.gather(first, second) == [b"first", b"second"]
+            assert list(await asyncio.gather(first, second)) == [b"first", b"second"]
         finally:
             await script.aclose()
             await client.aclose()
@@ -250,7 +250,7 @@ async def test_a_frozen_redis_fails_every_waiting_call_at_the_socket_timeout(
         try:
             await script.load()
             assert await asyncio.gather(*(script.call([], []) for _ in range(20))) == [1] * 20
-            held = list(pool._in_use_connections)  # type: ignore[attr-defined]
+            held = list(pool._in_use_connections)
             assert len(held) == 1  # the script's connection, its timeout off while held
             assert held[0].socket_timeout is None
             os.kill(server.process.pid, signal.SIGSTOP)
@@ -266,7 +266,7 @@ async def test_a_frozen_redis_fails_every_waiting_call_at_the_socket_timeout(
             assert 0.2 <= elapsed < 1.0, elapsed
             await asyncio.sleep(0.05)  # the broken connection is given back
             assert held[0].socket_timeout == 0.2
-            assert held[0] not in pool._in_use_connections  # type: ignore[attr-defined]
+            assert held[0] not in pool._in_use_connections
             assert await script.call([], []) == 1  # a fresh connection, its own reply
         finally:
             await script.aclose()

@@ -127,7 +127,7 @@ def test_refused_calls_consume_nothing_under_concurrency(
     counts = run_race(redis_url, policy)
     assert counts == {"allow": LIMIT, "deny": PROCESSES * CHECKS_PER_PROCESS - LIMIT}
 
-    async def usage() -> dict[str, tuple[int, int | None]]:
+    async def usage() -> dict[str, tuple[float, float | None]]:
         store = store_from_url(redis_url, timeout_ms=5_000)
         try:
             engine = Engine(parse_policy(policy.encode()), store)

@@ -47,6 +47,7 @@ async def test_a_full_ring_takes_little_more_than_its_bytes(redis_server: RedisS
         assert refused.decision == "deny"
         value_bytes = await client.strlen(KEY)
         held = await client.memory_usage(KEY)
+        assert held is not None
     finally:
         await store.close()
     assert value_bytes == 8 + 6 * LIMIT

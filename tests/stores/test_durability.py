@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -212,6 +213,7 @@ async def test_a_snapshot_is_written_only_when_something_changed(
         engine.settle("nothing-like-it"),
     ):
         await change
+        assert isinstance(change, types.CoroutineType)  # named by its method
         assert await store.save_state() is (change.__name__ != "settle")
     await store.close()
 
@@ -286,7 +288,7 @@ async def test_a_failed_save_is_logged_and_retried_at_the_next_interval(
 ) -> None:
     path = tmp_path / "state.json"
     store = open_store(path, clock, interval_s=0.05)
-    failures = []
+    failures: list[bytes] = []
     real_replace = StateFile._replace
 
     def flaky(self: StateFile, data: bytes) -> None:

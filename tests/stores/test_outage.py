@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from ratewarden.clock import FakeClock
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Kind, Recorded, Role
+from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
 from ratewarden.service.app import create_app
 from ratewarden.service.settings import Settings
@@ -251,7 +252,7 @@ class HangingStore(MemoryStore):
         actual: int | None,
         holds: Sequence[Hold],
         fingerprint: str = "",
-    ) -> tuple[int, list[int]]:
+    ) -> tuple[SettleStatus, list[int]]:
         await self._trouble()
         return await super().settle(record_key, call_id, actual, holds, fingerprint)
 

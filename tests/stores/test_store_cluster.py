@@ -19,7 +19,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -151,8 +151,8 @@ def raw_state(cluster: RedisClusterServers) -> dict[str, tuple[int, object, int]
     state: dict[str, tuple[int, object, int]] = {}
     for node, client in enumerate(cluster.clients()):
         for raw in client.scan_iter(match="rw:*"):
-            key = raw.decode()
-            kind = client.type(raw).decode()
+            key = cast("bytes", raw).decode()  # redis-py types both decodings
+            kind = cast("bytes", client.type(raw)).decode()
             value: object
             if kind == "hash":
                 value = client.hgetall(raw)
@@ -196,7 +196,7 @@ async def test_a_call_refused_by_its_last_slot_consumes_nothing_on_any_node(
         releases += 1
         return await real_release(*args)
 
-    cluster_store._release = counting_release  # type: ignore[method-assign]
+    cluster_store._release = counting_release  # type: ignore[method-assign,assignment]
     # The same steps on the embedded store (the Lua script's Python twin) give the answers.
     memory_clock = FakeClock(clock.now_ms())
     twin = Engine(parse_policy(FIVE_SCOPES.encode()), MemoryStore(memory_clock))

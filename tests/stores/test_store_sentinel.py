@@ -82,7 +82,7 @@ async def test_decisions_land_on_the_master_and_replicate(
         replica = sentinel.master
     client = master.client()
     assert client.exists(key)
-    assert client.execute_command("WAIT", 1, 2_000) == 1
+    assert client.execute_command("WAIT", 1, 2_000) == 1  # type: ignore[no-untyped-call]
     client.close()
     client = replica.client()
     assert client.get(key) is not None  # the replica a failover would promote has it
@@ -211,7 +211,7 @@ def fail_over(
         old.process.wait()
     else:
         client = deployment.sentinels[0].client()
-        client.execute_command("SENTINEL", "FAILOVER", SERVICE)
+        client.execute_command("SENTINEL", "FAILOVER", SERVICE)  # type: ignore[no-untyped-call]
         client.close()
     wait_for("the sentinels to name the new master", lambda: deployment.master_port() == new.port)
     wait_for("the new master to take writes", lambda: role(new) == "master")
@@ -258,7 +258,7 @@ def test_the_daemon_keeps_deciding_across_a_failover(tmp_path: Path, how: str) -
         old = deployment.current_master()
         new = deployment.replica
         client = old.client()
-        assert client.execute_command("WAIT", 1, 2_000) == 1  # replicated before it fails
+        assert client.execute_command("WAIT", 1, 2_000) == 1  # type: ignore[no-untyped-call]  # replicated first
         client.close()
 
         with Prober(http) as prober:

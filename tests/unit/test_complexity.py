@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from radon.complexity import cc_visit
+from radon.complexity import cc_visit  # type: ignore[import-untyped]
 
 import ratewarden
 

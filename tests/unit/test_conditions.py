@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
-from re2 import _re2
+from re2 import _re2  # type: ignore[import-untyped]  # google-re2 ships no types
 
 from ratewarden.arguments import MISSING, ArgPath
 from ratewarden.policy.automaton import MAX_BYTES as AUTOMATON_MAX_BYTES

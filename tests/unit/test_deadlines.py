@@ -37,7 +37,7 @@ def deadlines_of(timeout_s: float, cpu_wait: Callable[[], float] = lambda: 0.0) 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
 def run(request: pytest.FixtureRequest) -> Runner:
-    return asyncio.run if request.param == "asyncio" else uvloop.run  # type: ignore[return-value]
+    return asyncio.run if request.param == "asyncio" else uvloop.run
 
 
 async def _block(deadlines: Deadlines, seconds: float) -> str:

@@ -8,6 +8,7 @@ tests/stores/test_fail_open_redis.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -92,7 +93,7 @@ def store(clock: FakeClock) -> FlakyStore:
     return found
 
 
-def engine_on(store: FlakyStore, clock: FakeClock, policy: str = POLICY, **kw: int) -> Engine:
+def engine_on(store: FlakyStore, clock: FakeClock, policy: str = POLICY, **kw: Any) -> Engine:
     return Engine(parse_policy(policy.encode()), store, clock=clock, **kw)
 
 

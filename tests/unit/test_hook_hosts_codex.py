@@ -64,7 +64,7 @@ def test_post_tool_use_settles_the_same_call() -> None:
 
 def test_a_reused_model_call_id_is_another_call_in_another_turn_or_session() -> None:
     ids = {
-        read({**PRE, "tool_use_id": "call_0", **changed}).call_id  # type: ignore[union-attr]
+        read({**PRE, "tool_use_id": "call_0", **changed}).call_id  # type: ignore[attr-defined]
         for changed in ({}, {"turn_id": "t2"}, {"session_id": "s2"})
     }
     assert len(ids) == 3
@@ -73,7 +73,7 @@ def test_a_reused_model_call_id_is_another_call_in_another_turn_or_session() -> 
 
 def test_a_call_without_session_and_turn_keeps_its_id() -> None:
     payload = {key: value for key, value in PRE.items() if key not in ("session_id", "turn_id")}
-    assert read(payload).call_id == "call_a61fcaf1ce04"  # type: ignore[union-attr]
+    assert read(payload).call_id == "call_a61fcaf1ce04"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("event", ["SessionStart", "PermissionRequest", "Stop", "UserPromptSubmit"])

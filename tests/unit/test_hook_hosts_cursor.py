@@ -11,6 +11,7 @@ import pytest
 from ratewarden.hooks import cursor
 from ratewarden.hooks.contract import BadInput, PostCall, PreCall
 from ratewarden.hooks.hosts import HOSTS, SUMMARIES
+from ratewarden.vocabulary import DecisionName
 
 BASE = {
     "conversation_id": "c0ffee00-1111-4222-8333-444455556666",
@@ -105,7 +106,7 @@ def test_a_call_a_hook_refused_never_ran_and_costs_nothing() -> None:
 def test_the_same_model_call_id_in_another_conversation_is_another_call() -> None:
     other = read({**PRE, "session_id": "s2", "conversation_id": "s2"})
     assert isinstance(other, PreCall)
-    assert other.call_id != read(PRE).call_id  # type: ignore[union-attr]
+    assert other.call_id != read(PRE).call_id  # type: ignore[attr-defined]
 
 
 def test_before_shell_execution_is_a_shell_call_without_an_id() -> None:
@@ -158,7 +159,9 @@ def test_unreadable_input(payload: bytes) -> None:
 
 
 @pytest.mark.parametrize("decision", ["deny", "ask"])
-def test_a_refusal_is_a_permission_with_the_message_for_user_and_model(decision: str) -> None:
+def test_a_refusal_is_a_permission_with_the_message_for_user_and_model(
+    decision: DecisionName,
+) -> None:
     output = cursor.refuse(decision, "Rate limit: max 10 terminal calls per minute")
     assert output.code == 0
     assert output.stderr == ()

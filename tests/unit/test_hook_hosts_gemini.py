@@ -13,7 +13,7 @@ from ratewarden.hooks import gemini
 from ratewarden.hooks.contract import BadInput, PreCall
 from ratewarden.hooks.hosts import HOSTS, SUMMARIES
 
-BEFORE = {
+BEFORE: dict[str, Any] = {
     "session_id": "cc3da635-db58-4b8d-bc99-76349c169c26",
     "transcript_path": "/home/u/.gemini/tmp/work/chats/session.jsonl",
     "cwd": "/work",

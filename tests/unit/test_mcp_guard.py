@@ -150,7 +150,9 @@ async def test_an_ask_is_refused_when_declined_or_when_no_one_can_be_asked(
     assert "did not approve" in declined.message
     # A 2026-07-28 client declares elicitation in each request's _meta, but cannot take a
     # request outside one: it is not asked.
-    meta = {"io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}}
+    meta: dict[str, object] = {
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}
+    }
     unasked = await SessionGuard(guard, user="u").check(
         2, {"name": "deploy", "_meta": meta}, never_asked
     )

@@ -392,9 +392,14 @@ def test_every_rate_syntax_parses_to_its_window() -> None:
     parsed = {
         r.name: (r.limit.rate.limit, r.limit.rate.window_ms, r.limit.rate.window)
         for r in policy.rules
+        if isinstance(r.limit, RateLimit)  # all of them: EVERY_RATE names every rule
     }
     assert parsed == EVERY_RATE
-    algorithms = {r.name: (r.limit.algorithm, r.limit.burst) for r in policy.rules}
+    algorithms = {
+        r.name: (r.limit.algorithm, r.limit.burst)
+        for r in policy.rules
+        if isinstance(r.limit, RateLimit)
+    }
     assert algorithms["big-bucket"] == (Algorithm.TOKEN_BUCKET, 500)
     assert algorithms["big-fixed"] == (Algorithm.FIXED_WINDOW, None)
     assert algorithms["per-second"] == (Algorithm.SLIDING_WINDOW, None)

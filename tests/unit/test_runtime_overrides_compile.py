@@ -46,7 +46,7 @@ def lookups(policy: object) -> dict[tuple[str, str], object]:
 def test_incremental_changes_give_the_policy_a_whole_compile_gives() -> None:
     rng = random.Random(25)
     base = parse_policy(POLICY)
-    policy, runtime = base, []
+    policy, runtime = base, list[tuple[str, OverrideSpec]]()
     for step in range(200):
         if runtime and rng.random() < 0.35:
             runtime.pop(rng.randrange(len(runtime)))

@@ -5,6 +5,7 @@ identity; the service tokens' globs (RATEWARDEN_API_TOKEN_USERS) validated."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -77,7 +78,8 @@ def test_a_token_both_a_users_and_a_service_or_admin_token_is_refused(
     tmp_path: Path, setting: str
 ) -> None:
     path = written(tmp_path, f"alice: {ALICE}\n")
-    settings = Settings(user_tokens=path, **{setting: [ALICE]})
+    tokens: dict[str, Any] = {setting: [ALICE]}
+    settings = Settings(user_tokens=path, **tokens)
     with pytest.raises(ValueError, match="tokens file") as raised:
         auth.Tokens.from_settings(settings)
     assert f"RATEWARDEN_{setting.upper()}" in str(raised.value)

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import BaseModel
 
 from ratewarden import vocabulary
 from ratewarden.calls import ToolFacts
@@ -227,7 +228,7 @@ def enums_in(annotation: Any) -> set[type[enum.Enum]]:
     return {found for arg in typing.get_args(annotation) for found in enums_in(arg)}
 
 
-SPECS = [
+SPECS: list[type[BaseModel]] = [
     schema.PolicySpec,
     schema.DefaultsSpec,
     schema.RuleSpec,
@@ -354,7 +355,9 @@ def test_the_metadata_reaches_the_engine_field_by_field() -> None:
 
     given = dict.fromkeys(vocabulary.METADATA_FLAGS, True) | {"tags": ["a"]}
     call = to_call(CheckRequest(user="u", tool="t", metadata=ToolMetadata(**given)))
-    assert call.facts == ToolFacts(**dict.fromkeys(vocabulary.METADATA_FLAGS, True), tags={"a"})
+    assert call.facts == ToolFacts(
+        **dict.fromkeys(vocabulary.METADATA_FLAGS, True), tags=frozenset({"a"})
+    )
 
 
 # -- one call-id scheme for every host ------------------------------------------------------------

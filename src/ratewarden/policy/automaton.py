@@ -28,8 +28,8 @@ import functools
 import re
 import warnings
 from collections.abc import Iterable, Sequence
-from re import _constants as sre  # type: ignore[attr-defined]
-from re import _parser as sre_parse  # type: ignore[attr-defined]
+from re import _constants as sre  # type: ignore[attr-defined,unused-ignore]
+from re import _parser as sre_parse  # type: ignore[attr-defined,unused-ignore]
 from typing import Any, Final
 
 __all__ = ["MAX_BYTES", "TooLarge", "automaton_bytes"]

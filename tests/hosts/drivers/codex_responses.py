@@ -33,7 +33,7 @@ class FakeModel:
     parallel: int = 1  # calls per response
     tool_results: dict[str, str] = field(default_factory=dict)  # call id -> output
     outputs: list[str] = field(default_factory=list)  # every tool output so far, in order
-    offered: list[list[str]] = field(default_factory=list)  # tool names, per request
+    offered: list[list[str | None]] = field(default_factory=list)  # tool names, per request
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def answer(self, body: dict[str, Any]) -> list[dict[str, Any]]:

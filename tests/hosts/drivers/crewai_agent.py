@@ -187,8 +187,8 @@ class ReactModel(BaseLLM):
         done = len(self.received())
         if done >= len(self.script):
             return "Thought: I now know the final answer\nFinal Answer: done"
-        name, args = self.script[done]
-        return f"Thought: next\nAction: {name}\nAction Input: {json.dumps(args)}"
+        name, tool_args = self.script[done]
+        return f"Thought: next\nAction: {name}\nAction Input: {json.dumps(tool_args)}"
 
     def supports_function_calling(self) -> bool:
         return False

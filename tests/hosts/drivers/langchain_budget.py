@@ -28,12 +28,13 @@ from ratewarden.integrations.langchain import RatewardenMiddleware
 def spend(config: dict[str, Any]) -> dict[str, Any]:
     agent.WORK = Path(config["work"])
     os.environ["RATEWARDEN_URL"] = config["url"]
-    return agent.run_sync(
+    report: dict[str, Any] = agent.run_sync(
         "budget",
         agent.terminal_plan(int(config["calls"])),
         RatewardenMiddleware(),
         context={"user_id": config["user"]},
     )
+    return report
 
 
 if __name__ == "__main__":

@@ -173,7 +173,7 @@ async def answer_forms(server: str = "demo") -> dict[str, Any]:
     url = f"{CONFIG['gateway']}/{server}/mcp"
     forms = {}
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
-        kinds = [
+        kinds: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
             ("asked", {"elicitation": {}}, {}),
             ("not asked", {}, {}),
             ("not asked, progress", {}, {"_meta": {"progressToken": "p-1"}}),
@@ -317,7 +317,7 @@ async def arguments(server: str) -> dict[str, Any]:
     args = [{"command": "rm -rf / --no-preserve-root"}, {"command": f"ls /{user}"}]
     # Issue 25: the same command padded past the wire's caps is still refused (a body
     # nested past them the gateway refuses itself, unread: test_mcp_gateway_limits.py).
-    pads = [{"pad": "x" * 70_000}, {"escapes": ["\u0001" * 100] * 500}]
+    pads: list[dict[str, Any]] = [{"pad": "x" * 70_000}, {"escapes": ["\u0001" * 100] * 500}]
     args += [{"command": "rm -rf / --no-preserve-root", **pad} for pad in pads]
     results = await session(server, bearer(user), lambda c: calls(c, "terminal", args))
     return {"results": results, "ran": ran(server, user) + ran(server, "rm -rf")}

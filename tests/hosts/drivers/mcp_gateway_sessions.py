@@ -77,7 +77,7 @@ async def open_session(
 
 
 async def ping(http: httpx2.AsyncClient, headers: dict[str, str], url: str = URL) -> int:
-    return (await http.post(url, json=request("ping", 7), headers=headers)).status_code
+    return int((await http.post(url, json=request("ping", 7), headers=headers)).status_code)
 
 
 def result_text(answer: httpx2.Response) -> str:
@@ -86,7 +86,7 @@ def result_text(answer: httpx2.Response) -> str:
         try:
             return str(answer.json()["error"]["message"])
         except (ValueError, KeyError, TypeError):
-            return answer.text
+            return str(answer.text)
     text = answer.text
     if answer.headers["content-type"].startswith("text/event-stream"):
         text = [line[5:] for line in text.splitlines() if line.startswith("data:")][-1]
