@@ -9,6 +9,7 @@ own terms instead (see `ratewarden.hooks`).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import sys
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ratewarden import __version__, cli_override, cli_reset
 from ratewarden.hooks import command as hook_command
-from ratewarden.vocabulary import METADATA_FLAGS
+from ratewarden.vocabulary import METADATA_FLAGS, ClientSettings
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
     from ratewarden.settings import Settings
 
 EXIT_ALLOW, EXIT_DENY, EXIT_USAGE, EXIT_ASK, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+# What the `daemon` extra brings, imported by `serve` and `policy` (a host installs only the
+# client: there, these commands say what to install instead of failing on an import).
+DAEMON_MODULES = ("fastapi", "uvicorn", "redis", "pydantic_settings", "prometheus_client",
+                  "yaml", "re2", "fastapi_offline")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,6 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "daemon_command", None) and (missing := _missing_daemon_module()):
+        return _usage_error(
+            f"{args.daemon_command} needs the daemon's dependencies (no module {missing!r}): "
+            "pip install 'ratewarden[daemon]' (from a clone: pip install '.[daemon]')"
+        )
     try:
         code: int = args.run(args)
     except ValidationError as exc:
@@ -51,6 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error
         return 0
     return code
+
+
+def _missing_daemon_module() -> str | None:
+    return next((name for name in DAEMON_MODULES if importlib.util.find_spec(name) is None), None)
+
+
+def client_target(args: argparse.Namespace) -> ClientSettings:
+    """The daemon's URL and token: the flags over RATEWARDEN_URL and RATEWARDEN_TOKEN, read
+    as the client reads them (no pydantic-settings: a host may run `check`)."""
+    return ClientSettings.read()._replace(**_given(args, "url", "token"))
 
 
 def _settings(**given: Any) -> Settings:
@@ -142,7 +162,7 @@ def _add_serve(commands: Any) -> None:
         metavar="N",
         help="open connections per process (default: the open-file limit minus a reserve)",
     )
-    serve.set_defaults(run=_serve)
+    serve.set_defaults(run=_serve, daemon_command="serve")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -292,7 +312,7 @@ def _check(args: argparse.Namespace) -> int:
             "metadata": _metadata(args),
         }
     )
-    settings = _settings(**_given(args, "url", "token"))
+    settings = client_target(args)
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.check(request)
@@ -331,7 +351,7 @@ def _settle(args: argparse.Namespace) -> int:
     from ratewarden.wire import SettleRequest
 
     request = SettleRequest.model_validate(_given(args, "cost", "status"))
-    settings = _settings(**_given(args, "url", "token"))
+    settings = client_target(args)
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.settle(args.call_id, request)
@@ -365,7 +385,7 @@ def _add_usage(commands: Any) -> None:
 def _usage(args: argparse.Namespace) -> int:
     from ratewarden.client import Client, ClientError, DaemonUnavailable
 
-    settings = _settings(**_given(args, "url", "token"))
+    settings = client_target(args)
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.usage(args.user, tool=args.tool, session=args.session, team=args.team)
@@ -419,7 +439,7 @@ def _add_policy(commands: Any) -> None:
     actions = policy.add_subparsers(title="actions", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="validate policy files (for CI); lists every error")
     check.add_argument("files", nargs="+", metavar="FILE")
-    check.set_defaults(run=_policy_check)
+    check.set_defaults(run=_policy_check, daemon_command="policy check")
     explain = actions.add_parser("explain", help="which rules apply to a call, and why")
     explain.add_argument("file", metavar="FILE")
     explain.add_argument("--user", required=True)
@@ -431,7 +451,7 @@ def _add_policy(commands: Any) -> None:
         "--args", type=_args_json, help="the call's arguments as a JSON object (args rules)"
     )
     _add_metadata_flags(explain)
-    explain.set_defaults(run=_policy_explain)
+    explain.set_defaults(run=_policy_explain, daemon_command="policy explain")
 
 
 def _policy_check(args: argparse.Namespace) -> int:

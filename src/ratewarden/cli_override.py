@@ -53,11 +53,10 @@ def _add_set(actions: Any) -> argparse.ArgumentParser:
 
 
 def _client(args: argparse.Namespace) -> Any:
+    from ratewarden.cli import client_target
     from ratewarden.client import Client
-    from ratewarden.settings import Settings
 
-    given = {name: getattr(args, name) for name in ("url", "token") if getattr(args, name, None)}
-    settings = Settings(**given)
+    settings = client_target(args)
     return Client(settings.url, settings.token, timeout=args.timeout)
 
 
