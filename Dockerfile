@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 #
 # ratewarden's image: wheels built in one stage, installed into a slim runtime that runs
-# as a non-root user and has no compiler, no pip cache and no build tools.
+# as a non-root user and has no compiler, no pip cache and no build tools. Its Python
+# packages are those of deploy/requirements.lock, hashes checked (docs/install.md).
 #
 #   docker build -t ratewarden .
 #   docker run -p 8470:8470 -e RATEWARDEN_API_TOKENS=... -e RATEWARDEN_ADMIN_TOKENS=... \
