@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 #
 # ratewarden's image: wheels built in one stage, installed into a slim runtime that runs
-# as a non-root user and has no compiler, no pip cache and no build tools.
+# as a non-root user and has no compiler, no pip cache and no build tools. Its Python
+# packages are those of deploy/requirements.lock, hashes checked (docs/install.md).
 #
 #   docker build -t ratewarden .
 #   docker run -p 8470:8470 -e RATEWARDEN_API_TOKENS=... -e RATEWARDEN_ADMIN_TOKENS=... \
@@ -13,12 +14,17 @@
 # RATEWARDEN_INSECURE_NO_AUTH=true when something in front of it does the auth).
 # Checked by tests/test_deploy_files.py (hadolint, and the build commands run for real).
 
-# -- build: ratewarden's wheel and the wheels of everything it needs -----------------------
+# -- build: the wheels of the locked dependencies, and ratewarden's own ----------------------
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
+# The daemon's dependencies exactly as tested: deploy/requirements.lock pins each one with
+# the hashes of its files on PyPI, and pip refuses any file that does not match.
+COPY deploy/requirements.lock /wheels/
+RUN pip wheel --no-cache-dir --disable-pip-version-check --require-hashes \
+        --wheel-dir /wheels -r /wheels/requirements.lock
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip wheel --no-cache-dir --disable-pip-version-check --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --disable-pip-version-check --no-deps --wheel-dir /wheels .
 
 # -- runtime --------------------------------------------------------------------------------
 FROM python:3.11-slim-bookworm
@@ -33,10 +39,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     RATEWARDEN_LOG_FORMAT=json \
     RATEWARDEN_STATE_FILE=/var/lib/ratewarden/state.json
 
-# Installed offline from the build stage's wheels only: nothing is fetched here.
+# Installed offline from the build stage's wheels only: nothing is fetched here. The locked
+# dependencies first (their hashes checked again), then ratewarden alone (--no-deps).
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --disable-pip-version-check --no-index \
-        --find-links=/wheels /wheels/ratewarden-*.whl \
+        --find-links=/wheels --require-hashes -r /wheels/requirements.lock \
+    && pip install --no-cache-dir --disable-pip-version-check --no-index --no-deps \
+        /wheels/ratewarden-*.whl \
     && groupadd --system --gid 10001 ratewarden \
     && useradd --system --uid 10001 --gid ratewarden --no-create-home \
         --home-dir /var/lib/ratewarden --shell /usr/sbin/nologin ratewarden \

@@ -18,7 +18,8 @@ each against the first.
     .venv/bin/python -m bench.instructions --policy five old=... new=...
 
 (from the project root; each NAME=PYTHON is an interpreter with some version of ratewarden
-installed, for example a venv with `pip install git+file://$PWD@bd4a06f`).
+installed, for example a venv with `pip install "ratewarden[daemon] @ git+file://$PWD@COMMIT"`;
+a commit from before the `daemon` extra, such as bd4a06f, needs no extra).
 
 Needs valgrind (`apt-get install valgrind`). Under callgrind a process runs tens of times
 slower; a run of 6 000 decisions takes about a minute, the interpreters counted side by

@@ -28,7 +28,9 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import zipfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,6 +39,8 @@ import httpx
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from ratewarden.policy import load_policy
 from tests.helpers.hostenv import clean_environment
@@ -231,7 +235,7 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
         if keyword == "COPY" and "--from" not in arguments
         for source in arguments.split()[:-1]
     ]
-    assert copied == ["pyproject.toml", "README.md", "src"]
+    assert copied == ["deploy/requirements.lock", "pyproject.toml", "README.md", "src"]
     for source in copied:
         for path in [ROOT / source, *(ROOT / source).rglob("*.py")]:
             relative = path.relative_to(ROOT).as_posix()
@@ -267,7 +271,7 @@ def test_the_build_stage_makes_a_complete_wheel_from_what_it_copies(tmp_path: Pa
         else:
             context.mkdir(exist_ok=True)
             shutil.copy(origin, context / source)
-    (build,) = [args for keyword, args in DOCKERFILE if args.startswith("pip wheel ")]
+    (build,) = [args for _, args in DOCKERFILE if args.startswith("pip wheel ") and args[-1] == "."]
     command = shlex.split(build)
     assert command[:2] == ["pip", "wheel"]
     assert command[-1] == "."
@@ -295,6 +299,53 @@ def test_the_build_stage_makes_a_complete_wheel_from_what_it_copies(tmp_path: Pa
         "ratewarden = ratewarden.__main__:main"
         in zipfile.ZipFile(wheel).read(entry_points).decode()
     )
+
+
+LOCK = DEPLOY / "requirements.lock"
+
+
+def locked() -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of each `name==version --hash=sha256:...` entry."""
+    entries: dict[str, tuple[str, list[str]]] = {}
+    joined = re.sub(r"\\\n\s*", " ", LOCK.read_text())  # continuation lines
+    for line in joined.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        pin, *options = line.split()
+        name, _, version = pin.partition("==")
+        assert re.fullmatch(r"[\w.!+]+", version), f"not pinned: {line}"
+        assert options, f"no hash: {pin}"
+        assert all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", o) for o in options), line
+        entries[canonicalize_name(name)] = (version, options)
+    return entries
+
+
+def test_the_lock_pins_every_daemon_dependency_within_pyprojects_ranges() -> None:
+    """deploy/requirements.lock (what the image installs, --require-hashes) holds the base
+    dependencies and the `daemon` extra, and all they need in turn (read from the installed
+    packages' metadata), each at a version its requirement allows, each with its hashes."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    direct = [*project["dependencies"], *project["optional-dependencies"]["daemon"]]
+    lock = locked()
+    queue = [(Requirement(text), "pyproject.toml") for text in direct]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while queue:
+        requirement, needed_by = queue.pop()
+        name = canonicalize_name(requirement.name)
+        assert name in lock, f"{requirement} (from {needed_by}) is not in {LOCK.name}"
+        version = lock[name][0]
+        assert requirement.specifier.contains(version, prereleases=True), (
+            f"{LOCK.name} pins {name}=={version}, outside {requirement} (from {needed_by})"
+        )
+        if (name, frozenset(requirement.extras)) in seen:
+            continue
+        seen.add((name, frozenset(requirement.extras)))
+        for text in metadata.requires(name) or []:
+            needed = Requirement(text)
+            extras = {"", *requirement.extras}
+            if needed.marker is None or any(needed.marker.evaluate({"extra": e}) for e in extras):
+                queue.append((needed, f"{name}{sorted(requirement.extras) or ''}"))
+    assert {name for name, _ in seen} == set(lock), "pins nothing needs: regenerate the lock"
 
 
 # -- docker-compose.yml ---------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 The hosts' pinned dependencies conflict with each other (hermes-agent pins openai 2.x,
 openai-agents needs openai 3.x), so each Python host gets its own venv under
-`.hosts/<name>`, with ratewarden installed from this checkout *with its dependencies*:
-that install is itself the proof that ratewarden co-installs with the host's pins. A
+`.hosts/<name>`, with ratewarden installed from this checkout *with its dependencies*
+(the base package, as a host installs it: no daemon): that install is itself the proof
+that ratewarden co-installs with the host's pins. A
 host CLI from the npm registry gets its own `node_modules` under `.hosts/<name>`.
 
 The pins live in one place, `tests/hosts/requirements/`: `<name>.txt` for a venv (pip
@@ -166,15 +167,18 @@ def _build_venv_locked(name: str, requirements: list[str]) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     _pip(name, [*pip, *requirements])  # the host alone: the long part, run side by side
-    # Then ratewarden with its dependencies, resolved against the host's pins. One at a
-    # time: an editable install writes its build metadata into this checkout.
+    # Then ratewarden with its dependencies, resolved against the host's pins: the base
+    # package (the client, adapters and hooks: no daemon), plus the extra the host runs.
+    # One at a time: an editable install writes its build metadata into this checkout.
     with _editable_lock:
-        _pip(name, [*pip, *requirements, "-e", str(ROOT)])
+        _pip(name, [*pip, *requirements, "-e", f"{ROOT}{EXTRAS.get(name, '')}"])
     stamp.write_text(json.dumps(wanted))
     return python
 
 
 _editable_lock = threading.Lock()
+# Hosts that run more of ratewarden than the client: the mcp venv runs `ratewarden mcp`.
+EXTRAS = {"mcp": "[mcp]"}
 
 
 def _pip(name: str, command: list[str]) -> None:

@@ -19,7 +19,13 @@ from ratewarden import __version__
 from ratewarden.cli import check, policy, serve
 from ratewarden.cli import override as cli_override
 from ratewarden.cli import reset as cli_reset
-from ratewarden.cli.common import EXIT_USAGE, add_client_flags, settings_problem, usage_error
+from ratewarden.cli.common import (
+    EXIT_USAGE,
+    add_client_flags,
+    missing_daemon_module,
+    settings_problem,
+    usage_error,
+)
 from ratewarden.hooks import command as hook_command
 
 
@@ -37,6 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "daemon_command", None) and (missing := missing_daemon_module()):
+        return usage_error(
+            f"{args.daemon_command} needs the daemon's dependencies (no module {missing!r}): "
+            "pip install 'ratewarden[daemon]' (from a clone: pip install '.[daemon]')"
+        )
     try:
         code: int = args.run(args)
     except ValidationError as exc:

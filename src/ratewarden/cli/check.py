@@ -19,11 +19,12 @@ from ratewarden.cli.common import (
     add_client_flags,
     add_metadata_flags,
     args_json,
+    client_target,
     flags_given,
     table,
     usage_error,
 )
-from ratewarden.vocabulary import METADATA_FLAGS, ClientSettings
+from ratewarden.vocabulary import METADATA_FLAGS
 
 
 def add_parsers(commands: Any) -> None:
@@ -63,7 +64,7 @@ def _check(args: argparse.Namespace) -> int:
             "metadata": _metadata(args),
         }
     )
-    settings = ClientSettings.read()._replace(**flags_given(args, "url", "token"))
+    settings = client_target(args)
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.check(request)
@@ -102,7 +103,7 @@ def _settle(args: argparse.Namespace) -> int:
     from ratewarden.wire.bodies import SettleRequest
 
     request = SettleRequest.model_validate(flags_given(args, "cost", "status"))
-    settings = ClientSettings.read()._replace(**flags_given(args, "url", "token"))
+    settings = client_target(args)
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.settle(args.call_id, request)
@@ -136,7 +137,7 @@ def _add_usage(commands: Any) -> None:
 def _usage(args: argparse.Namespace) -> int:
     from ratewarden.client import Client, ClientError, DaemonUnavailable
 
-    settings = ClientSettings.read()._replace(**flags_given(args, "url", "token"))
+    settings = client_target(args)
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
             answer = client.usage(args.user, tool=args.tool, session=args.session, team=args.team)

@@ -4,16 +4,32 @@ environment, and how a usage error is said."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ratewarden.vocabulary import DEFAULT_URL, METADATA_FLAGS
+from ratewarden.vocabulary import DEFAULT_URL, METADATA_FLAGS, ClientSettings
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
 
 EXIT_ALLOW, EXIT_DENY, EXIT_USAGE, EXIT_ASK, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+# What the `daemon` extra brings, imported by `serve` and `policy` (a host installs only the
+# client: there, these commands say what to install instead of failing on an import).
+DAEMON_MODULES = ("fastapi", "uvicorn", "redis", "pydantic_settings", "prometheus_client",
+                  "yaml", "re2", "fastapi_offline")  # fmt: skip
+
+
+def client_target(args: argparse.Namespace) -> ClientSettings:
+    """The daemon's URL and token: the flags over RATEWARDEN_URL and RATEWARDEN_TOKEN, read
+    as the client reads them (no pydantic-settings: a host may run `check`)."""
+    return ClientSettings.read()._replace(**flags_given(args, "url", "token"))
+
+
+def missing_daemon_module() -> str | None:
+    """The first of the daemon extra's modules not installed here, if any."""
+    return next((name for name in DAEMON_MODULES if importlib.util.find_spec(name) is None), None)
 
 
 def add_client_flags(parser: argparse.ArgumentParser) -> None:

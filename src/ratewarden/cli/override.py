@@ -53,11 +53,10 @@ def _add_set(actions: Any) -> argparse.ArgumentParser:
 
 
 def _client(args: argparse.Namespace) -> Any:
+    from ratewarden.cli.common import client_target
     from ratewarden.client import Client
-    from ratewarden.vocabulary import ClientSettings
 
-    given = {name: getattr(args, name) for name in ("url", "token") if getattr(args, name, None)}
-    settings = ClientSettings.read()._replace(**given)
+    settings = client_target(args)
     return Client(settings.url, settings.token, timeout=args.timeout)
 
 

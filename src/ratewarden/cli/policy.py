@@ -19,7 +19,7 @@ def add_parser(commands: Any) -> None:
     actions = policy.add_subparsers(title="actions", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="validate policy files (for CI); lists every error")
     check.add_argument("files", nargs="+", metavar="FILE")
-    check.set_defaults(run=_policy_check)
+    check.set_defaults(run=_policy_check, daemon_command="policy check")
     explain = actions.add_parser("explain", help="which rules apply to a call, and why")
     explain.add_argument("file", metavar="FILE")
     explain.add_argument("--user", required=True)
@@ -31,7 +31,7 @@ def add_parser(commands: Any) -> None:
         "--args", type=args_json, help="the call's arguments as a JSON object (args rules)"
     )
     add_metadata_flags(explain)
-    explain.set_defaults(run=_policy_explain)
+    explain.set_defaults(run=_policy_explain, daemon_command="policy explain")
 
 
 def _policy_check(args: argparse.Namespace) -> int:

@@ -50,7 +50,7 @@ TOKENS = "(repeatable; replaces $RATEWARDEN_%s, safer since flags show in `ps`)"
 
 def add_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run the daemon")
-    serve.set_defaults(run=_serve)
+    serve.set_defaults(run=_serve, daemon_command="serve")
     try:
         from ratewarden.service.settings import Settings
     except ModuleNotFoundError:  # a client-only install: `serve` says what to install

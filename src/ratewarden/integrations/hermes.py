@@ -1,8 +1,8 @@
 """hermes-agent: ask ratewarden before every tool call, settle the call after it ran.
 
-Installed into hermes' environment (`pip install 'ratewarden[hermes]'`), this module is
-the plugin `ratewarden` of the entry-point group `hermes_agent.plugins`; hermes loads
-it once it is enabled in `$HERMES_HOME/config.yaml`:
+Installed into hermes' environment (`pip install './ratewarden[hermes]'` from a clone:
+docs/install.md), this module is the plugin `ratewarden` of the entry-point group
+`hermes_agent.plugins`; hermes loads it once it is enabled in `$HERMES_HOME/config.yaml`:
 
     plugins:
       enabled: [ratewarden]

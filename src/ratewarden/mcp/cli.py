@@ -21,11 +21,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ratewarden.hooks.command import add_client_flags
-from ratewarden.mcp.identity import LOOPBACK, Identities, read_tokens
 from ratewarden.mcp.upstream import Upstream
+
+if TYPE_CHECKING:
+    from ratewarden.mcp.identity import Identities
 
 __all__ = ["cli"]
 T = TypeVar("T")
@@ -38,7 +40,12 @@ GATEWAY_USAGE = (
     "(--tokens FILE | --user-header NAME) [--url URL ...] [--token T] [--fail open|closed]"
 )
 USER_TOKENS = "RATEWARDEN_USER_TOKENS"
-MISSING_SDK = "ratewarden mcp needs the MCP SDK, an optional extra: pip install 'ratewarden[mcp]'"
+# What the `mcp` extra brings: the SDK, and the gateway's server, settings and tokens file.
+MCP_MODULES = ("mcp", "uvicorn", "pydantic_settings", "yaml")
+MISSING_EXTRA = (
+    "ratewarden mcp needs the mcp extra (no module {!r}): pip install 'ratewarden[mcp]' "
+    "(from a clone: pip install '.[mcp]')"
+)
 # uvloop when installed (uvicorn[standard] brings it): pipes, sockets and timers cost
 # less, which is most of what the proxy adds to a call.
 LOOP = {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
@@ -65,10 +72,11 @@ def cli(argv: Sequence[str]) -> int:
         parser.error("the gateway starts its servers from --server NAME=COMMAND, not after --")
     if not gateway and not command:
         parser.error("give the server's command after -- (or --listen for the gateway)")
-    identities = _identities(parser, options) if gateway else None
-    if importlib.util.find_spec("mcp") is None:  # an optional extra: say how to get it
-        print(MISSING_SDK, file=sys.stderr)
+    missing = next((name for name in MCP_MODULES if importlib.util.find_spec(name) is None), None)
+    if missing is not None:  # an optional extra: say how to get it
+        print(MISSING_EXTRA.format(missing), file=sys.stderr)
         return 2
+    identities = _identities(parser, options) if gateway else None
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="ratewarden: %(message)s")
     import anyio
 
@@ -169,6 +177,8 @@ def _gateway_parser() -> argparse.ArgumentParser:
 
 
 def _identities(parser: argparse.ArgumentParser, options: argparse.Namespace) -> Identities:
+    from ratewarden.mcp.identity import LOOPBACK, Identities, read_tokens  # (YAML: the extra)
+
     if options.tokens is None and os.environ.get(USER_TOKENS):
         # The daemon's user tokens file: one file says who everyone is, on every path.
         options.tokens = Path(os.environ[USER_TOKENS])
