@@ -84,7 +84,8 @@ def test_a_host_install_holds_the_client_and_not_the_daemon(tmp_path: Path) -> N
     imports = """
 import pkgutil, sys, ratewarden, ratewarden.hooks, ratewarden.integrations
 from ratewarden.client import AsyncClient, AsyncGuard, Client, Guard
-from ratewarden import keepalive, wire
+from ratewarden.http import keepalive
+from ratewarden.wire import bodies, bounded, names
 for package in (ratewarden.hooks, ratewarden.integrations):
     for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
         __import__(module.name)
