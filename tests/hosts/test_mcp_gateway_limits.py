@@ -18,9 +18,8 @@ import pytest
 import yaml
 
 from ratewarden.wire import MAX_ARGS_DEPTH, MAX_ITEMS
-from tests.helpers.hostenv import clean_environment, host_python, run_driver, running_daemon
 from tests.helpers.redis_server import free_port, running_redis
-from tests.hosts.test_mcp_gateway import started
+from tests.hosts.scenario import clean_environment, host_python, run_driver, running_daemon, started
 
 DRIVER = Path(__file__).parent / "drivers" / "mcp_gateway_sessions.py"
 USERS = [
