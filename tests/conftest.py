@@ -42,8 +42,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         needed = {marker for name, marker in _BY_FIXTURE.items() if name in fixtures}
         if "redis" in params.values() and fixtures & {"make_store", "store"}:
             needed.add("redis")  # the real-Redis instance of a store-parametrised test
-        if TESTS / "hosts" in Path(str(item.path)).parents:
+        folders = Path(str(item.path)).parents
+        if TESTS / "hosts" in folders:
             needed.add("host")
+        if TESTS / "browser" in folders:
+            needed.add("browser")  # also for a module that forgets its pytestmark
         if "cluster" in needed or "sentinel" in needed:
             needed.add("redis")
         for marker in needed:

@@ -28,6 +28,7 @@ SERVERS = {"echo", "floor", "one rule", "five rules", "batch", "two workers", "r
 NO_REDIS = {"echo", "refused hammer"}  # no decision asks Redis (CPU read in 10 ms ticks)
 
 
+@pytest.mark.slow  # bench/run --quick: minutes; the full suite runs it
 @pytest.mark.redis
 @pytest.mark.timeout(900)
 def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
@@ -151,6 +152,7 @@ def check_inprocess(found: dict[str, Any]) -> None:
     assert regex["backtracking_ms"] > 0
 
 
+@pytest.mark.slow  # two daemons and two redis-servers under callgrind
 @pytest.mark.redis
 @pytest.mark.timeout(600)
 def test_instruction_counts_repeat_for_the_same_code() -> None:

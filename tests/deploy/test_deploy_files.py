@@ -252,6 +252,7 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
         assert dockerignore_excludes(secret), secret
 
 
+@pytest.mark.slow  # a real `pip wheel` build
 def test_the_build_stage_makes_a_complete_wheel_from_what_it_copies(tmp_path: Path) -> None:
     """The build stage's `pip wheel` (ratewarden's own wheel only; its dependencies are
     wheels from PyPI), on a context of exactly the copied files."""

@@ -78,8 +78,9 @@ def prebuild(names: Iterable[str]) -> None:
     pool.shutdown(wait=False)
 
 
-# How a test module names the environments it uses: `host_python("strands")`.
-_NAMED = re.compile(r"""host_(?:python|node_modules)\(\s*["'](\w+)["']""")
+# How a test module names the environments it uses: `host_python("strands")`, or through
+# tests/hosts/scenario.py, `host_scenario("strands", ...)` and `host_cli("codex")`.
+_NAMED = re.compile(r"""host_(?:python|node_modules|scenario|cli)\(\s*["'](\w+)["']""")
 
 
 def environments_named_in(sources: Iterable[Path]) -> set[str]:
@@ -188,12 +189,15 @@ def _pip(name: str, command: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def running_daemon(policy: str, directory: Path, *flags: str) -> Iterator[Daemon]:
-    """`ratewarden serve` on a free port with `policy`, until the block ends."""
+def running_daemon(
+    policy: str, directory: Path, *flags: str, env: dict[str, str] | None = None
+) -> Iterator[Daemon]:
+    """`ratewarden serve` on a free port with `policy` (and `env`, a clean environment if
+    None), until the block ends."""
     directory.mkdir(parents=True, exist_ok=True)
     policy_path = directory / "policy.yaml"
     policy_path.write_text(policy)
-    with serving(directory, "--policy", str(policy_path), *flags) as daemon:
+    with serving(directory, "--policy", str(policy_path), *flags, env=env) as daemon:
         yield daemon
 
 

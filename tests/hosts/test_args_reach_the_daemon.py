@@ -31,14 +31,21 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.daemon import Daemon, clean_environment, read_denials
-from tests.helpers.daemon import running_daemon as serving
 from tests.helpers.fake_anthropic import fake_messages_api
-from tests.helpers.hostenv import host_python, run_driver
+from tests.hosts.scenario import (
+    DRIVERS,
+    Daemon,
+    bundled_claude,
+    clean_environment,
+    host_python,
+    new_user,
+    read_denials,
+    run_driver,
+    running_daemon,
+)
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds the host venvs
 
-DRIVERS = Path(__file__).parent / "drivers"
 RATEWARDEN = Path(sys.executable).with_name("ratewarden")  # this venv's console script
 FRAMEWORKS = ("openai_agents", "pydantic_ai", "strands")  # pins: tests/hosts/requirements/
 
@@ -84,11 +91,8 @@ REPEATED = (
 @contextlib.contextmanager
 def audited_daemon(policy: str, directory: Path) -> Iterator[Daemon]:
     """`ratewarden serve` with `policy`, writing each call's args into its audit."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "policy.yaml"
-    path.write_text(policy)
     env = clean_environment(RATEWARDEN_AUDIT_ARGS="true")
-    with serving(directory, "--policy", str(path), env=env) as daemon:
+    with running_daemon(policy, directory, env=env) as daemon:
         yield daemon
 
 
@@ -102,10 +106,6 @@ def reads_args(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 def blind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     with audited_daemon(BLIND, tmp_path_factory.mktemp("blind")) as daemon:
         yield daemon
-
-
-def new_user(host: str) -> str:
-    return f"{host}-{uuid.uuid4().hex[:8]}"
 
 
 def denials(daemon: Daemon, user: str) -> list[dict[str, Any]]:
@@ -317,19 +317,7 @@ def test_adapter_sends_no_args_when_the_policy_does_not_read_them(
 def claude_cli() -> tuple[Path, Path]:
     """The CLI bundled in claude-agent-sdk, and ratewarden's console script beside it."""
     python = host_python("claude_code")
-    found = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import claude_agent_sdk, pathlib; "
-            "print(pathlib.Path(claude_agent_sdk.__file__).parent / '_bundled' / 'claude')",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return Path(found.stdout.strip()), python.with_name("ratewarden")
+    return bundled_claude(python), python.with_name("ratewarden")
 
 
 def run_claude(

@@ -23,7 +23,6 @@ import sys
 import types
 import unicodedata
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,8 +35,7 @@ from pydantic import TypeAdapter
 
 from ratewarden.client import AsyncGuard, Guard
 from ratewarden.wire.bodies import CallId, CheckRequest, Subject
-from tests.helpers.daemon import read_denials
-from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
+from tests.hosts.scenario import Daemon, clean_environment, daemon_fixture, new_user, read_denials
 
 RATEWARDEN = Path(sys.executable).with_name("ratewarden")  # the installed console script
 POLICY = """\
@@ -61,14 +59,7 @@ SUBJECT: TypeAdapter[str] = TypeAdapter(Subject)
 CALL_ID: TypeAdapter[str] = TypeAdapter(CallId)
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    with running_daemon(POLICY, tmp_path_factory.mktemp("hole-hooks-daemon")) as served:
-        yield served
-
-
-def new_user(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+daemon = daemon_fixture(POLICY, scope="module")
 
 
 def denials(daemon: Daemon, user: str) -> list[dict[str, Any]]:

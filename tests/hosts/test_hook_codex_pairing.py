@@ -7,19 +7,13 @@ tests/hosts/test_host_codex.py."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
-import pytest
-
-from tests.helpers.daemon import read_usage
-from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
+from tests.hosts.scenario import Daemon, clean_environment, daemon_fixture, settles, usage_of
 
 POLICY = """\
 version: 1
@@ -44,19 +38,8 @@ PRE = {
 }
 
 
-def daemon_with(slots: int, tmp_path: Path) -> Iterator[Daemon]:
-    with running_daemon(POLICY.replace("{slots}", str(slots)), tmp_path / "daemon") as served:
-        yield served
-
-
-@pytest.fixture
-def eight(tmp_path: Path) -> Iterator[Daemon]:
-    yield from daemon_with(8, tmp_path)
-
-
-@pytest.fixture
-def one(tmp_path: Path) -> Iterator[Daemon]:
-    yield from daemon_with(1, tmp_path)
+eight = daemon_fixture(POLICY.replace("{slots}", "8"), name="eight")
+one = daemon_fixture(POLICY.replace("{slots}", "1"), name="one")
 
 
 def payload(event: str, command: str) -> str:
@@ -88,14 +71,8 @@ def hooks_at_once(daemon: Daemon, home: Path, payloads: list[str]) -> list[str]:
         return list(pool.map(hook, payloads))
 
 
-def settles(daemon: Daemon) -> dict[str, float]:
-    metrics = httpx.get(f"{daemon.url}/metrics").text
-    found = re.findall(r'^ratewarden_settles_total\{outcome="(\w+)"\} (\S+)$', metrics, re.M)
-    return {outcome: float(count) for outcome, count in found if float(count)}
-
-
 def used(daemon: Daemon) -> dict[str, Any]:
-    return {rule: item["used"] for rule, item in read_usage(daemon.url, "erin", "Bash").items()}
+    return usage_of(daemon, "erin", "Bash")
 
 
 def ledger_of(home: Path) -> list[str]:

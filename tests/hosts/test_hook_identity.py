@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.daemon import Daemon, clean_environment, running_daemon
+from tests.hosts.scenario import Daemon, clean_environment, serving
 from tests.hosts.test_hooks import claude_post, claude_pre, hook
 
 ALICE = "alice-hook-token-0123456789"
@@ -49,7 +49,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         RATEWARDEN_POLICY=str(directory / "policy.yaml"),
         RATEWARDEN_STATE_FILE="off",
     )
-    with running_daemon(directory, env=env) as served:
+    with serving(directory, env=env) as served:
         yield served
 
 

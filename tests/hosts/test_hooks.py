@@ -16,7 +16,6 @@ import shlex
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,15 @@ import pytest
 from ratewarden.hooks.command import HookOptions, run
 from ratewarden.hooks.hosts import HOSTS
 from ratewarden.wire import names
-from tests.helpers.daemon import read_denials
-from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
-from tests.helpers.redis_server import free_port
+from tests.hosts.scenario import (
+    Daemon,
+    clean_environment,
+    daemon_fixture,
+    new_user,
+    nowhere,
+    read_denials,
+    running_daemon,
+)
 
 RATEWARDEN = Path(sys.executable).with_name("ratewarden")  # the installed console script
 TERMINAL_MESSAGE = "Rate limit: max 10 terminal calls per minute"
@@ -54,14 +59,7 @@ rules:
 """
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    with running_daemon(POLICY, tmp_path_factory.mktemp("hooks-daemon")) as served:
-        yield served
-
-
-def new_user(prefix: str = "user") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+daemon = daemon_fixture(POLICY, scope="module")
 
 
 def hook(
@@ -160,11 +158,6 @@ def used(daemon: Daemon, user: str, tool: str, rule: str) -> int | float:
 
 def denials(daemon: Daemon, user: str) -> list[dict[str, Any]]:
     return read_denials(daemon.url, user)
-
-
-def nowhere() -> str:
-    """A daemon URL where nothing listens."""
-    return f"http://127.0.0.1:{free_port()}"
 
 
 # -- Claude Code ---------------------------------------------------------------------------

@@ -12,19 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers.daemon import read_denials, read_usage
-from tests.helpers.hostenv import (
-    TERMINAL_POLICY,
-    clean_environment,
-    host_python,
-    run_driver,
-    running_daemon,
-)
-from tests.helpers.redis_server import free_port
+from tests.hosts.scenario import TERMINAL_POLICY, Run, clean_environment, host_scenario
 
 DRIVER = Path(__file__).parent / "drivers" / "adk_agent.py"
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
@@ -61,36 +52,12 @@ POLICY = (
 )
 
 
-class Run:
-    def __init__(self, url: str, report: dict[str, Any]) -> None:
-        self.url = url
-        self.report = report
-
-    def usage(self, user: str) -> dict[str, dict[str, Any]]:
-        return read_usage(self.url, user)
-
-    def denials(self, user: str) -> list[dict[str, Any]]:
-        return read_denials(self.url, user)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """Every scenario, in one driver process; the daemon stays up for the tests' reads."""
-    python = host_python("adk")
-    work = tmp_path_factory.mktemp("adk")
-    with running_daemon(POLICY, work / "daemon") as daemon:
-        config = {
-            "url": daemon.url,
-            "dead_url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
-            "work": str(work),
-        }
+    with host_scenario("adk", POLICY, tmp_path_factory.mktemp("adk")) as host:
         # Offline: no key for google-genai to look for, and no ADC lookup either.
-        yield Run(
-            daemon.url,
-            run_driver(
-                python, DRIVER, config, env=clean_environment(RATEWARDEN_URL=daemon.url, **OFFLINE)
-            ),
-        )
+        yield host.run(DRIVER, env=clean_environment(RATEWARDEN_URL=host.url, **OFFLINE))
 
 
 OFFLINE = {

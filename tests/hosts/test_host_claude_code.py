@@ -15,7 +15,6 @@ import json
 import os
 import shlex
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,14 @@ import httpx
 import pytest
 
 from tests.helpers.fake_anthropic import fake_messages_api
-from tests.helpers.hostenv import Daemon, host_python, running_daemon
-from tests.helpers.redis_server import free_port
+from tests.hosts.scenario import (
+    Daemon,
+    bundled_claude,
+    daemon_fixture,
+    host_python,
+    nowhere,
+    running_daemon,
+)
 
 # The first run builds the host's venv (the wheel bundles a 381 MB CLI).
 pytestmark = pytest.mark.timeout(900)
@@ -61,28 +66,12 @@ class ClaudeCode:
 @pytest.fixture(scope="module")
 def claude_code() -> ClaudeCode:
     python = host_python("claude_code")
-    # Where the SDK itself looks for its bundled CLI.
-    found = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import claude_agent_sdk, pathlib; "
-            "print(pathlib.Path(claude_agent_sdk.__file__).parent / '_bundled' / 'claude')",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    cli = Path(found.stdout.strip())
+    cli = bundled_claude(python)
     assert os.access(cli, os.X_OK), f"no bundled CLI at {cli}"
     return ClaudeCode(cli, python.with_name("ratewarden"))
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    with running_daemon(POLICY, tmp_path / "daemon") as served:
-        yield served
+daemon = daemon_fixture(POLICY)
 
 
 def hooks_settings(command: str) -> str:
@@ -180,17 +169,17 @@ def test_real_claude_code_stops_the_11th_bash_call(
 
 
 def test_real_claude_code_with_the_daemon_down(claude_code: ClaudeCode, tmp_path: Path) -> None:
-    nowhere = f"http://127.0.0.1:{free_port()}"
+    dead = nowhere()
     ran = tmp_path / "ran.txt"
     command = f"echo ran >> {shlex.quote(str(ran))}"
     # Failing open (the default): the call runs.
     with fake_messages_api(command, calls=1) as (url, model):
-        run_claude(claude_code, tmp_path, url, f"--url {nowhere}")
+        run_claude(claude_code, tmp_path, url, f"--url {dead}")
     assert lines(ran) == 1
     assert PAUSED not in model.tool_results[model.tool_use_ids[0]]
     # Failing closed: the model is told the guard is unavailable, and nothing runs.
     with fake_messages_api(command, calls=1) as (url, model):
-        result = run_claude(claude_code, tmp_path, url, f"--url {nowhere} --fail closed")
+        result = run_claude(claude_code, tmp_path, url, f"--url {dead} --fail closed")
     assert lines(ran) == 1
     assert PAUSED in model.tool_results[model.tool_use_ids[0]]
     assert len(result["permission_denials"]) == 1
@@ -216,10 +205,10 @@ def test_real_claude_code_unreadable_input_failing_closed_blocks(
     # A broken installation (here: the hook fed garbage instead of Claude Code's JSON):
     # failing closed, exit 2 blocks the call and Claude Code hands our stderr to the model.
     ran = tmp_path / "ran.txt"
-    nowhere = f"http://127.0.0.1:{free_port()}"
+    dead = nowhere()
     garbage = "cat > /dev/null; echo garbage | "
     with fake_messages_api(f"echo ran >> {shlex.quote(str(ran))}", calls=1) as (url, model):
-        run_claude(claude_code, tmp_path, url, f"--url {nowhere} --fail closed", stdin=garbage)
+        run_claude(claude_code, tmp_path, url, f"--url {dead} --fail closed", stdin=garbage)
     assert lines(ran) == 0
     [call] = model.tool_use_ids
     assert (
@@ -266,9 +255,9 @@ def test_real_claude_code_http_hook_without_the_token_or_the_daemon_runs_the_cal
     failure setting, as documented; failing closed needs the command hook."""
     ran = tmp_path / "ran.txt"
     command = f"echo ran >> {shlex.quote(str(ran))}"
-    nowhere = f"http://127.0.0.1:{free_port()}/v1/hooks/claude-code?user=erin"
+    dead = f"{nowhere()}/v1/hooks/claude-code?user=erin"
     with fake_messages_api(command, calls=1) as (url, model):
-        run_claude(claude_code, tmp_path, url, settings=http_hooks_settings(nowhere))
+        run_claude(claude_code, tmp_path, url, settings=http_hooks_settings(dead))
     assert lines(ran) == 1
     with running_daemon(POLICY, tmp_path / "daemon", "--api-token", "hook-token") as daemon:
         unauthorized = http_hooks_settings(f"{daemon.url}/v1/hooks/claude-code?user=erin")

@@ -14,20 +14,27 @@ temporary HOME. Codex runs a user's hooks only once they are trusted (its TUI's
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers.daemon import read_usage
-from tests.helpers.hostenv import Daemon, clean_environment, host_node_modules, running_daemon
-from tests.helpers.redis_server import free_port
 from tests.hosts.drivers.codex_responses import fake_responses_api
+from tests.hosts.scenario import (
+    Daemon,
+    appending,
+    clean_environment,
+    daemon_fixture,
+    host_cli,
+    lines,
+    nowhere,
+    running_daemon,
+    settles,
+    usage_of,
+)
 
 # The first run installs the CLI (about 400 MB with its prebuilt binary).
 pytestmark = pytest.mark.timeout(900)
@@ -96,15 +103,10 @@ LEDGER_PLACES = ("XDG_RUNTIME_DIR", "XDG_CACHE_HOME")
 
 @pytest.fixture(scope="module")
 def codex() -> Path:
-    cli = host_node_modules("codex") / ".bin" / "codex"
-    assert cli.exists(), f"no codex at {cli}"
-    return cli
+    return host_cli("codex")
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    with running_daemon(POLICY, tmp_path / "daemon") as served:
-        yield served
+daemon = daemon_fixture(POLICY)
 
 
 def hook_command(flags: str, stdin: str = "") -> str:
@@ -152,18 +154,6 @@ def run_codex(
     return done.stdout + done.stderr
 
 
-def lines(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def usage_of(daemon: Daemon, user: str) -> dict[str, int]:
-    return {rule: item["used"] for rule, item in read_usage(daemon.url, user, "Bash").items()}
-
-
-def appending(ran: Path) -> str:
-    return f"echo ran >> {shlex.quote(str(ran))}"
-
-
 def test_real_codex_stops_the_11th_shell_call(codex: Path, daemon: Daemon, tmp_path: Path) -> None:
     ran = tmp_path / "ran.txt"
     with fake_responses_api(appending(ran), calls=11) as (url, model):
@@ -175,7 +165,7 @@ def test_real_codex_stops_the_11th_shell_call(codex: Path, daemon: Daemon, tmp_p
     assert all(MESSAGE not in model.tool_results[call] for call in allowed)
     # Each allowed call was settled by PostToolUse (or the concurrency cap of 1 would
     # have refused the second), and counted for the --user given.
-    assert usage_of(daemon, "carol") == {"terminal-per-minute": 10, "one-bash-at-a-time": 0}
+    assert usage_of(daemon, "carol", "Bash") == {"terminal-per-minute": 10, "one-bash-at-a-time": 0}
     [denial] = httpx.get(f"{daemon.url}/v1/denials", params={"user": "carol"}).json()["denials"]
     assert denial["call_id"].startswith(f"{denied}~")  # the model's id, made unique
     # Another user still gets through.
@@ -183,13 +173,6 @@ def test_real_codex_stops_the_11th_shell_call(codex: Path, daemon: Daemon, tmp_p
         run_codex(codex, tmp_path, url, hook_command(f"--url {daemon.url} --user dave"))
     assert lines(ran) == 11
     assert MESSAGE not in model.tool_results[model.call_ids[0]]
-
-
-def settles(daemon: Daemon) -> dict[str, float]:
-    """The daemon's settle requests so far, by outcome (its /metrics)."""
-    metrics = httpx.get(f"{daemon.url}/metrics").text
-    found = re.findall(r'^ratewarden_settles_total\{outcome="(\w+)"\} (\S+)$', metrics, re.M)
-    return {outcome: float(count) for outcome, count in found if float(count)}
 
 
 def ledger_of(tmp_path: Path) -> list[str]:
@@ -211,7 +194,7 @@ def test_real_codex_settles_every_call_when_the_model_reuses_call_0(
     assert lines(ran) == 10  # the concurrency cap of 1 refused none of them
     assert len(model.outputs) == 10
     assert not [output for output in model.outputs if "PreToolUse hook" in output]
-    assert usage_of(daemon, "erin") == {"terminal-per-minute": 10, "one-bash-at-a-time": 0}
+    assert usage_of(daemon, "erin", "Bash") == {"terminal-per-minute": 10, "one-bash-at-a-time": 0}
     assert settles(daemon) == {"settled": 10}  # none already_settled, none unknown
     assert ledger_of(tmp_path) == [".lock"]  # every call closed, no session file left
 
@@ -229,7 +212,10 @@ def test_real_codex_settles_parallel_calls_that_share_call_0(codex: Path, tmp_pa
         fake_responses_api(both, calls=10, same_id="call_0", parallel=2) as (url, model),
     ):
         run_codex(codex, tmp_path, url, hook_command(f"--url {daemon.url} --user erin"))
-        assert usage_of(daemon, "erin") == {"terminal-per-minute": 10, "one-bash-at-a-time": 0}
+        assert usage_of(daemon, "erin", "Bash") == {
+            "terminal-per-minute": 10,
+            "one-bash-at-a-time": 0,
+        }
         assert settles(daemon) == {"settled": 10}
     assert model.call_ids == ["call_0"] * 10
     assert not [output for output in model.outputs if "PreToolUse hook" in output]
@@ -257,7 +243,7 @@ def test_real_codex_settles_calls_whose_input_another_hook_rewrote(
         run_codex(codex, tmp_path, url, command, other_hook=str(rewriter))
     assert len(set(model.call_ids)) == 3  # the model's own ids, all different
     assert ran.read_text().split() == ["rewritten"] * 3  # concurrency 1 refused none
-    assert usage_of(daemon, "erin") == {"terminal-per-minute": 3, "one-bash-at-a-time": 0}
+    assert usage_of(daemon, "erin", "Bash") == {"terminal-per-minute": 3, "one-bash-at-a-time": 0}
     assert settles(daemon) == {"settled": 3}
     assert ledger_of(tmp_path) == [".lock"]
 
@@ -276,16 +262,16 @@ def test_real_codex_ask_is_a_deny_that_says_a_human_must_approve(
 
 
 def test_real_codex_with_the_daemon_down(codex: Path, tmp_path: Path) -> None:
-    nowhere = f"http://127.0.0.1:{free_port()}"
+    dead = nowhere()
     ran = tmp_path / "ran.txt"
     # Failing open (the default): the call runs.
     with fake_responses_api(appending(ran), calls=1) as (url, model):
-        run_codex(codex, tmp_path, url, hook_command(f"--url {nowhere}"))
+        run_codex(codex, tmp_path, url, hook_command(f"--url {dead}"))
     assert lines(ran) == 1
     assert PAUSED not in model.tool_results[model.call_ids[0]]
     # Failing closed: the model is told the guard is unavailable, and nothing runs.
     with fake_responses_api(appending(ran), calls=1) as (url, model):
-        run_codex(codex, tmp_path, url, hook_command(f"--url {nowhere} --fail closed"))
+        run_codex(codex, tmp_path, url, hook_command(f"--url {dead} --fail closed"))
     assert lines(ran) == 1
     assert PAUSED in model.tool_results[model.call_ids[0]]
 
@@ -295,13 +281,13 @@ def test_real_codex_unreadable_input(codex: Path, tmp_path: Path) -> None:
     # a failed hook (exit 1) and the call runs; failing closed, exit 2 blocks it and
     # Codex hands our stderr to the model.
     ran = tmp_path / "ran.txt"
-    nowhere = f"http://127.0.0.1:{free_port()}"
+    dead = nowhere()
     garbage = "cat > /dev/null; echo garbage | "
     with fake_responses_api(appending(ran), calls=1) as (url, model):
-        run_codex(codex, tmp_path, url, hook_command(f"--url {nowhere}", stdin=garbage))
+        run_codex(codex, tmp_path, url, hook_command(f"--url {dead}", stdin=garbage))
     assert lines(ran) == 1
     with fake_responses_api(appending(ran), calls=1) as (url, model):
-        command = hook_command(f"--url {nowhere} --fail closed", stdin=garbage)
+        command = hook_command(f"--url {dead} --fail closed", stdin=garbage)
         run_codex(codex, tmp_path, url, command)
     assert lines(ran) == 1
     result = model.tool_results[model.call_ids[0]]

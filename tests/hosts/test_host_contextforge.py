@@ -24,17 +24,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.daemon import read_usage
-from tests.helpers.hostenv import (
+from tests.helpers.redis_server import free_port
+from tests.hosts.scenario import (
+    DRIVERS,
     TERMINAL_POLICY,
     clean_environment,
-    host_python,
+    host_scenario,
+    read_usage,
     run_driver,
-    running_daemon,
 )
-from tests.helpers.redis_server import free_port
 
-DRIVERS = Path(__file__).parent / "drivers"
 SERVER = DRIVERS / "contextforge_server.py"
 CLIENT = DRIVERS / "contextforge_client.py"
 USER = "admin@example.com"  # the JWT's email: the gateway's authenticated identity
@@ -221,11 +220,10 @@ def add_user(url: str, token: str, email: str) -> None:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    python = host_python("contextforge")
     work = tmp_path_factory.mktemp("contextforge")
     with ExitStack() as stack:
-        daemon = stack.enter_context(running_daemon(POLICY, work / "daemon"))
-        dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+        host = stack.enter_context(host_scenario("contextforge", POLICY, work))
+        python, daemon, dead = host.python, host.daemon, host.dead_url
         (work / "plugins.yaml").write_text(PLUGINS.format(url=daemon.url, dead=dead))
         server_urls = {}
         for name in SERVERS:

@@ -18,15 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.daemon import read_denials, read_usage
-from tests.helpers.hostenv import (
-    TERMINAL_POLICY,
-    clean_environment,
-    host_python,
-    run_driver,
-    running_daemon,
-)
-from tests.helpers.redis_server import free_port
+from tests.hosts.scenario import TERMINAL_POLICY, Run, clean_environment, host_scenario
 
 DRIVER = Path(__file__).parent / "drivers" / "crewai_agent.py"
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
@@ -56,31 +48,13 @@ POLICY = (
 )
 
 
-class Run:
-    def __init__(self, url: str, report: dict[str, Any]) -> None:
-        self.url = url
-        self.report = report
-
-    def usage(self, user: str) -> dict[str, dict[str, Any]]:
-        return read_usage(self.url, user)
-
-    def denials(self, user: str) -> list[dict[str, Any]]:
-        return read_denials(self.url, user)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """Every scenario, in one driver process; the daemon stays up for the tests' reads."""
-    python = host_python("crewai")
     work = tmp_path_factory.mktemp("crewai")
     home = work / "home"
     home.mkdir()
-    with running_daemon(POLICY, work / "daemon") as daemon:
-        config = {
-            "url": daemon.url,
-            "dead_url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
-            "work": str(work),
-        }
+    with host_scenario("crewai", POLICY, work) as host:
         environment = clean_environment(
             HOME=str(home),  # CrewAI writes its storage and settings under it
             CREWAI_STORAGE_DIR=str(work / "storage"),
@@ -88,10 +62,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             OPENAI_API_KEY="sk-fake",
         )
         # CrewAI's console prompt: the two console scenarios
-        yield Run(
-            daemon.url,
-            run_driver(python, DRIVER, config, timeout=300, env=environment, stdin="approve\nno\n"),
-        )
+        yield host.run(DRIVER, timeout=300, env=environment, stdin="approve\nno\n")
 
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds the host venv (about 1 GB)

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.helpers.daemon import read_usage
-from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
-from tests.helpers.redis_server import free_port
 from tests.hosts.drivers.cursor_runner import Answer, Session
+from tests.hosts.scenario import (
+    Daemon,
+    appending,
+    clean_environment,
+    daemon_fixture,
+    lines,
+    nowhere,
+    usage_of,
+)
 
 POLICY = """\
 version: 1
@@ -45,10 +48,7 @@ PAUSED = "Tool guard unavailable; Shell calls are paused"
 NO_ANSWER = Answer(None)  # allowed: `{}`, no permission (Cursor's own approval applies)
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    with running_daemon(POLICY, tmp_path / "daemon") as served:
-        yield served
+daemon = daemon_fixture(POLICY)
 
 
 def session(tmp_path: Path, email: str | None, flags: str, garbage: bool = False) -> Session:
@@ -60,18 +60,6 @@ def session(tmp_path: Path, email: str | None, flags: str, garbage: bool = False
     if garbage:  # Cursor's here-document goes to the wrapping shell, which drops it
         command = f"bash -c {shlex.quote(f'cat > /dev/null; echo garbage | {command}')}"
     return Session(command, workspace, email, clean_environment(HOME=str(tmp_path)))
-
-
-def appending(ran: Path) -> str:
-    return f"echo ran >> {shlex.quote(str(ran))}"
-
-
-def lines(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def usage_of(daemon: Daemon, user: str) -> dict[str, int]:
-    return {rule: item["used"] for rule, item in read_usage(daemon.url, user, "Shell").items()}
 
 
 def test_cursor_hook_stops_the_11th_shell_call_of_the_signed_in_user(
@@ -88,7 +76,7 @@ def test_cursor_hook_stops_the_11th_shell_call_of_the_signed_in_user(
     assert answers[10].agent_message == answers[10].user_message
     # Counted for the e-mail Cursor sent; each call settled by postToolUse, or the
     # concurrency cap of 1 would have refused the second.
-    assert usage_of(daemon, "carol@example.com") == {
+    assert usage_of(daemon, "carol@example.com", "Shell") == {
         "terminal-per-minute": 10,
         "one-shell-at-a-time": 0,
     }
@@ -103,8 +91,8 @@ def test_user_flag_wins_over_cursor_email(daemon: Daemon, tmp_path: Path) -> Non
     erin = session(tmp_path, "erin@example.com", f"--url {daemon.url} --user team-erin")
     erin.shell(appending(ran))
     assert lines(ran) == 1
-    assert usage_of(daemon, "team-erin")["terminal-per-minute"] == 1
-    assert usage_of(daemon, "erin@example.com")["terminal-per-minute"] == 0
+    assert usage_of(daemon, "team-erin", "Shell")["terminal-per-minute"] == 1
+    assert usage_of(daemon, "erin@example.com", "Shell")["terminal-per-minute"] == 0
 
 
 def test_cursor_hook_asks_with_cursor_own_prompt(daemon: Daemon, tmp_path: Path) -> None:
@@ -118,14 +106,14 @@ def test_cursor_hook_asks_with_cursor_own_prompt(daemon: Daemon, tmp_path: Path)
 
 
 def test_cursor_hook_with_the_daemon_down(tmp_path: Path) -> None:
-    nowhere = f"http://127.0.0.1:{free_port()}"
+    dead = nowhere()
     ran = tmp_path / "ran.txt"
     # Failing open (the default): no answer, and the call runs.
-    opened = session(tmp_path, "carol@example.com", f"--url {nowhere}")
+    opened = session(tmp_path, "carol@example.com", f"--url {dead}")
     assert opened.shell(appending(ran)) == NO_ANSWER
     assert lines(ran) == 1
     # Failing closed: the model is told the guard is unavailable, and nothing runs.
-    closed = session(tmp_path, "carol@example.com", f"--url {nowhere} --fail closed")
+    closed = session(tmp_path, "carol@example.com", f"--url {dead} --fail closed")
     assert closed.shell(appending(ran)).permission == "deny"
     assert lines(ran) == 1
     assert PAUSED in next(iter(closed.results.values()))
@@ -135,11 +123,11 @@ def test_cursor_hook_unreadable_input(tmp_path: Path) -> None:
     # A broken installation (the hook fed garbage instead of Cursor's JSON): failing
     # open, a failed hook (exit 1) and the call runs; failing closed, a deny.
     ran = tmp_path / "ran.txt"
-    nowhere = f"http://127.0.0.1:{free_port()}"
-    opened = session(tmp_path, None, f"--url {nowhere}", garbage=True)
+    dead = nowhere()
+    opened = session(tmp_path, None, f"--url {dead}", garbage=True)
     assert opened.shell(appending(ran)).failed is not None
     assert lines(ran) == 1
-    closed = session(tmp_path, None, f"--url {nowhere} --fail closed", garbage=True)
+    closed = session(tmp_path, None, f"--url {dead} --fail closed", garbage=True)
     assert closed.shell(appending(ran)).permission == "deny"
     assert lines(ran) == 1
     result = next(iter(closed.results.values()))

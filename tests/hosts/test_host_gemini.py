@@ -16,15 +16,14 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers.hostenv import Daemon, clean_environment, host_node_modules, running_daemon
-from tests.helpers.redis_server import free_port
 from tests.hosts.drivers.gemini_api import fake_gemini_api
+from tests.hosts.scenario import Daemon, clean_environment, daemon_fixture, host_cli, lines, nowhere
 
 pytestmark = pytest.mark.timeout(900)  # the first run installs the CLI
 
@@ -60,15 +59,10 @@ def settings(command: str) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def gemini() -> Path:
-    cli = host_node_modules("gemini") / ".bin" / "gemini"
-    assert cli.exists(), f"no gemini at {cli}"
-    return cli
+    return host_cli("gemini")
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    with running_daemon(POLICY, tmp_path / "daemon") as served:
-        yield served
+daemon = daemon_fixture(POLICY)
 
 
 def hook_command(flags: str, stdin: str = "") -> str:
@@ -108,10 +102,6 @@ def run_gemini(cli: Path, tmp_path: Path, model_url: str, command: str) -> str:
     )
     assert done.returncode == 0, f"gemini failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
-
-
-def lines(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def appending(ran: Path) -> Callable[[int], str]:
@@ -155,16 +145,16 @@ def test_real_gemini_ask_is_a_deny_that_says_a_human_must_approve(
 
 
 def test_real_gemini_with_the_daemon_down(gemini: Path, tmp_path: Path) -> None:
-    nowhere = f"http://127.0.0.1:{free_port()}"
+    dead = nowhere()
     ran = tmp_path / "ran.txt"
     # Failing open (the default): the call runs.
     with fake_gemini_api(appending(ran), calls=1) as (url, model):
-        run_gemini(gemini, tmp_path, url, hook_command(f"--url {nowhere}"))
+        run_gemini(gemini, tmp_path, url, hook_command(f"--url {dead}"))
     assert lines(ran) == 1
     assert PAUSED not in model.tool_results[model.call_ids[0]]
     # Failing closed: the model is told the guard is unavailable, and nothing runs.
     with fake_gemini_api(appending(ran), calls=1) as (url, model):
-        run_gemini(gemini, tmp_path, url, hook_command(f"--url {nowhere} --fail closed"))
+        run_gemini(gemini, tmp_path, url, hook_command(f"--url {dead} --fail closed"))
     assert lines(ran) == 1
     assert PAUSED in model.tool_results[model.call_ids[0]]
 
@@ -174,13 +164,13 @@ def test_real_gemini_unreadable_input(gemini: Path, tmp_path: Path) -> None:
     # exit 1 is a warning and the call runs; failing closed, exit 2 blocks it and Gemini
     # hands our stderr to the model.
     ran = tmp_path / "ran.txt"
-    nowhere = f"http://127.0.0.1:{free_port()}"
+    dead = nowhere()
     garbage = "cat > /dev/null; echo garbage | "
     with fake_gemini_api(appending(ran), calls=1) as (url, model):
-        run_gemini(gemini, tmp_path, url, hook_command(f"--url {nowhere}", stdin=garbage))
+        run_gemini(gemini, tmp_path, url, hook_command(f"--url {dead}", stdin=garbage))
     assert lines(ran) == 1
     with fake_gemini_api(appending(ran), calls=1) as (url, model):
-        command = hook_command(f"--url {nowhere} --fail closed", stdin=garbage)
+        command = hook_command(f"--url {dead} --fail closed", stdin=garbage)
         run_gemini(gemini, tmp_path, url, command)
     assert lines(ran) == 1
     result = model.tool_results[model.call_ids[0]]

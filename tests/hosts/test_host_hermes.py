@@ -28,8 +28,13 @@ from ratewarden.integrations import hermes
 from ratewarden.integrations.hermes import RatewardenPlugin, install_directory_plugin
 from ratewarden.vocabulary import FailMode
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, SettleResponse
-from tests.helpers.hostenv import TERMINAL_POLICY, clean_environment, host_python, running_daemon
-from tests.helpers.redis_server import free_port
+from tests.hosts.scenario import (
+    TERMINAL_POLICY,
+    clean_environment,
+    host_python,
+    nowhere,
+    running_daemon,
+)
 
 HOSTS = Path(__file__).parent / "drivers"
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
@@ -194,7 +199,7 @@ def test_fails_open_when_the_daemon_is_unreachable(hermes_python: Path, tmp_path
         [str(HOSTS / "hermes_hooks.py"), "fail_mode"],
         {"counter": str(counter)},
         HERMES_HOME=str(hermes_home(tmp_path, "ratewarden")),
-        RATEWARDEN_URL=f"http://127.0.0.1:{free_port()}",
+        RATEWARDEN_URL=nowhere(),
     )
     assert ratewarden_plugins(report) == [("ratewarden", "entrypoint", True, 2)]
     assert report["result"]["error"] is None  # the tool ran, unblocked
@@ -211,7 +216,7 @@ def test_fails_closed_when_told_to(hermes_python: Path, tmp_path: Path) -> None:
         [str(HOSTS / "hermes_hooks.py"), "fail_mode"],
         {"counter": str(counter)},
         HERMES_HOME=str(hermes_home(tmp_path, "ratewarden")),
-        RATEWARDEN_URL=f"http://127.0.0.1:{free_port()}",
+        RATEWARDEN_URL=nowhere(),
         RATEWARDEN_FAIL="closed",
     )
     assert report["result"] == {"error": UNAVAILABLE}
@@ -396,12 +401,12 @@ def test_an_internal_error_follows_the_fail_mode(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(hermes, "session_user", broken)
     for fail, expected in [("open", None), ("closed", {"action": "block", "message": UNAVAILABLE})]:
-        plugin = RatewardenPlugin(guard=Guard(f"http://127.0.0.1:{free_port()}", fail=fail))
+        plugin = RatewardenPlugin(guard=Guard(nowhere(), fail=fail))
         assert plugin.pre_tool_call(tool_name="terminal") == expected
 
 
 def test_an_unreachable_daemon_follows_the_fail_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RATEWARDEN_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("RATEWARDEN_URL", nowhere())
     monkeypatch.setenv("RATEWARDEN_FAIL", "closed")
     plugin = RatewardenPlugin()
     assert plugin.guard.fail == "closed"

@@ -16,9 +16,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.daemon import read_usage
-from tests.helpers.hostenv import Daemon, clean_environment, host_python, running_daemon
-from tests.helpers.redis_server import free_port
+from tests.hosts.scenario import (
+    clean_environment,
+    host_python,
+    lines,
+    nowhere,
+    running_daemon,
+    usage_of,
+)
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds hermes' venv
 
@@ -77,8 +82,7 @@ def run_hermes(python: Path, tmp_path: Path, hook_flags: str, calls: int) -> dic
 
 
 def ran(tmp_path: Path) -> int:
-    path = tmp_path / "ran.txt"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    return lines(tmp_path / "ran.txt")
 
 
 def test_hermes_shell_hook_blocks_the_11th_terminal_call(
@@ -86,7 +90,7 @@ def test_hermes_shell_hook_blocks_the_11th_terminal_call(
 ) -> None:
     with running_daemon(POLICY, tmp_path / "daemon") as daemon:
         report = run_hermes(hermes_python, tmp_path, f"--url {daemon.url} --user dana", 11)
-        usage = usage_of(daemon, "dana")
+        usage = usage_of(daemon, "dana", "terminal")
     results = report["results"]
     assert ran(tmp_path) == 10
     assert all(result.get("error") is None for result in results[:10])
@@ -97,15 +101,11 @@ def test_hermes_shell_hook_blocks_the_11th_terminal_call(
     assert usage == {"terminal-per-minute": 10, "one-terminal-at-a-time": 0}
 
 
-def usage_of(daemon: Daemon, user: str) -> dict[str, Any]:
-    return {rule: item["used"] for rule, item in read_usage(daemon.url, user, "terminal").items()}
-
-
 def test_hermes_shell_hook_with_the_daemon_down(hermes_python: Path, tmp_path: Path) -> None:
-    nowhere = f"http://127.0.0.1:{free_port()}"
-    opened = run_hermes(hermes_python, tmp_path, f"--url {nowhere}", 1)
+    dead = nowhere()
+    opened = run_hermes(hermes_python, tmp_path, f"--url {dead}", 1)
     assert ran(tmp_path) == 1
     assert opened["results"][0].get("error") is None
-    closed = run_hermes(hermes_python, tmp_path, f"--url {nowhere} --fail closed", 1)
+    closed = run_hermes(hermes_python, tmp_path, f"--url {dead} --fail closed", 1)
     assert ran(tmp_path) == 1
     assert closed["results"][0]["error"] == "Tool guard unavailable; terminal calls are paused"

@@ -12,18 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers.daemon import read_denials, read_usage
-from tests.helpers.hostenv import (
-    TERMINAL_POLICY,
-    host_python,
-    run_driver,
-    running_daemon,
-)
-from tests.helpers.redis_server import free_port
+from tests.hosts.scenario import TERMINAL_POLICY, Run, host_scenario
 
 DRIVER = Path(__file__).parent / "drivers" / "pydantic_ai_agent.py"
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
@@ -52,30 +44,11 @@ POLICY = (
 )
 
 
-class Run:
-    def __init__(self, url: str, report: dict[str, Any]) -> None:
-        self.url = url
-        self.report = report
-
-    def usage(self, user: str) -> dict[str, dict[str, Any]]:
-        return read_usage(self.url, user)
-
-    def denials(self, user: str) -> list[dict[str, Any]]:
-        return read_denials(self.url, user)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """Every scenario, in one driver process; the daemon stays up for the tests' reads."""
-    python = host_python("pydantic_ai")
-    work = tmp_path_factory.mktemp("pydantic_ai")
-    with running_daemon(POLICY, work / "daemon") as daemon:
-        config = {
-            "url": daemon.url,
-            "dead_url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
-            "work": str(work),
-        }
-        yield Run(daemon.url, run_driver(python, DRIVER, config))
+    with host_scenario("pydantic_ai", POLICY, tmp_path_factory.mktemp("pydantic_ai")) as host:
+        yield host.run(DRIVER)
 
 
 pytestmark = pytest.mark.timeout(600)  # the first run builds the host venv

@@ -21,15 +21,15 @@ import pytest
 from ratewarden.client import ClientError, Guard
 from ratewarden.integrations.strands import RatewardenHook
 from ratewarden.wire.bodies import CheckRequest, CheckResponse
-from tests.helpers.daemon import read_usage
-from tests.helpers.hostenv import (
+from tests.hosts.scenario import (
     TERMINAL_POLICY,
     clean_environment,
     host_python,
+    nowhere,
+    read_usage,
     run_driver,
     running_daemon,
 )
-from tests.helpers.redis_server import free_port
 
 DRIVER = Path(__file__).parent / "drivers" / "strands_agent.py"
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
@@ -155,7 +155,7 @@ def test_mcp_annotations_reach_the_daemon(strands_python: Path, tmp_path: Path) 
 def test_unreachable_daemon(
     strands_python: Path, tmp_path: Path, fail: str | None, runs: int
 ) -> None:
-    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    nobody = nowhere()
     report = drive(
         strands_python, nobody, tmp_path, scenario="terminal", user="u", calls=2, fail=fail
     )
@@ -175,7 +175,7 @@ class RefusingGuard(Guard):
     """A daemon that refuses every check as a misconfigured one would (401)."""
 
     def __init__(self, fail: str = "open") -> None:
-        super().__init__(f"http://127.0.0.1:{free_port()}", fail=fail)
+        super().__init__(nowhere(), fail=fail)
         self.asked: list[CheckRequest] = []
 
     def check(self, request: CheckRequest) -> CheckResponse:

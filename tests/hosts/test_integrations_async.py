@@ -17,18 +17,14 @@ from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.vocabulary import MAX_CALL_ID
 from ratewarden.vocabulary import call_id as new_call_id
 from ratewarden.wire.bodies import CheckRequest, CheckResponse
-from tests.helpers.redis_server import free_port
-
-
-def nobody() -> str:
-    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+from tests.hosts.scenario import nowhere
 
 
 def test_one_guard_per_event_loop_built_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     guards = LoopGuards(None, "closed")
-    monkeypatch.setenv("RATEWARDEN_URL", nobody())  # read at first use, not before
+    monkeypatch.setenv("RATEWARDEN_URL", nowhere())  # read at first use, not before
 
     async def twice() -> tuple[AsyncGuard, AsyncGuard]:
         return guards.get(), guards.get()
@@ -41,7 +37,7 @@ def test_one_guard_per_event_loop_built_from_the_environment(
 
 
 async def test_a_given_guard_is_used_as_it_is() -> None:
-    guard = AsyncGuard(nobody())
+    guard = AsyncGuard(nowhere())
     assert LoopGuards(guard, None).get() is guard
     await guard.aclose()
 
@@ -50,7 +46,7 @@ def test_fail_is_checked_and_belongs_to_the_guard_when_one_is_given() -> None:
     with pytest.raises(ValueError, match="fail must be"):
         LoopGuards(None, "sometimes")
     with pytest.raises(ValueError, match=r"AsyncGuard\(fail=...\)"):
-        LoopGuards(AsyncGuard(nobody()), "closed")
+        LoopGuards(AsyncGuard(nowhere()), "closed")
 
 
 def test_call_ids_lead_with_the_hosts_id_and_never_repeat() -> None:
@@ -70,14 +66,14 @@ class RefusingGuard(AsyncGuard):
 
 @pytest.mark.parametrize(("fail", "allowed"), [("open", True), ("closed", False)])
 async def test_a_refused_request_is_answered_by_the_fail_mode(fail: str, allowed: bool) -> None:
-    guard = RefusingGuard(nobody(), fail=fail)
+    guard = RefusingGuard(nowhere(), fail=fail)
     answer = await check_call(guard, user="u", tool="terminal", call_id="c1")
     assert (answer.allowed, answer.degraded) == (allowed, True)
     await guard.aclose()
 
 
 async def test_input_the_api_refuses_never_raises_into_the_agent() -> None:
-    guard = AsyncGuard(nobody(), fail="closed")
+    guard = AsyncGuard(nowhere(), fail="closed")
     answer = await check_call(guard, user="u" * 300, tool="terminal", call_id="c1")
     assert answer.message == "Tool guard unavailable; terminal calls are paused"
     await guard.aclose()

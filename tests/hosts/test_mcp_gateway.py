@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +23,18 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers.daemon import read_denials, read_usage
-from tests.helpers.hostenv import clean_environment, host_python, run_driver, running_daemon
 from tests.helpers.redis_server import free_port, running_redis
+from tests.hosts.scenario import (
+    DRIVERS,
+    clean_environment,
+    host_python,
+    read_denials,
+    read_usage,
+    run_driver,
+    running_daemon,
+    started,
+)
 
-DRIVERS = Path(__file__).parent / "drivers"
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
 WEB_MESSAGE = "Rate limit: max 2 web.terminal calls per minute"
 DEMO_MESSAGE = "Demo mode: destructive tools are off"
@@ -85,33 +91,6 @@ rules:
     match: {{tool: demo.deploy}}
     ask: "{ASK_MESSAGE}"
 """
-
-
-def wait_until_up(url: str, process: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"{what} exited with {process.returncode}"
-        with contextlib.suppress(httpx.HTTPError):
-            httpx.get(url, timeout=1, trust_env=False)
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not answer at {url}")
-
-
-@contextlib.contextmanager
-def started(command: list[str], env: dict[str, str], ready: str, log: Path) -> Iterator[None]:
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            wait_until_up(ready, process, command[0])
-            yield
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 class Run:

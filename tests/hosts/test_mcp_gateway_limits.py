@@ -19,9 +19,8 @@ import yaml
 
 from ratewarden.wire.bodies import MAX_ARGS_DEPTH
 from ratewarden.wire.bounded import MAX_ITEMS
-from tests.helpers.hostenv import clean_environment, host_python, run_driver, running_daemon
 from tests.helpers.redis_server import free_port, running_redis
-from tests.hosts.test_mcp_gateway import started
+from tests.hosts.scenario import clean_environment, host_python, run_driver, running_daemon, started
 
 DRIVER = Path(__file__).parent / "drivers" / "mcp_gateway_sessions.py"
 USERS = [

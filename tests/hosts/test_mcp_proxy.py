@@ -22,17 +22,17 @@ from typing import Any
 import pytest
 
 from tests.helpers import fake_anthropic
-from tests.helpers.daemon import read_denials, read_usage
 from tests.helpers.fake_anthropic import FakeModel
-from tests.helpers.hostenv import (
+from tests.hosts.scenario import (
+    DRIVERS,
     TERMINAL_POLICY,
+    Run,
+    bundled_claude,
     host_python,
-    run_driver,
+    host_scenario,
     running_daemon,
 )
-from tests.helpers.redis_server import free_port
 
-DRIVERS = Path(__file__).parent / "drivers"
 RATE_MESSAGE = "Rate limit: max 10 terminal calls per minute"
 DEMO_MESSAGE = "Demo mode: destructive tools are off"
 ASK_MESSAGE = "deploy needs a human's approval"
@@ -76,32 +76,15 @@ POLICY = (
 )
 
 
-class Run:
-    def __init__(self, url: str, report: dict[str, Any]) -> None:
-        self.url = url
-        self.report = report
-
-    def usage(self, user: str) -> dict[str, dict[str, Any]]:
-        return read_usage(self.url, user)
-
-    def denials(self, user: str) -> list[dict[str, Any]]:
-        return read_denials(self.url, user)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    python = host_python("mcp")
-    work = tmp_path_factory.mktemp("mcp")
-    with running_daemon(POLICY, work / "daemon") as daemon:
-        config = {
-            "ratewarden": str(python.parent / "ratewarden"),
-            "python": str(python),
-            "server": str(DRIVERS / "mcp_server.py"),
-            "url": daemon.url,
-            "dead_url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
-            "work": str(work),
-        }
-        yield Run(daemon.url, run_driver(python, DRIVERS / "mcp_client.py", config, timeout=300))
+    with host_scenario("mcp", POLICY, tmp_path_factory.mktemp("mcp")) as host:
+        config = host.config(
+            ratewarden=str(host.python.parent / "ratewarden"),
+            python=str(host.python),
+            server=str(DRIVERS / "mcp_server.py"),
+        )
+        yield host.run(DRIVERS / "mcp_client.py", config, timeout=300)
 
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds the host venv
@@ -267,30 +250,13 @@ def fake_mcp_model(fake: FakeMcpModel) -> Iterator[str]:
         thread.join(timeout=5)
 
 
-def bundled_claude() -> Path:
-    python = host_python("claude_code")
-    found = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import claude_agent_sdk, pathlib; "
-            "print(pathlib.Path(claude_agent_sdk.__file__).parent / '_bundled' / 'claude')",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return Path(found.stdout.strip())
-
-
 def run_claude(
     tmp_path: Path, model: FakeMcpModel, user: str, start_delay_s: float = 0
 ) -> dict[str, dict[str, Any]]:
     """`claude -p` with `ratewarden mcp` as its MCP server `guarded`, started `start_delay_s`
     late (as on a loaded machine); the user's usage."""
     python = host_python("mcp")
-    claude = bundled_claude()
+    claude = bundled_claude(host_python("claude_code"))
     home = tmp_path / "home"
     home.mkdir()
     with running_daemon(POLICY, tmp_path / "daemon") as daemon:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.hostenv import host_python, run_driver
+from tests.hosts.scenario import host_python, run_driver
 
 DRIVER = Path(__file__).parent / "drivers" / "mcp_streamable_upstreams.py"
 CALL_RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}

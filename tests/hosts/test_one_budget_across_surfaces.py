@@ -24,15 +24,17 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.hostenv import (
+from tests.hosts.drivers.codex_responses import FakeModel, fake_responses_api
+from tests.hosts.scenario import (
     Daemon,
-    host_node_modules,
+    appending,
+    host_cli,
     host_python,
+    lines,
     run_driver,
     running_daemon,
 )
-from tests.hosts.drivers.codex_responses import FakeModel, fake_responses_api
-from tests.hosts.test_host_codex import appending, hook_command, lines, run_codex
+from tests.hosts.test_host_codex import hook_command, run_codex
 
 # The first run builds both host environments (the Codex CLI is about 400 MB).
 pytestmark = pytest.mark.timeout(900)
@@ -66,9 +68,7 @@ def midday_timezone(now: datetime) -> str:
 
 @pytest.fixture(scope="module")
 def codex() -> Path:
-    cli = host_node_modules("codex") / ".bin" / "codex"
-    assert cli.exists(), f"no codex at {cli}"
-    return cli
+    return host_cli("codex")
 
 
 @pytest.fixture(scope="module")

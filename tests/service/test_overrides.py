@@ -591,6 +591,8 @@ def post_at_barrier(urls: list[str], barrier: Any, results: Any, n: int) -> None
     results.put((answer.status_code, fields[0].get("field")))
 
 
+# Slow: the in-process race above (two daemons of one store) guards the cap in the quick loop.
+@pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.timeout(300)  # two daemons and twenty spawned processes: slow on a busy CI box
 def test_the_cap_holds_when_processes_race_on_two_daemons_of_one_redis(tmp_path: Path) -> None:

@@ -421,6 +421,7 @@ async def freeze_and_thaw(run: Run, http: httpx.AsyncClient, server: RedisProces
 # -- the test --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a timed soak; test_outage.py and test_fail_open_redis.py are quick
 def test_redis_killed_and_frozen_under_load(tmp_path: Path) -> None:
     url = "redis://127.0.0.1:{}/0"
     with (

@@ -1,0 +1,209 @@
+"""The scaffold every host test shares: a host's environment, a daemon with a policy, a
+driver run, and the daemon's answers read back.
+
+A host test is a scenario: build (or reuse) the host's environment under .hosts/
+(tests/helpers/hostenv.py), start a real `ratewarden serve` with the test's policy, run
+the host (a driver script in the host's python, or a host CLI) against it and against an
+address where nothing listens, then read what the daemon counted (/v1/usage, /v1/denials,
+/metrics) and what the tools wrote. The pieces live here once; a test module keeps only
+its policy, its driver and its assertions:
+
+    @pytest.fixture(scope="module")
+    def run(tmp_path_factory):
+        with host_scenario("langchain", POLICY, tmp_path_factory.mktemp("langchain")) as host:
+            yield host.run(DRIVER)
+
+`host_scenario("<name>", ...)`, `host_python("<name>")`, `host_node_modules("<name>")` and
+`host_cli("<name>")` name a host environment literally: tests/conftest.py reads those names
+from the collected modules to start building the environments side by side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shlex
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.daemon import read_denials, read_usage
+from tests.helpers.daemon import running_daemon as serving
+from tests.helpers.hostenv import (
+    TERMINAL_POLICY,
+    Daemon,
+    clean_environment,
+    host_node_modules,
+    host_python,
+    run_driver,
+    running_daemon,
+)
+from tests.helpers.redis_server import free_port
+
+__all__ = [
+    "DRIVERS", "TERMINAL_POLICY", "Daemon", "Run", "Scenario",
+    "appending", "bundled_claude", "clean_environment", "daemon_fixture", "host_cli",
+    "host_node_modules", "host_python", "host_scenario", "lines", "new_user", "nowhere",
+    "read_denials", "read_usage", "run_driver", "running_daemon", "serving", "settles",
+    "started", "usage_of",
+]  # fmt: skip
+
+DRIVERS = Path(__file__).parent / "drivers"
+
+
+def nowhere() -> str:
+    """A daemon URL where nothing listens (a free port, left unbound)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def new_user(prefix: str = "user") -> str:
+    """A user of the test's own, so tests can share one daemon."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def lines(path: Path) -> int:
+    """How many lines a tool wrote to `path`: how many calls really ran."""
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def appending(ran: Path) -> str:
+    """A shell command that appends a line to `ran`: the tool call a fake model asks for."""
+    return f"echo ran >> {shlex.quote(str(ran))}"
+
+
+def usage_of(daemon: Daemon, user: str, tool: str | None = None) -> dict[str, Any]:
+    """`user`'s usage (of `tool`) as `daemon` counts it: what each rule has used."""
+    return {rule: item["used"] for rule, item in read_usage(daemon.url, user, tool).items()}
+
+
+def settles(daemon: Daemon) -> dict[str, float]:
+    """The daemon's settle requests so far, by outcome (its /metrics; outcomes never seen
+    left out)."""
+    metrics = httpx.get(f"{daemon.url}/metrics", trust_env=False).text
+    found = re.findall(r'^ratewarden_settles_total\{outcome="(\w+)"\} (\S+)$', metrics, re.M)
+    return {outcome: float(count) for outcome, count in found if float(count)}
+
+
+def host_cli(name: str) -> Path:
+    """The executable `name` of the npm host `name` (node_modules/.bin), installed as needed."""
+    cli = host_node_modules(name) / ".bin" / name
+    assert cli.exists(), f"no {name} at {cli}"
+    return cli
+
+
+def wait_until_answering(url: str, process: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"{what} exited with {process.returncode}"
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.get(url, timeout=1, trust_env=False)
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not answer at {url}")
+
+
+@contextlib.contextmanager
+def started(command: list[str], env: dict[str, str], ready: str, log: Path) -> Iterator[None]:
+    """`command` running with `env` (its output in `log`) once `ready` answers, until the
+    block ends: a host process the test talks to (an MCP server, a gateway)."""
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            wait_until_answering(ready, process, command[0])
+            yield
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def bundled_claude(python: Path) -> Path:
+    """The Claude Code CLI bundled in the claude-agent-sdk wheel of the host venv whose
+    python is `python` (`host_python("claude_code")`): where the SDK itself looks for it."""
+    found = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import claude_agent_sdk, pathlib; "
+            "print(pathlib.Path(claude_agent_sdk.__file__).parent / '_bundled' / 'claude')",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return Path(found.stdout.strip())
+
+
+def daemon_fixture(policy: str, scope: str = "function", name: str = "daemon") -> Any:
+    """A pytest fixture `name`: `ratewarden serve` with `policy` in the test's (or the
+    module's) temporary directory, for as long as the fixture lives."""
+
+    def daemon(request: pytest.FixtureRequest) -> Iterator[Daemon]:
+        if scope == "function":
+            directory: Path = request.getfixturevalue("tmp_path") / "daemon"
+        else:
+            factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+            directory = factory.mktemp("daemon")
+        with running_daemon(policy, directory) as served:
+            yield served
+
+    return pytest.fixture(scope=scope, name=name)(daemon)  # type: ignore[call-overload]
+
+
+class Run:
+    """A driver's report, with the daemon it ran against still up to be asked."""
+
+    def __init__(self, url: str, report: dict[str, Any]) -> None:
+        self.url = url
+        self.report = report
+
+    def usage(self, user: str) -> dict[str, dict[str, Any]]:
+        return read_usage(self.url, user)
+
+    def denials(self, user: str) -> list[dict[str, Any]]:
+        return read_denials(self.url, user)
+
+
+@dataclass
+class Scenario:
+    """A host's python, a daemon with the test's policy, a work folder, and an address where
+    nothing listens (for the fail-open and fail-closed scenarios)."""
+
+    python: Path
+    daemon: Daemon
+    work: Path
+    dead_url: str
+
+    @property
+    def url(self) -> str:
+        return self.daemon.url
+
+    def config(self, **extra: Any) -> dict[str, Any]:
+        """A driver's usual config: the daemon, the dead address, the work folder."""
+        return {"url": self.url, "dead_url": self.dead_url, "work": str(self.work), **extra}
+
+    def run(self, driver: Path, config: dict[str, Any] | None = None, **options: Any) -> Run:
+        """Run `driver` with the host's python (`config`, or the usual one); its report.
+        `options` go to `run_driver` (timeout, env, stdin)."""
+        config = self.config() if config is None else config
+        return Run(self.url, run_driver(self.python, driver, config, **options))
+
+
+@contextlib.contextmanager
+def host_scenario(host: str, policy: str, work: Path, *flags: str) -> Iterator[Scenario]:
+    """Host `host`'s environment (built as needed) and `ratewarden serve --policy <policy>
+    <flags>` in `work`/daemon, until the block ends."""
+    python = host_python(host)
+    with running_daemon(policy, work / "daemon", *flags) as daemon:
+        yield Scenario(python, daemon, work, nowhere())
