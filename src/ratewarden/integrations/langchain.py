@@ -134,9 +134,9 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         try:
             result = handler(request)
         except BaseException:
-            guard.settle(admitted.call_id, admitted.settlement(CallStatus.ERROR))
+            self._settle(guard, admitted.call_id, admitted.settlement(CallStatus.ERROR))
             raise
-        guard.settle(admitted.call_id, admitted.settlement(_status(result)))
+        self._settle(guard, admitted.call_id, admitted.settlement(_status(result)))
         return result
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -217,6 +217,9 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
             approved=approved,
             args=call.args,
         )
+
+    def _settle(self, guard: Guard, call_id: str, settle: SettleRequest) -> None:
+        guard.settle(call_id, settle)
 
     async def _asettle(self, call_id: str, settle: SettleRequest) -> None:
         if isinstance(self._guard, Guard):
