@@ -142,8 +142,8 @@ ArgsCut = Annotated[
 
 # Every unknown field costs pydantic an error of its own (0.4 us each): an object of a few
 # thousand cost more to refuse than all else in its body. No object of a request has more
-# than 11 names (ToolMetadata's, with their MCP aliases), so one with more than this is
-# refused by its size alone, before its fields are read.
+# than 12 names (CheckRequest's; ToolMetadata's 11 with their MCP aliases), so one with
+# more than this is refused by its size alone, before its fields are read.
 MAX_FIELDS = 64
 
 
@@ -185,9 +185,18 @@ class ToolMetadata(_Body):
 _USER = "who calls; optional with a user token, which acts as its own user only"
 
 
+_HOST = (
+    "the host whose own name `tool` is (a hook's host: claude-code, codex, gemini, cursor, "
+    "agent-code, hermes); the daemon maps a tool its table knows to the canonical name"
+)
+_HOST_TOOL = "the host's own name for the tool, when `tool` is already the canonical one"
+
+
 class CheckRequest(_Body):
     user: Subject | None = Field(None, description=_USER)
     tool: Subject
+    host: Subject | None = Field(None, description=_HOST)
+    host_tool: Subject | None = Field(None, description=_HOST_TOOL)
     session: Subject | None = None
     team: Subject | None = None
     call_id: CallId | None = None
