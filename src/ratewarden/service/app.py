@@ -20,7 +20,7 @@ from ratewarden.service import apidocs, auth, console, hooks, overrides
 from ratewarden.service.audit import AuditTrail
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.fleet import Fleet, daemon_name
-from ratewarden.service.hotpath import HotPath, serves
+from ratewarden.service.hotpath import HOT_ROUTES, HotPath, is_hook
 from ratewarden.service.logs import configure_audit, configure_logging
 from ratewarden.service.metrics import Metrics, TimedStore
 from ratewarden.service.observer import Observer
@@ -213,7 +213,12 @@ class Daemon(FastAPI):
     front: ASGIApp | None = None  # None: every request through the whole stack
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.front is not None and scope["type"] == "http" and serves(scope["path"]):
+        # The paths the hot path answers (the others it hands on), tested here inline.
+        if (
+            self.front is not None
+            and scope["type"] == "http"
+            and (scope["path"] in HOT_ROUTES or is_hook(scope["path"]))
+        ):
             scope["app"] = self
             await self.front(scope, receive, send)
         else:

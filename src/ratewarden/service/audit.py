@@ -11,7 +11,6 @@ A call's `args` are never written unless the operator sets RATEWARDEN_AUDIT_ARGS
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -23,6 +22,7 @@ from typing import Any
 from ratewarden.calls import Call
 from ratewarden.clock import Clock, SystemClock
 from ratewarden.engine import Decision
+from ratewarden.service.stopping import Stopping
 from ratewarden.store import Store, StoreError
 from ratewarden.store.breaker import CircuitOpenError
 
@@ -127,7 +127,7 @@ class AuditTrail:
         self.new_id = new_id
         self._pending: list[str] = []
         self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
+        self._stopping = Stopping()
 
     def record(self, decision: Decision, call: Call, args: dict[str, Any] | None) -> None:
         if _event(decision) is None:
@@ -175,7 +175,7 @@ class AuditTrail:
             logging.getLogger("ratewarden").log(level, "recent denials not stored: %s", exc)
 
     def start(self) -> None:
-        self._stopping = asyncio.Event()
+        self._stopping = Stopping()
         self._task = asyncio.create_task(self._flush_forever())
 
     async def stop(self) -> None:
@@ -194,6 +194,5 @@ class AuditTrail:
 
     async def _flush_forever(self) -> None:
         while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), _FLUSH_EVERY_S)
+            await self._stopping.nap(_FLUSH_EVERY_S)
             await self.flush()

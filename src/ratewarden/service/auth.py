@@ -170,6 +170,9 @@ class Tokens:
         self._users: dict[bytes, str] = {}
         if users_file is not None:
             self._users = self._read_users(users_file)
+        # Whether any token is asked for: fixed at start (a reload reads the users file
+        # again, never drops it), and read by every request, so an attribute.
+        self.enabled = bool(self._known or users_file is not None)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Tokens:
@@ -181,10 +184,6 @@ class Tokens:
             service_globs=settings.service_globs(),
             users_file=settings.user_tokens,
         )
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._known or self._users_file is not None)
 
     def counts(self) -> tuple[int, int]:
         """(check tokens, admin tokens)."""

@@ -29,9 +29,10 @@ def to_call(request: CheckRequest) -> Call:
             **{name: getattr(meta, name) for name in METADATA_FLAGS}, tags=frozenset(meta.tags)
         )
     )
-    assert request.user is not None, "vouched for before it is decided (service/vouch.py)"
+    user, args, cut = request.user, request.args, request.args_cut  # each read once
+    assert user is not None, "vouched for before it is decided (service/vouch.py)"
     return Call(
-        user=request.user,
+        user=user,
         tool=request.tool,
         call_id=request.call_id or daemon_call_id(),
         session=request.session,
@@ -40,9 +41,15 @@ def to_call(request: CheckRequest) -> Call:
         facts=facts,
         approved=request.approved,
         named=request.call_id is not None,
-        args=request.args if request.args is not None or not request.args_cut else {},
-        args_cut=tuple(_steps(path) for path in request.args_cut or ()),
+        args=args if args is not None or not cut else {},
+        args_cut=_cut_steps(cut) if cut else (),
     )
+
+
+def _cut_steps(paths: list[str]) -> tuple[tuple[str, ...], ...]:
+    """The cut paths' steps; called only when some were cut (most calls have none, and a
+    generator made for each of them was a cost on every decision)."""
+    return tuple(_steps(path) for path in paths)
 
 
 def _steps(path: str) -> tuple[str, ...]:

@@ -25,7 +25,6 @@ decision path.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -35,6 +34,7 @@ from typing import TypeVar
 from ratewarden.engine import Engine
 from ratewarden.service.overrides import POLL_S, RuntimeOverrides
 from ratewarden.service.reload import FLEET_TRIGGER, PolicyReloader
+from ratewarden.service.stopping import Stopping
 from ratewarden.store.base import FleetState, Store, StoreError
 
 __all__ = ["RELOAD", "REPORT_TTL_MS", "RESET", "Fleet", "daemon_name"]
@@ -74,7 +74,7 @@ class Fleet:
         # time: a poll that read our own change before we noted it would follow it.
         self._counting = asyncio.Lock()
         self._poller: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
+        self._stopping = Stopping()
 
     # -- the poll -----------------------------------------------------------------------
 
@@ -149,8 +149,7 @@ class Fleet:
 
     async def _poll(self) -> None:
         while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), POLL_S)
+            await self._stopping.nap(POLL_S)
             if self._stopping.is_set():
                 return
             try:

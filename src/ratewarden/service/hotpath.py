@@ -63,11 +63,6 @@ def is_hook(path: str) -> bool:
     return path.startswith(HOOK_PREFIX) and "/" not in path[len(HOOK_PREFIX) :]
 
 
-def serves(path: str) -> bool:
-    """Whether the hot path answers requests for `path` (those it cannot, it hands on)."""
-    return path in HOT_ROUTES or is_hook(path)
-
-
 Body = TypeVar("Body", CheckRequest, BatchRequest)
 
 
@@ -124,7 +119,7 @@ class HotPath:
                 request = CheckRequest.model_validate_json(body)  # one step from the bytes
             except ValidationError as exc:
                 return _refusal(exc)
-        vouched = vouch.check_for(vouch.caller_of(scope), request)
+        vouched = vouch.check_in(scope, request)
         if not isinstance(vouched, CheckRequest):
             return vouched  # a refusal
         try:

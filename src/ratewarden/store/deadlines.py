@@ -106,15 +106,13 @@ class Deadlines:
             self._running.clear()
         now = loop.time()
         block.began = now
-        block.stalled_before = self._stalled_at(now)
+        # Stalled time so far, with the stall going on now: a tick that is overdue.
+        # (Inline, not a method: every store operation passes here; docs/benchmarks.md.)
+        overdue = now - self._timer_due - SLACK_S
+        block.stalled_before = self._stalled + overdue if overdue > 0 else self._stalled
         self._running.append(block)
         if self._timer is None:
             self._arm(now + self._tick_s)
-
-    def _stalled_at(self, now: float) -> float:
-        """Stalled time so far, with the stall going on now: a tick that is overdue."""
-        overdue = now - self._timer_due - SLACK_S
-        return self._stalled + overdue if overdue > 0 else self._stalled
 
     def _arm(self, when: float) -> None:
         assert self._loop is not None
@@ -178,13 +176,15 @@ class Deadline:
         "stalled_s",
         "state",
     )
+    began: float  # when the block began, on the loop's clock
+    stalled_before: float  # the owner's stalled total then
 
     def __init__(self, owner: Deadlines) -> None:
         self._owner = owner
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
-        self.began = 0.0
-        self.stalled_before = 0.0  # the owner's stalled total when the block began
+        # `began` and `stalled_before` are set as the block begins (`Deadlines._begin`):
+        # only a block that began is read for them, and every store operation makes one.
         self.stalled_s = 0.0  # set when it expires: how long of its wait was stalled
         self.cut_short = False  # ... and whether the cap ended it, not the timeout
         self.state = _RUNNING
