@@ -128,7 +128,7 @@ async def decide(app: Any, body: CheckRequest) -> Decision:
     """
     engine = engine_of(app)
     policy = engine.policy
-    call = to_call(body)  # `body.user` is set: vouched for by the caller (vouch.py)
+    call = to_call(body, policy.names)  # `body.user` is vouched for (vouch.py)
     started = time.perf_counter()
     decision = await engine.check(call)
     if policy.reads_args:
