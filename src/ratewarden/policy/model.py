@@ -537,6 +537,8 @@ class Policy:
     idle_overrides: dict[str, str] = field(default_factory=dict)
     # The catalogue's `same_as` lines, None without any (only the built-in table maps).
     names: ToolNames | None = None
+    # What `policy check` warns of (policy/toolnames.py), each with its line: the loader's.
+    warnings: tuple[Any, ...] = ()
     # The validated file (a schema.PolicySpec), compiled again with other runtime overrides.
     spec: Any = field(default=None, repr=False, compare=False)
     # Its overrides compiled, the file's in file order and the runtime ones by id (newest
