@@ -263,3 +263,21 @@ def test_a_rule_naming_a_hosts_tool_is_warned_of_with_its_line() -> None:
         ).warnings
         == ()
     )
+
+
+def test_check_request_sends_the_host_and_its_name_made_acceptable() -> None:
+    from ratewarden.wire.names import check_request
+
+    sent = check_request(user="u", tool="Bash", host="claude-code", args={"command": "ls"})
+    assert (sent.tool, sent.host, sent.host_tool) == ("Bash", "claude-code", None)
+    assert to_call(sent).tool == "terminal"
+    # A host or host name the API would refuse is mapped, like any name: then no host
+    # table knows it, and the tool keeps its name.
+    long = check_request(user="u", tool="Bash", host="h" * 300, host_tool="t\x00" * 200)
+    assert long.host is not None
+    assert long.host.startswith("h")
+    assert len(long.host) <= 256
+    assert long.host_tool is not None
+    assert "\x00" not in long.host_tool
+    assert to_call(long).tool == "Bash"
+    assert check_request(user="u", tool="t", host="", host_tool="").host is None  # empty: absent
