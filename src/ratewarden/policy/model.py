@@ -19,6 +19,7 @@ from ratewarden.arguments import cut_overlaps
 from ratewarden.calls import Call
 from ratewarden.policy.conditions import ArgCondition
 from ratewarden.policy.durations import Budget, Rate
+from ratewarden.policy.errors import PolicyIssue
 from ratewarden.policy.messages import Template
 from ratewarden.policy.periods import Bounds, PeriodClock
 from ratewarden.vocabulary import Algorithm, FailMode, Mode, OnExceed, RuleKind
@@ -538,7 +539,7 @@ class Policy:
     # The catalogue's `same_as` lines, None without any (only the built-in table maps).
     names: ToolNames | None = None
     # What `policy check` warns of (policy/toolnames.py), each with its line: the loader's.
-    warnings: tuple[Any, ...] = ()
+    warnings: tuple[PolicyIssue, ...] = ()
     # The validated file (a schema.PolicySpec), compiled again with other runtime overrides.
     spec: Any = field(default=None, repr=False, compare=False)
     # Its overrides compiled, the file's in file order and the runtime ones by id (newest
