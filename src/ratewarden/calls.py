@@ -60,6 +60,9 @@ class Call:
     # The paths of `args` whose values the client had to cut to send them (each as its
     # steps; `()` is the whole args): a condition on them cannot be decided from `args`.
     args_cut: tuple[tuple[str, ...], ...] = ()
+    # The host's own name for the tool when `tool` is its canonical one (`Bash` for
+    # `terminal` from Claude Code: wire/tools.py); a rule naming either matches the call.
+    host_tool: str | None = None
     _args_digest: str | None = field(default=None, repr=False, compare=False)
 
     def args_digest(self) -> str | None:

@@ -182,9 +182,10 @@ def test_claude_code_denies_the_11th_bash_call_with_json(daemon: Daemon) -> None
     assert used(daemon, user, "Bash", "terminal-per-minute") == 10
     # The session and the call id came from the payload.
     [entry] = denials(daemon, user)
-    assert (entry["session"], entry["call_id"], entry["tool"]) == (
+    assert (entry["session"], entry["call_id"], entry["tool"], entry["host_tool"]) == (
         "sess-1",
         f"toolu_{user}_10",
+        "terminal",  # the canonical name, and Claude Code's own beside it
         "Bash",
     )
 

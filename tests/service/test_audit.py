@@ -44,6 +44,7 @@ FIELDS = {
     "decision",
     "user",
     "tool",
+    "host_tool",
     "session",
     "team",
     "call_id",
@@ -216,7 +217,13 @@ async def test_every_notable_decision_writes_exactly_one_line(
             assert re.fullmatch(r"[0-9a-f]{32}", line["id"])
             assert datetime.fromisoformat(line["time"]).utcoffset() is not None
         assert len({x["id"] for x in lines}) == 4
-        common = {"user": "alice", "session": "s-1", "team": "research", "degraded": False}
+        common = {
+            "user": "alice",
+            "session": "s-1",
+            "team": "research",
+            "degraded": False,
+            "host_tool": None,
+        }
         assert without_volatile(lines[0]) == {
             **common,
             "event": "deny",
@@ -357,6 +364,7 @@ rules:
             "decision": "deny",
             "user": "u",
             "tool": "terminal",
+            "host_tool": None,
             "session": None,
             "team": None,
             "call_id": "c1",

@@ -134,20 +134,26 @@ def test_policy_check_through_the_installed_command() -> None:
 # -- policy explain ---------------------------------------------------------------------
 
 
-def explain(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
+def explain(capsys: pytest.CaptureFixture[str], *args: str, code: int = 0) -> list[str]:
     """The rule-by-rule summary (each rule's conditions and counter key, indented below
     it, are test_explain_shows_each_condition_and_the_counter_key's)."""
-    return [line for line in explain_all(capsys, *args) if not line.startswith(DETAIL)]
+    lines = explain_all(capsys, *args, code=code)
+    return [line for line in lines if not line.startswith(DETAIL)]
 
 
 DETAIL = " " * 11
 
 
-def explain_all(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
-    assert main(["policy", "explain", *args]) == 0
+def explain_all(capsys: pytest.CaptureFixture[str], *args: str, code: int = 0) -> list[str]:
+    """Every line but the closing decision (which exits as `ratewarden check` would:
+    `code`; test_explain_decides_as_check_would's)."""
+    assert main(["policy", "explain", *args]) == code
     out, err = capsys.readouterr()
     assert err == ""
-    return out.splitlines()
+    lines = out.splitlines()
+    assert lines[-2] == ""
+    assert lines[-1].startswith("decision: ")
+    return lines[:-2]
 
 
 ARGS_POLICY = """version: 1
@@ -179,7 +185,7 @@ def test_explain_shows_each_condition_and_the_counter_key(
     given = '{"options": {"force": true}, "command": "sudo rm -rf /"}'
     lines = explain_all(
         capsys, str(policy), "--user", "bob", "--tool", "terminal", "--session", "s1",
-        "--args", given,
+        "--args", given, code=1,
     )  # fmt: skip
     same = digest({"command": "sudo rm -rf /", "options": {"force": True}})
     assert "args: given (counter keys hold a digest of them, never their text)" in lines
@@ -296,7 +302,7 @@ def test_explain_with_metadata_flags(capsys: pytest.CaptureFixture[str]) -> None
         "token_bucket, enforce, on_exceed deny",
     ]
     banned = explain(capsys, str(SPEC_EXAMPLE), "--user", "banned-7", "--tool", "terminal",
-                     "--destructive")  # fmt: skip
+                     "--destructive", code=1)  # fmt: skip
     assert banned[5] == (
         "  APPLIES  terminal-per-minute: rate 0/minute (overrides[2]) per user; "
         "sliding_window, enforce, on_exceed deny"
@@ -335,7 +341,7 @@ overrides:
 
 def test_explain_of_a_bad_file_prints_its_errors(capsys: pytest.CaptureFixture[str]) -> None:
     bad = POLICIES / "bad" / "unknown_group.yaml"
-    assert main(["policy", "explain", str(bad), "--user", "u", "--tool", "t"]) == 1
+    assert main(["policy", "explain", str(bad), "--user", "u", "--tool", "t"]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err == f"{bad}:6: rules[0].match.group: unknown group 'staff' (rule 'r')\n"

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ratewarden.wire.tools import canonical
 from tests.helpers.app import assert_error_shape, build_app, serving
 
 POLICY = """\
@@ -35,8 +36,10 @@ rules:
     match: {tool: Bash, args: {command: {prefix: "rm -rf /"}}}
     deny: "Refusing to delete the root directory"
 """
-RATE = "Rate limit: max 3 Bash calls per minute"
-READ_RATE = "Rate limit: max 3 Read calls per minute"  # a tool without a concurrency cap
+# The policy names Claude Code's own tools (`Bash`, `Read`): its rules still match them,
+# and the messages name the canonical tools the daemon maps them to (wire/tools.py).
+RATE = "Rate limit: max 3 terminal calls per minute"
+READ_RATE = "Rate limit: max 3 read_file calls per minute"  # a tool without a concurrency cap
 
 
 @pytest.fixture
@@ -157,7 +160,8 @@ async def test_agent_code_http_hook_vetoes_with_a_403_and_one_line(
         assert (allowed.status_code, allowed.content) == (200, b""), n
     vetoed = await client.post(url, content=body)
     assert vetoed.status_code == 403
-    assert vetoed.text.startswith(READ_RATE)
+    read = canonical("agent-code", "Read").tool  # as the host table names it
+    assert vetoed.text.startswith(f"Rate limit: max 3 {read} calls per minute")
     assert "\n" not in vetoed.text  # agent-code reads the first line only
     # The URL must name what agent-code keeps out of its payload: a 422 (a veto to
     # agent-code) naming it, never a silent allow.

@@ -96,6 +96,7 @@ def fingerprint(call: Call) -> str:
         and (facts is UNCLASSIFIED or facts == UNCLASSIFIED)  # identity: the usual case
         and not call.approved
         and call.args is None
+        and call.host_tool is None
     ):
         return head
     rest = [
@@ -111,6 +112,8 @@ def fingerprint(call: Call) -> str:
         call.approved,
         call.args_digest(),
     ]
+    if call.host_tool is not None:  # last, and only when set: older records keep their digest
+        rest.append(call.host_tool)
     digest = hashlib.blake2b(json.dumps(rest).encode(), digest_size=16).hexdigest()
     return f"{head}|{digest}"
 

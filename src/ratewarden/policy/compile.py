@@ -43,6 +43,7 @@ from ratewarden.policy.schema import (
     limits_in,
     sliding_cap_problem,
 )
+from ratewarden.policy.toolnames import compile_names
 from ratewarden.vocabulary import (
     METADATA_FLAGS,
     REPEATED,
@@ -82,6 +83,8 @@ def compile_policy(
         compiled, found = _compile_override(spec, rules_by_name, override, ("overrides", i))
         issues += found
         mine.append(compiled)
+    names, found = compile_names(spec)
+    issues += found
     if issues:
         return None, issues
     runtime_compiled = {
@@ -101,7 +104,7 @@ def compile_policy(
         tools=tuple(
             (NameSet.of(pattern), ToolEntry(entry.label, entry.cost))
             for pattern, entry in spec.tools.items()
-            if pattern != "default"
+            if pattern != "default" and entry.same_as is None  # a name, not a label or cost
         ),
         default_tool=_default_tool(spec),
         rules=rules,
@@ -110,6 +113,7 @@ def compile_policy(
         reservation_ttl_ms=spec.defaults.reservation_ttl,
         call_ttl_ms=spec.defaults.call_ttl,
         idle_overrides=_idle(runtime_compiled),
+        names=names,
         spec=spec,
         file_overrides=tuple(mine),
         runtime_overrides=runtime_compiled,

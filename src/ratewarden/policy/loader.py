@@ -21,6 +21,7 @@ from ratewarden.policy.errors import PolicyError, PolicyIssue
 from ratewarden.policy.model import Policy
 from ratewarden.policy.references import reference_issues
 from ratewarden.policy.schema import OverrideSpec, PolicySpec
+from ratewarden.policy.toolnames import name_warnings
 
 Path_ = tuple[str | int, ...]
 
@@ -69,6 +70,7 @@ def parse_policy(
     policy, problems = compile_policy(spec, source, raw, runtime)
     if policy is None:
         raise PolicyError(source, _named(_with_lines(problems, lines), data))
+    policy.warnings = tuple(name_warnings(spec, lambda path: _line_of(path, lines)))
     return policy
 
 
@@ -130,13 +132,18 @@ def _is_type_tag(part: str) -> bool:
 
 def _with_lines(issues: list[PolicyIssue], lines: dict[Path_, int]) -> list[PolicyIssue]:
     """Attach the nearest known line: the field itself, else its closest parent."""
-    located = []
-    for issue in issues:
-        path = issue.path
-        while path and path not in lines:
-            path = path[:-1]
-        located.append(PolicyIssue(issue.path, issue.message, issue.line or lines.get(path)))
+    located = [
+        PolicyIssue(issue.path, issue.message, issue.line or _line_of(issue.path, lines))
+        for issue in issues
+    ]
     return sorted(located, key=lambda issue: issue.line or 0)  # in file order
+
+
+def _line_of(path: Path_, lines: dict[Path_, int]) -> int | None:
+    """The line of the field at `path`, else of its closest parent that has one."""
+    while path and path not in lines:
+        path = path[:-1]
+    return lines.get(path)
 
 
 def _named(issues: list[PolicyIssue], data: dict[str, Any]) -> list[PolicyIssue]:

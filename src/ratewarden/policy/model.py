@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar, Protocol
@@ -19,9 +19,12 @@ from ratewarden.arguments import cut_overlaps
 from ratewarden.calls import Call
 from ratewarden.policy.conditions import ArgCondition
 from ratewarden.policy.durations import Budget, Rate
+from ratewarden.policy.errors import PolicyIssue
 from ratewarden.policy.messages import Template
 from ratewarden.policy.periods import Bounds, PeriodClock
 from ratewarden.vocabulary import Algorithm, FailMode, Mode, OnExceed, RuleKind
+from ratewarden.wire import tools
+from ratewarden.wire.tools import Canonical, HostTool
 
 # The policy's enums are the vocabulary's (one spelling for the file, the model, the API);
 # they are named here too, beside the types that hold them.
@@ -45,6 +48,7 @@ __all__ = [
     "RateLimit",
     "Rule",
     "ToolEntry",
+    "ToolNames",
     "Unlimited",
     "compile_glob",
     "is_glob",
@@ -202,10 +206,19 @@ class Match:
     # failing in its `unless:`, so nothing is excused on what could not be read.
     cut_holds: bool = True
 
-    def static_mismatch(self, user: str, tool: str, groups: frozenset[str]) -> str | None:
-        """Why the rule cannot apply to this user and tool, or None if it may."""
-        if self.tools is not None and tool not in self.tools:
-            return f"tool {tool!r} is not in {list(self.tools.source)}"
+    def static_mismatch(
+        self, user: str, tool: str, groups: frozenset[str], host_tool: str | None = None
+    ) -> str | None:
+        """Why the rule cannot apply to this user and tool (by its canonical name or the
+        host's own, `host_tool`), or None if it may."""
+        tools = self.tools
+        if (
+            tools is not None
+            and tool not in tools
+            and (host_tool is None or host_tool not in tools)
+        ):
+            named = f"tool {tool!r}" + (f" (the host's {host_tool!r})" if host_tool else "")
+            return f"{named} is not in {list(tools.source)}"
         if self.users is not None and user not in self.users:
             return f"user {user!r} is not in {list(self.users.source)}"
         if self.groups is not None and not self.groups & groups:
@@ -290,7 +303,7 @@ class Match:
     def matches(self, call: Call, groups: frozenset[str]) -> bool:
         """Whether every condition holds for `call` (`unless:` asks this)."""
         return (
-            self.static_mismatch(call.user, call.tool, groups) is None
+            self.static_mismatch(call.user, call.tool, groups, call.host_tool) is None
             and self.call_mismatch(call) is None
         )
 
@@ -298,8 +311,12 @@ class Match:
         """Each condition this match states, described, and whether it holds for `call`
         (all of them, for `policy explain`; deciding stops at the first that fails)."""
         found: list[tuple[str, bool]] = []
+        if self.tools is not None:
+            named = call.tool in self.tools or (
+                call.host_tool is not None and call.host_tool in self.tools
+            )
+            found.append((f"tool in {list(self.tools.source)}", named))
         for name, names, value in (
-            ("tool", self.tools, call.tool),
             ("user", self.users, call.user),
             ("session", self.sessions, call.session),
             ("team", self.teams, call.team),
@@ -460,6 +477,39 @@ class ToolEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolNames:
+    """The policy's own lines of the tool table (`tools: {NAME: {same_as: ..., host: ...,
+    args: ...}}`), in force before the built-in one (wire/tools.py): a line for the call's
+    host and tool, else a line for the tool on any host (or none), else the built-in
+    row. One step: the policy refuses a line whose `same_as` is another line's name."""
+
+    lines: Mapping[tuple[str | None, str], HostTool]  # (host or None: any, tool) -> it
+
+    def canonical(self, host: str | None, tool: str, args: Any = None) -> Canonical:
+        """`tool` (and its `args`) as `host` calls it, in the policy's canonical terms."""
+        lines = self.lines
+        found = (lines.get((host, tool)) if host is not None else None) or lines.get((None, tool))
+        if found is None:
+            return tools.canonical(host, tool, args)
+        if found.args and isinstance(args, Mapping):
+            args = renamed_args(args, found.args)
+        return Canonical(found.canonical, args, tool if tool != found.canonical else None)
+
+
+BUILT_IN_NAMES = ToolNames({})  # a policy without `same_as` lines: the built-in table only
+
+
+def renamed_args(args: Mapping[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
+    """`args` with each renamed key moved to its canonical key, as the built-in table's
+    renames are: a canonical key the host also sent keeps its value (nothing is lost)."""
+    out = dict(args)
+    for theirs, ours in renames.items():
+        if theirs in out and ours not in out:
+            out[ours] = out.pop(theirs)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class Explanation:
     rule: Rule
     applies: bool
@@ -486,6 +536,10 @@ class Policy:
     call_ttl_ms: int = 3_600_000
     # Runtime overrides left out because they no longer fit the file: id -> why.
     idle_overrides: dict[str, str] = field(default_factory=dict)
+    # The catalogue's `same_as` lines, None without any (only the built-in table maps).
+    names: ToolNames | None = None
+    # What `policy check` warns of (policy/toolnames.py), each with its line: the loader's.
+    warnings: tuple[PolicyIssue, ...] = ()
     # The validated file (a schema.PolicySpec), compiled again with other runtime overrides.
     spec: Any = field(default=None, repr=False, compare=False)
     # Its overrides compiled, the file's in file order and the runtime ones by id (newest
@@ -500,6 +554,10 @@ class Policy:
     _call_conditions: bool = field(init=False, repr=False)  # does any rule look past user/tool?
     _named_tools: frozenset[str] = field(init=False, repr=False)
     _candidates: Callable[[str, str], tuple[Applied, ...]] = field(init=False, repr=False)
+    # A call whose host named the tool otherwise: by (user, tool, host_tool), asked only
+    # when some rule names that host's name (`_names_tool`); else as (user, tool).
+    _hosted: Callable[[str, str, str], tuple[Applied, ...]] = field(init=False, repr=False)
+    _names_tool: Callable[[str], bool] = field(init=False, repr=False)
     _shared_candidates: dict[tuple[tuple[int, int, str, bool], ...], tuple[Applied, ...]] = field(
         init=False, repr=False
     )
@@ -511,6 +569,8 @@ class Policy:
     def __post_init__(self) -> None:
         # Per-instance caches: a reloaded policy starts with empty ones.
         self._candidates = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_candidates)
+        self._hosted = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_candidates)
+        self._names_tool = lru_cache(maxsize=4096)(self._find_named_tool)
         # Bounded by the policy: one entry per distinct set of rules and limits.
         self._shared_candidates = {}
         self._label = lru_cache(maxsize=4096)(self._find_label)
@@ -540,7 +600,11 @@ class Policy:
     def applicable(self, call: Call) -> Sequence[Applied]:
         """The rules that apply to `call`, in policy order, with their effective limits
         (a rule an override makes unlimited for this user does not apply to them)."""
-        candidates = self._candidates(call.user, call.tool)
+        host_tool = call.host_tool
+        if host_tool is None or not self._names_tool(host_tool):
+            candidates = self._candidates(call.user, call.tool)
+        else:  # a rule names the host's own name for the tool: it may apply too
+            candidates = self._hosted(call.user, call.tool, host_tool)
         if not self._call_conditions:  # nothing but user and tool decides: all of them
             return candidates
         found = []  # a loop, not tuple(genexpr): this runs on every call
@@ -562,7 +626,7 @@ class Policy:
                 conditions += [
                     (f"unless {text}", held) for text, held in unless.conditions(call, groups)
                 ]
-            reason = rule.match.static_mismatch(call.user, call.tool, groups)
+            reason = rule.match.static_mismatch(call.user, call.tool, groups, call.host_tool)
             reason = reason or rule.match.call_mismatch(call)
             if not reason and unless is not None and unless.matches(call, groups):
                 reason = "its unless: matches the call"
@@ -587,6 +651,11 @@ class Policy:
             and not _surely_excluded(rule.unless, user, tool, groups)
             and all(given.get(dim) is not None for dim in rule.per)  # never args: not given
         ]
+
+    def canonical(self, host: str | None, tool: str, args: Any = None) -> Canonical:
+        """`tool` as `host` names it (None: a call that names no host), in canonical
+        terms: the policy's `same_as` lines, then the built-in table (wire/tools.py)."""
+        return (self.names or BUILT_IN_NAMES).canonical(host, tool, args)
 
     def groups_of(self, user: str) -> frozenset[str]:
         return frozenset(name for name, members in self.groups.items() if user in members)
@@ -618,14 +687,26 @@ class Policy:
                 return rule.label or _matching_glob(matched, tool)
         return "other"
 
-    def _find_candidates(self, user: str, tool: str) -> tuple[Applied, ...]:
+    def _find_named_tool(self, name: str) -> bool:
+        """Whether a rule's `match` or `unless` names the tool `name` (a host's own)."""
+        return any(
+            names is not None and name in names
+            for rule in self.rules
+            for names in (rule.match.tools, rule.unless.tools if rule.unless else None)
+        )
+
+    def _find_candidates(
+        self, user: str, tool: str, host_tool: str | None = None
+    ) -> tuple[Applied, ...]:
         groups = self.groups_of(user)
         found = []
         for rule in self.rules:
-            if rule.match.static_mismatch(user, tool, groups) is not None:
+            if rule.match.static_mismatch(user, tool, groups, host_tool) is not None:
                 continue
             unless = rule.unless
-            check_unless = unless is not None and unless.static_mismatch(user, tool, groups) is None
+            check_unless = (
+                unless is not None and unless.static_mismatch(user, tool, groups, host_tool) is None
+            )
             if check_unless and not unless.has_call_conditions:  # type: ignore[union-attr]
                 continue  # its `unless:` holds for every call of this user and tool
             limit, source = self._effective_limit(rule, user, groups)

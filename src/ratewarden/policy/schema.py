@@ -48,6 +48,7 @@ from ratewarden.vocabulary import (
     RuleKind,
     readable,
 )
+from ratewarden.wire.tools import HOST_TOOLS
 
 
 def _plain(value: str) -> str:
@@ -136,9 +137,41 @@ class DefaultsSpec(_Strict):
         return self
 
 
+def _known_host(value: str) -> str:
+    if value not in HOST_TOOLS:
+        raise ValueError(f"unknown host {value!r}; known: {', '.join(HOST_TOOLS)}")
+    return value
+
+
+# A host as `ratewarden hook HOST` names it: whose calls a `same_as` line is about.
+HostName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_known_host)]
+
+
 class ToolSpec(_Strict):
+    """A catalogue entry: a tool's label and cost, or (`same_as`) the canonical tool a
+    name stands for, on some hosts (`host`) or all, its arguments renamed (`args`:
+    theirs -> ours). docs/policy.md, "Canonical tool names"."""
+
     label: Name | None = None
     cost: Annotated[float, Field(ge=0, le=MAX_AMOUNT, allow_inf_nan=False)] = 0.0
+    same_as: Name | None = None
+    host: Annotated[list[HostName], BeforeValidator(_listify), Field(min_length=1)] | None = None
+    args: dict[Name, Name] | None = None
+
+    @model_validator(mode="after")
+    def _names_or_money(self) -> ToolSpec:
+        if self.same_as is None:
+            for name in ("host", "args"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} only applies with same_as")
+            return self
+        for name in ("label", "cost"):
+            if name in self.model_fields_set:
+                raise ValueError(
+                    f"{name} does not apply with same_as: its calls are {self.same_as!r}'s; "
+                    f"give the {name} to {self.same_as!r}'s own entry"
+                )
+        return self
 
 
 def _arg_path(text: str) -> str:

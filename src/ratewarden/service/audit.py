@@ -59,6 +59,7 @@ def audit_entry(
         "decision": decision.decision,
         "user": call.user,
         "tool": call.tool,
+        "host_tool": call.host_tool,  # the host's own name for it (None: the same)
         "session": call.session,
         "team": call.team,
         "call_id": call.call_id,
@@ -72,6 +73,11 @@ def audit_entry(
     if args is not None:
         entry["args"] = args
     return entry
+
+
+def _names(entry: dict[str, Any], tool: str) -> bool:
+    """Whether an entry is of `tool`, by its canonical name or its host's own."""
+    return tool in (entry["tool"], entry.get("host_tool"))
 
 
 def _json_line(entry: dict[str, Any]) -> str:
@@ -153,7 +159,7 @@ class AuditTrail:
         found = []
         for line in await self.store.recent_denials(RECENT_LIMIT):
             entry = json.loads(line)
-            if (user and entry["user"] != user) or (tool and entry["tool"] != tool):
+            if (user and entry["user"] != user) or (tool and not _names(entry, tool)):
                 continue
             if rule and rule not in entry["rules"]:
                 continue

@@ -6,7 +6,7 @@ attribute: a field added to both sides needs no copying code here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -15,12 +15,19 @@ from pydantic_core import CoreSchema, SchemaSerializer, core_schema
 from ratewarden.arguments import WHOLE_ARGS
 from ratewarden.calls import UNCLASSIFIED, Call, ToolFacts
 from ratewarden.engine import Decision, Usage, Verdict
+from ratewarden.policy.model import BUILT_IN_NAMES, ToolNames
 from ratewarden.vocabulary import METADATA_FLAGS, daemon_call_id
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, LimitState, UsageItem, Violation
 
 
-def to_call(request: CheckRequest) -> Call:
-    """The engine's view of a request; its `args` are matched and hashed, never stored."""
+def to_call(request: CheckRequest, names: ToolNames | None = None) -> Call:
+    """The engine's view of a request; its `args` are matched and hashed, never stored.
+
+    A request that names its `host` (a hook's), or any under a policy with `same_as`
+    lines (`names`), is put in canonical terms here, the one place every check passes
+    (the hot path's too): the host's tool name becomes the canonical one, kept in
+    `host_tool`, its arguments reshaped (wire/tools.py). Any other costs one read.
+    """
     meta = request.metadata
     facts = (
         UNCLASSIFIED
@@ -29,11 +36,17 @@ def to_call(request: CheckRequest) -> Call:
             **{name: getattr(meta, name) for name in METADATA_FLAGS}, tags=frozenset(meta.tags)
         )
     )
-    user, args, cut = request.user, request.args, request.args_cut  # each read once
+    user, args, paths = request.user, request.args, request.args_cut  # each read once
     assert user is not None, "vouched for before it is decided (service/vouch.py)"
+    if args is None and paths:
+        args = {}
+    cut = _cut_steps(paths) if paths else ()
+    tool, host_tool = request.tool, request.host_tool
+    if request.host is not None or names is not None:
+        tool, host_tool, args, cut = _canonical(request, names or BUILT_IN_NAMES, args, cut)
     return Call(
         user=user,
-        tool=request.tool,
+        tool=tool,
         call_id=request.call_id or daemon_call_id(),
         session=request.session,
         team=request.team,
@@ -41,9 +54,48 @@ def to_call(request: CheckRequest) -> Call:
         facts=facts,
         approved=request.approved,
         named=request.call_id is not None,
-        args=args if args is not None or not cut else {},
-        args_cut=_cut_steps(cut) if cut else (),
+        args=args,
+        args_cut=cut,
+        host_tool=host_tool,
     )
+
+
+Cut = tuple[tuple[str, ...], ...]
+
+
+def _canonical(
+    request: CheckRequest, names: ToolNames, args: Any, cut: Cut
+) -> tuple[str, str | None, Any, Cut]:
+    """The request's tool, the host's own name for it, its args and their cut paths, in
+    canonical terms. A tool no table knows keeps its name (and the `host_tool` sent)."""
+    found = names.canonical(request.host, request.tool, args)
+    if cut and found.args is not args:
+        cut = _cut_followed(args, found.args, cut)
+    host_tool = found.host_tool if found.host_tool is not None else request.host_tool
+    return found.tool, host_tool, found.args, cut
+
+
+def _cut_followed(before: Any, after: Any, cut: Cut) -> Cut:
+    """The cut paths of `before` as paths of the reshaped `after`: a renamed argument's
+    path follows it to its new key (found by identity: the value itself moved). One that
+    cannot be followed makes the whole args cut, so that no condition is decided on a
+    value the client had to cut (a rule in `match` then holds; docs/policy.md)."""
+    if not isinstance(before, Mapping) or not isinstance(after, Mapping):
+        return ((),)
+    followed = []
+    for steps in cut:
+        if not steps or steps[0] not in before:
+            followed.append(steps)
+            continue
+        value = before[steps[0]]
+        if steps[0] in after and after[steps[0]] is value:
+            followed.append(steps)
+            continue
+        moved = next((k for k, v in after.items() if v is value and k not in before), None)
+        if moved is None:
+            return ((),)
+        followed.append((moved, *steps[1:]))
+    return tuple(followed)
 
 
 def _cut_steps(paths: list[str]) -> tuple[tuple[str, ...], ...]:

@@ -79,7 +79,7 @@ async def decision(host: str, body: HookEvent, request: Request) -> HookDecision
     if isinstance(user, JSONResponse):
         return user
     call = PreCall(body.tool, body.session, body.call_id, body.args)
-    return await check(request.app, call, user, body.team, body.args_cut)
+    return await check(request.app, call, user, body.team, body.args_cut, host=host)
 
 
 @router.post(
@@ -178,13 +178,20 @@ async def _native_check(
     if isinstance(vouched, JSONResponse):
         refused = NOT_VOUCHED.format(field="?user=" if user else "the host's user")
         return _http(host, HookDecision(decision="deny", message=refused))
-    return _http(host, await check(app, event, vouched, team))
+    return _http(host, await check(app, event, vouched, team, host=host.name))
 
 
 async def check(
-    app: Any, call: PreCall, user: str, team: str | None, args_cut: list[str] | None = None
+    app: Any,
+    call: PreCall,
+    user: str,
+    team: str | None,
+    args_cut: list[str] | None = None,
+    *,
+    host: str,
 ) -> HookDecision:
-    """Check a call about to run; a reused call id is checked again as a new call."""
+    """Check a call about to run, in its `host`'s names (the daemon maps them to the
+    canonical ones: convert.to_call); a reused call id is checked again as a new call."""
     engine = routes.engine_of(app)
     reads = engine.policy.reads_args
     request = check_request(
@@ -195,6 +202,7 @@ async def check(
         call_id=call.call_id,
         args=call.args if reads else None,
         args_cut=(args_cut or []) if reads else (),
+        host=host,
     )
     notes: list[str] = []
     decided: Decision | None = None

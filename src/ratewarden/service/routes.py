@@ -128,7 +128,7 @@ async def decide(app: Any, body: CheckRequest) -> Decision:
     """
     engine = engine_of(app)
     policy = engine.policy
-    call = to_call(body)  # `body.user` is set: vouched for by the caller (vouch.py)
+    call = to_call(body, policy.names)  # `body.user` is vouched for (vouch.py)
     started = time.perf_counter()
     decision = await engine.check(call)
     if policy.reads_args:
@@ -326,7 +326,10 @@ async def denials(
     rule: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=RECENT_LIMIT)] = 100,
 ) -> DenialsResponse | JSONResponse:
-    """Recent denials, asks, shadow denials and approved asks, newest first (bounded)."""
+    """Recent denials, asks, shadow denials and approved asks, newest first (bounded).
+
+    Each names the canonical `tool` and the host's own name for it (`host_tool`); `tool`
+    finds entries by either."""
     try:
         found = await observer_of(request.app).audit.recent(user, tool, rule, limit)
     except StoreError as exc:

@@ -413,8 +413,9 @@ class ResetResponse(BaseModel):
 
 class DenialsResponse(BaseModel):
     """Audit entries: id, time, event (deny, ask, shadow_deny, approved), decision, user,
-    tool, session, team, call_id, rule, rules, reason, message, retry_after, degraded
-    (and args, when the operator enabled them)."""
+    tool (canonical), host_tool (the host's own name, or null), session, team, call_id,
+    rule, rules, reason, message, retry_after, degraded (and args, when the operator
+    enabled them)."""
 
     denials: list[dict[str, Any]]
 

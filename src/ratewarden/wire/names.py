@@ -94,12 +94,18 @@ def check_request(
     approved: bool = False,
     args: object = None,
     args_cut: Sequence[str] = (),
+    host: str | None = None,
+    host_tool: str | None = None,
 ) -> CheckRequest:
     """The check for one tool call, every name and id made acceptable (empty: absent);
-    `args` as the host gives them (see `call_args`), `args_cut` what a hook already cut."""
+    `args` as the host gives them (see `call_args`), `args_cut` what a hook already cut.
+    `host`: whose names `tool` and `args` are in (the daemon maps them: wire/tools.py);
+    `host_tool`: the host's own name, when `tool` already is the canonical one."""
     request = CheckRequest(
         user=subject(user),
         tool=subject(tool),
+        host=subject(host) if host else None,
+        host_tool=subject(host_tool) if host_tool else None,
         session=subject(session) if session else None,
         team=subject(team) if team else None,
         call_id=usable_call_id(call_id) if call_id else None,

@@ -543,7 +543,9 @@
     const rows = denials.map((entry) => {
       const cells = [cell(time(entry.time))];
       if (withUser) cells.push(el("td", { class: "subject" }, String(entry.user)));
-      cells.push(cell(entry.tool, "long"), cell(entry.rule), cell(entry.event), cell(entry.message, "long"));
+      // The canonical tool, and the host's own name for it when it had another.
+      const tool = entry.host_tool ? `${entry.tool} (${entry.host_tool})` : entry.tool;
+      cells.push(cell(tool, "long"), cell(entry.rule), cell(entry.event), cell(entry.message, "long"));
       return el("tr", { "data-id": String(entry.id) }, ...cells);
     });
     fillRows(table.tBodies[0], rows, withUser ? 6 : 5, emptyText);
