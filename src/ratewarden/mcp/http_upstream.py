@@ -56,13 +56,14 @@ Received = ObjectSendStream[SessionMessage | Exception]
 
 @contextlib.asynccontextmanager
 async def streamable_http(
-    url: str,
+    url: str, headers: Mapping[str, str] | None = None
 ) -> AsyncIterator[tuple[Any, ObjectSendStream[SessionMessage]]]:
     """A session with the MCP server at `url`: its message streams, as the SDK's client
-    gives them (what it sends, as `SessionMessage`s or exceptions; what to send it)."""
+    gives them (what it sends, as `SessionMessage`s or exceptions; what to send it).
+    `headers` (the operator's, for this server: an API key) go with every request."""
     received, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](math.inf)
     outgoing, to_send = anyio.create_memory_object_stream[SessionMessage](math.inf)
-    session = _Session(KeepAlive(url, {}, HEAD_TIMEOUT_S), received)
+    session = _Session(KeepAlive(url, dict(headers or {}), HEAD_TIMEOUT_S), received)
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(session.send_all, to_send, tasks)
