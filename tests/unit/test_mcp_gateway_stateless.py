@@ -35,11 +35,16 @@ from tests.helpers.redis_server import free_port
 pytestmark = pytest.mark.timeout(120)
 
 SERVER = Path(__file__).parents[1] / "hosts" / "drivers" / "mcp_server.py"
-TOKENS = {"token-of-alice-0123456789": "alice", "token-of-bob-000123456789": "bob"}
-ALICE, BOB = list(TOKENS)
+TOKENS = {
+    "token-of-alice-0123456789": "alice",
+    "token-of-bob-000123456789": "bob",
+    "token-of-carol-0123456789": "carol",  # the one user whose destructive calls are refused
+}
+ALICE, BOB, CAROL = list(TOKENS)
 RATE = "Rate limit: max 3 terminal calls per minute"
 ASK = "deploy needs a human's approval"
 APPROVAL_NEEDED = "A human must approve this call before it can run"
+NO_DESTRUCTIVE = "No destructive tools here"
 POLICY = f"""\
 version: 1
 tools:
@@ -56,6 +61,9 @@ rules:
   - name: deploy-asks
     match: {{tool: demo.deploy}}
     ask: "{ASK}"
+  - name: no-destructive
+    match: {{tool: "demo.*", destructive: true, user: carol}}  # unclassified matches too
+    deny: "{NO_DESTRUCTIVE}"
 """
 
 
@@ -71,16 +79,17 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serving_gateway(tmp_path: Path) -> AsyncIterator[Served]:
+async def serving_gateway(tmp_path: Path, url_upstream: bool = False) -> AsyncIterator[Served]:
     """The gateway and the daemon, for one test (a fixture's setup and teardown run in
-    different tasks, which anyio's task groups refuse)."""
-    async with serving(build_app(POLICY)) as daemon:
+    different tasks, which anyio's task groups refuse); the test server as a command, or
+    already listening on streamable HTTP (`url_upstream`)."""
+    # The server's environment: the gateway's own, as for every command upstream.
+    command = ("/usr/bin/env", f"MCP_RAN={tmp_path / 'ran.txt'}", sys.executable, str(SERVER))
+    async with serving(build_app(POLICY)) as daemon, listening_server(command, url_upstream) as url:
         transport = daemon._transport
         assert isinstance(transport, httpx.ASGITransport)
         guard = AsyncGuard("http://test", transport=transport)
-        # The server's environment: the gateway's own, as for every command upstream.
-        command = ("/usr/bin/env", f"MCP_RAN={tmp_path / 'ran.txt'}", sys.executable, str(SERVER))
-        upstream = Upstream("demo", command=command)
+        upstream = Upstream("demo", url=url) if url else Upstream("demo", command=command)
         gateway = Gateway([upstream], Identities(TOKENS), guard, idle_timeout=30)
         port = free_port()
         config = uvicorn.Config(gateway, host="127.0.0.1", port=port, lifespan="off")
@@ -93,6 +102,30 @@ async def serving_gateway(tmp_path: Path) -> AsyncIterator[Served]:
                 yield Served(f"http://127.0.0.1:{port}/demo/mcp", daemon, tmp_path / "ran.txt")
             finally:
                 server.should_exit = True
+
+
+@contextlib.asynccontextmanager
+async def listening_server(command: tuple[str, ...], wanted: bool) -> AsyncIterator[str | None]:
+    """The test server on streamable HTTP (its URL), if `wanted`; else None."""
+    if not wanted:
+        yield None
+        return
+    port = free_port()
+    process = await anyio.open_process([*command, "--http", str(port)])
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        async with httpx.AsyncClient() as http:
+            with anyio.fail_after(30):
+                while True:
+                    with contextlib.suppress(httpx.HTTPError):
+                        await http.get(url, timeout=1)
+                        break
+                    await anyio.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        await process.wait()
+        await process.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -131,6 +164,24 @@ async def test_each_call_is_checked_as_the_tokens_user_and_settled(tmp_path: Pat
         assert await served.used("alice", "terminal-per-minute") == 3
         assert await served.used("alice", "one-at-a-time") == 0
         assert await served.used("bob", "terminal-per-minute") == 1
+
+
+@pytest.mark.parametrize("url_upstream", [False, True], ids=["command", "url"])
+async def test_a_call_is_checked_with_the_tools_annotations_unlisted_by_the_client(
+    tmp_path: Path, url_upstream: bool
+) -> None:
+    """The channel reads the server's tools itself, in the client's envelope: a call made
+    before the client listed anything is checked with its annotations, not unclassified."""
+    async with (
+        serving_gateway(tmp_path, url_upstream) as served,
+        client(served, CAROL) as carol,
+    ):
+        dropped = await carol.call_tool("drop_table", {"table": "users"})
+        read = await carol.call_tool("read_file", {"path": "notes"})
+    assert dropped.is_error is True
+    assert text(dropped).startswith(NO_DESTRUCTIVE)
+    assert (read.is_error, text(read)) == (False, "contents of notes")
+    assert served.ran.read_text().splitlines() == ["read_file notes"]
 
 
 async def test_every_request_needs_its_token(tmp_path: Path) -> None:
@@ -234,7 +285,7 @@ async def test_a_raw_client_that_hangs_up_frees_its_slot(tmp_path: Path) -> None
             }
             async with httpx.AsyncClient() as http:
                 with contextlib.suppress(httpx.ReadTimeout):
-                    await http.post(served.url, json=call, headers=headers, timeout=2)
+                    await http.post(served.url, json=call, headers=headers, timeout=1)
             with anyio.fail_after(10):
                 while await served.used("alice", "one-at-a-time"):
                     await anyio.sleep(0.05)

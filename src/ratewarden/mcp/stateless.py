@@ -305,7 +305,10 @@ class Channel:
         self._pending[our_id] = pending
         parsed = types.JSONRPCRequest.model_validate(message)
         metadata = ClientMessageMetadata(headers=dict(request.headers))
-        self._to_relay.send_nowait(SessionMessage(parsed, metadata=metadata))
+        try:
+            self._to_relay.send_nowait(SessionMessage(parsed, metadata=metadata))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            out.close()  # the channel closed meanwhile: its client is told the server went
         return pending
 
     async def _cancel(self, our_id: str) -> None:
