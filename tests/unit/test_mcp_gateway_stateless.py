@@ -184,6 +184,29 @@ async def test_a_call_is_checked_with_the_tools_annotations_unlisted_by_the_clie
     assert served.ran.read_text().splitlines() == ["read_file notes"]
 
 
+async def test_a_listening_client_hears_the_list_changed_and_the_policy_follows(
+    tmp_path: Path,
+) -> None:
+    """`subscriptions/listen` is relayed on its own event stream; when the server says
+    its tools changed, the channel reads them again (in the client's envelope) before the
+    client hears it, so the next call is checked with the new annotations."""
+    async with (
+        serving_gateway(tmp_path) as served,
+        client(served, CAROL) as carol,
+        carol.listen(tools_list_changed=True) as changes,
+    ):
+        before = await carol.call_tool("shred", {"paper": "a"})
+        armed = await carol.call_tool("arm", {})  # shred becomes destructive
+        with anyio.fail_after(10):
+            event = await changes.__anext__()
+        after = await carol.call_tool("shred", {"paper": "b"})
+    assert (before.is_error, armed.is_error) == (False, False)
+    assert type(event).__name__ == "ToolsListChanged"
+    assert after.is_error is True
+    assert text(after).startswith(NO_DESTRUCTIVE)
+    assert served.ran.read_text().splitlines() == ["shred a"]
+
+
 async def test_every_request_needs_its_token(tmp_path: Path) -> None:
     async with serving_gateway(tmp_path) as served:
         envelope = {
