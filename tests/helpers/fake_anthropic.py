@@ -3,7 +3,7 @@
 The CLI streams (`POST /v1/messages?beta=true`, server-sent events). The fake model asks
 for `Bash` with one command, `calls` times in a row (one tool call per turn), then ends
 its turn with "done". Every tool result the CLI sends back is recorded by tool_use_id, so
-a test can read what the model was told.
+a test can read what the model was told. `FakeMcpModel` asks for an MCP tool instead.
 """
 
 from __future__ import annotations
@@ -153,6 +153,37 @@ def fake_messages_api(command: str, calls: int) -> Iterator[tuple[str, FakeModel
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", fake
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+class FakeMcpModel(FakeModel):
+    """The scripted model above, asking for the MCP tool `tool` (Claude Code names a
+    server's tool `mcp__<server>__<tool>`) with `arguments` instead of Bash."""
+
+    def __init__(self, tool: str, arguments: dict[str, Any], calls: int) -> None:
+        super().__init__("", calls)
+        self.tool, self.arguments = tool, arguments
+
+    def answer(self, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        offered = [tool.get("name") for tool in body.get("tools") or []]
+        renamed = {**body, "tools": [{"name": "Bash"}] if self.tool in offered else []}
+        block, stop = super().answer(renamed)  # records the tool results, counts the calls
+        if block["type"] == "tool_use":
+            block = {**block, "name": self.tool, "input": self.arguments}
+        return block, stop
+
+
+@contextlib.contextmanager
+def fake_mcp_model(fake: FakeMcpModel) -> Iterator[str]:
+    """Serve `fake` on a free loopback port; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

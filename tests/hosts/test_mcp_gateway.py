@@ -363,8 +363,10 @@ def test_an_unidentified_client_is_refused_at_connect(run: Run) -> None:
     assert "unidentified client" in refused["sdk"]  # what an SDK client reports
     assert refused["unknown_server"]["status"] == 404
     assert "/demo/mcp" in refused["unknown_server"]["body"]["error"]["message"]
-    assert refused["modern"]["status"] == 400
-    assert "2026-07-28" in refused["modern"]["body"]["error"]["message"]
+    assert refused["modern"]["status"] == 401  # the session-less protocol: no token, no way in
+    assert "unidentified client" in refused["modern"]["body"]["error"]["message"]
+    assert refused["modern_initialize"]["status"] == 400
+    assert "_meta" in refused["modern_initialize"]["body"]["error"]["message"]
     assert "not-a-token" not in run.report["gateway_log"]  # no token is ever logged
 
 

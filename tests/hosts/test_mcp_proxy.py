@@ -10,19 +10,15 @@ read what the client received, what the tools wrote, and what the daemon counted
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import fake_anthropic
-from tests.helpers.fake_anthropic import FakeModel
+from tests.helpers.fake_anthropic import FakeMcpModel, fake_mcp_model
 from tests.hosts.scenario import (
     DRIVERS,
     TERMINAL_POLICY,
@@ -219,35 +215,6 @@ def test_unreachable_daemon_fails_closed_when_told(run: Run) -> None:
 # -- (b) the real Claude Code CLI, the proxy as its MCP server ------------------------------
 
 MCP_TOOL = "mcp__guarded__terminal"  # Claude Code's name for server `guarded`'s `terminal`
-
-
-class FakeMcpModel(FakeModel):
-    """The scripted model of fake_anthropic.py, asking for an MCP tool instead of Bash."""
-
-    def __init__(self, tool: str, arguments: dict[str, Any], calls: int) -> None:
-        super().__init__("", calls)
-        self.tool, self.arguments = tool, arguments
-
-    def answer(self, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        offered = [tool.get("name") for tool in body.get("tools") or []]
-        renamed = {**body, "tools": [{"name": "Bash"}] if self.tool in offered else []}
-        block, stop = super().answer(renamed)  # records the tool results, counts the calls
-        if block["type"] == "tool_use":
-            block = {**block, "name": self.tool, "input": self.arguments}
-        return block, stop
-
-
-@contextlib.contextmanager
-def fake_mcp_model(fake: FakeMcpModel) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), fake_anthropic._handler(fake))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 def run_claude(

@@ -13,7 +13,7 @@ import pytest
 from ratewarden.mcp import cli as command
 from ratewarden.mcp.cli import cli
 from ratewarden.mcp.identity import Identities, read_tokens
-from ratewarden.mcp.upstream import Upstream
+from ratewarden.mcp.upstream import Upstream, with_headers
 
 TOKEN = "a-token-of-20-chars!"
 
@@ -196,3 +196,82 @@ def test_the_gateway_takes_its_users_from_the_daemons_user_tokens_file(
     assert identities.user_of(scope(("Authorization", f"Bearer {TOKEN}"))) == "alice"
     monkeypatch.setenv("RATEWARDEN_USER_TOKENS", str(tmp_path / "nowhere.yaml"))
     assert "nowhere.yaml" in refused(["--listen", "h:9", "--server", "a=b"], capsys)
+
+
+# -- a URL upstream's own headers (--header NAME:HEADER=VALUE) ------------------------------
+
+SECRET = "s3cr3t-0a1b2c3d4e5f"
+SERVERS = ["--listen", "h:9", "--server", "web=https://mcp.example/mcp",
+           "--server", "files=python s.py", "--user-header", "X"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("header", "named"),
+    [
+        (f"web-Authorization={SECRET}", "--header: expected NAME:HEADER=VALUE"),
+        (f"web:Authorization{SECRET}", "--header: expected NAME:HEADER=VALUE"),
+        (f":Authorization={SECRET}", "--header: expected NAME:HEADER=VALUE"),
+        (f"nowhere:Authorization={SECRET}", "--header: nowhere:Authorization: no --server"),
+        (f"files:Authorization={SECRET}", "server 'files' is a command"),
+        (f"web:Bad Name={SECRET}", "--header: server 'web': the header name is not an HTTP"),
+        (f"web:Bad\r\nName={SECRET}", "the header name is not an HTTP token"),
+        # curl's spelling, with an '=' in the secret: the secret is where a name should be
+        (f"web:Authorization: Bearer {SECRET}=", "the header name is not an HTTP token"),
+        (f"web-Authorization: Bearer {SECRET}=", "text not shown"),
+        (f"web:Authorization=Bearer {SECRET}\r\nX-Evil: 1", "web:Authorization: the value has"),
+        (f"web:Authorization=Bearer {SECRET}\n", "the value has a control character"),
+        (f"web:Authorization=Bearer {SECRET}\0", "the value has a control character"),
+        (f"web:Authorization=Bearer {SECRET}\x7f", "the value has a control character"),
+        (f"web:Authorization=Bearer {SECRET}é", "outside ASCII"),
+        (f"web:Host={SECRET}", "Host is the transport's own header"),
+        (f"web:Mcp-Session-Id={SECRET}", "the transport's own header"),
+        (f"web:Mcp-Param-Path={SECRET}", "the transport's own header"),
+        ("web:Authorization=@env:RW_TEST_UNSET_VARIABLE", "'RW_TEST_UNSET_VARIABLE' is not set"),
+        ("web:Authorization=@env:", "the environment variable '' is not set"),
+        ("web:Authorization=@file:/nowhere/key", "cannot read '/nowhere/key'"),
+    ],
+)
+def test_a_bad_header_is_refused_naming_the_flag_never_the_value(
+    header: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    error = refused([*SERVERS, "--header", header], capsys)
+    assert named in error
+    assert SECRET not in error
+
+
+def test_a_header_given_twice_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    twice = ["--header", f"web:X-Key={SECRET}", "--header", f"web:x-key={SECRET}"]
+    error = refused([*SERVERS, *twice], capsys)
+    assert "--header: web:x-key: given twice" in error
+    assert SECRET not in error
+
+
+def test_header_values_come_as_written_from_the_environment_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WEB_KEY", f"Bearer {SECRET}")
+    (tmp_path / "key").write_text(f"{SECRET}-file\n")
+    parser = command._gateway_parser()
+    options = parser.parse_args(
+        [*SERVERS, "--header", "web:Authorization=@env:WEB_KEY",
+         "--header", f"web:X-Key=@file:{tmp_path / 'key'}", "--header", "web:X-Team=blue team"]
+    )  # fmt: skip
+    [web, files] = with_headers(options.servers, options.headers)
+    assert web.headers == (
+        ("Authorization", f"Bearer {SECRET}"),
+        ("X-Key", f"{SECRET}-file"),
+        ("X-Team", "blue team"),
+    )
+    assert files.headers == ()
+    assert SECRET not in repr(options)  # the namespace, its upstreams and headers
+    assert SECRET not in repr(web)
+
+
+def test_the_help_shows_how_to_keep_a_secret_off_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli(["--listen", "h:9", "--help"])
+    shown = capsys.readouterr().out
+    assert "--header NAME:HEADER=VALUE" in shown
+    assert "@env:VAR" in shown

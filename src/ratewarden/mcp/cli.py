@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ratewarden.hooks.command import add_client_flags
-from ratewarden.mcp.upstream import Upstream
+from ratewarden.mcp.upstream import Header, Upstream, with_headers
 
 if TYPE_CHECKING:
     from ratewarden.mcp.identity import Identities
@@ -37,6 +37,7 @@ STDIO_USAGE = (
 )
 GATEWAY_USAGE = (
     "ratewarden mcp --listen HOST:PORT --server NAME=URL|COMMAND [--server ...] "
+    "[--header NAME:HEADER=VALUE ...] "
     "(--tokens FILE | --user-header NAME) [--url URL ...] [--token T] [--fail open|closed]"
 )
 USER_TOKENS = "RATEWARDEN_USER_TOKENS"
@@ -76,7 +77,7 @@ def cli(argv: Sequence[str]) -> int:
     if missing is not None:  # an optional extra: say how to get it
         print(MISSING_EXTRA.format(missing), file=sys.stderr)
         return 2
-    identities = _identities(parser, options) if gateway else None
+    identities = _gateway(parser, options) if gateway else None
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="ratewarden: %(message)s")
     import anyio
 
@@ -129,6 +130,16 @@ def _gateway_parser() -> argparse.ArgumentParser:
         help="an upstream MCP server, served at /NAME/mcp (repeat for more)",
     )
     parser.add_argument(
+        "--header",
+        dest="headers",
+        action="append",
+        default=[],
+        type=_flag(Header.parse),
+        metavar="NAME:HEADER=VALUE",
+        help="a header sent with every request to URL server NAME (repeat for more); "
+        "VALUE as written, or @env:VAR or @file:PATH to keep a secret off the command line",
+    )
+    parser.add_argument(
         "--tokens",
         type=Path,
         metavar="FILE",
@@ -174,6 +185,16 @@ def _gateway_parser() -> argparse.ArgumentParser:
         help=f"close a session idle this long ({DEFAULT_IDLE_S:g}; 0: never)",
     )
     return parser
+
+
+def _gateway(parser: argparse.ArgumentParser, options: argparse.Namespace) -> Identities:
+    """The gateway's upstreams given their headers (each --header a URL --server's), and
+    its users."""
+    try:
+        options.servers = with_headers(options.servers, options.headers)
+    except ValueError as exc:
+        parser.error(f"argument --header: {exc}")
+    return _identities(parser, options)
 
 
 def _identities(parser: argparse.ArgumentParser, options: argparse.Namespace) -> Identities:

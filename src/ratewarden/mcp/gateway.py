@@ -24,9 +24,15 @@ request is answered with one JSON body, which costs the gateway far less (no eve
 stream with its tasks and timers: bench/mcp_overhead.py). The SDK's transport takes the
 choice per session; `_Transport` takes it per request (`_ANSWER_IN_JSON`).
 
-This speaks the protocol versions with an `initialize` handshake and a session id (what
-the SDK's `ClientSession` speaks); a request of the 2026-07-28 session-less protocol is
-refused with 400, saying so (docs/mcp.md, "Not yet").
+This speaks both eras of the protocol. The versions with an `initialize` handshake and a
+session id (what the SDK's `ClientSession` speaks) get a session each, as above. A
+request of the session-less 2026-07-28 protocol (header `MCP-Protocol-Version:
+2026-07-28`, its envelope in `params._meta`; Claude Code 2.x speaks it) is one POST
+answered on its own, through its user's channel to the server (stateless.py): the user
+is still its bearer token's, each call is still checked and settled by a `SessionGuard`
+of that user's, a request its client closes is cancelled (its slot freed), and an ask is
+refused saying a person must approve, since nobody can be asked on that protocol. The
+channels count against `--max-sessions` with the sessions.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from ratewarden.mcp.guard import Daemon, SessionGuard, can_elicit
 from ratewarden.mcp.identity import Identities
 from ratewarden.mcp.lazy import Greetings, lazily
 from ratewarden.mcp.relay import Relay
+from ratewarden.mcp.stateless import Channel, read_request
 from ratewarden.mcp.upstream import SERVER_NAME, Upstream
 from ratewarden.vocabulary import ClientSettings, fail_mode
 from ratewarden.wire.bodies import MAX_ARGS_DEPTH
@@ -158,6 +165,9 @@ class Gateway:
         self._sessions: dict[str, _Session] = {}
         self._opening: Counter[str] = Counter()  # sessions being opened, by user
         self._greetings: Greetings = {}  # each upstream's answer to initialize (lazy.py)
+        # The session-less protocol's: each user's channel to each server (stateless.py).
+        self._channels: dict[tuple[str, str], Channel] = {}
+        self._opening_channel = anyio.Lock()
         self._tasks: TaskGroup | None = None
         self._limited = RequestBodyLimitMiddleware(self._mcp, max_body)
 
@@ -175,7 +185,11 @@ class Gateway:
         if scope["type"] != "http":
             return
         if scope["path"] == "/healthz":
-            body = {"status": "ok", "sessions": len(self._sessions)}
+            body = {
+                "status": "ok",
+                "sessions": len(self._sessions),
+                "channels": len(self._channels),
+            }
             await JSONResponse(body)(scope, receive, send)
             return
         await self._limited(scope, receive, send)
@@ -224,11 +238,7 @@ class Gateway:
     async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
         version = dict(scope["headers"]).get(PROTOCOL_HEADER.encode(), b"").decode("latin-1")
         if version in MODERN_PROTOCOL_VERSIONS:
-            message = (
-                f"ratewarden MCP gateway: protocol {version} (no sessions) is not served yet; "
-                "connect with a version that opens a session with initialize"
-            )
-            await _error(400, message)(scope, receive, send)
+            await self._stateless(scope, receive, send)
             return
         user = scope["ratewarden.user"]
         self._opening[user] += 1  # before any wait: a user's opens at once count each other
@@ -242,6 +252,58 @@ class Gateway:
             self._opening[user] -= 1
             if not self._opening[user]:
                 del self._opening[user]
+
+    async def _stateless(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One request of the session-less protocol, answered through its user's channel
+        to the server (stateless.py)."""
+        if scope["method"] != "POST":  # no GET stream, no DELETE: nothing is kept to end
+            await Response(status_code=405, headers={"Allow": "POST"})(scope, receive, send)
+            return
+        body = await read_body(receive)
+        if body is None:
+            return  # the client left before its request arrived
+        if (refusal := _unread(body)) is not None:
+            await refusal(scope, receive, send)
+            return
+        request = read_request(scope, body)
+        if isinstance(request, Response):  # refused, or a notification (202)
+            await request(scope, receive, send)
+            return
+        channel = await self._channel(scope["ratewarden.user"], scope["ratewarden.server"])
+        if isinstance(channel, Response):
+            await channel(scope, receive, send)
+            return
+        await channel.answer(request, scope, receive, send)
+
+    async def _channel(self, user: str, server: str) -> Channel | Response:
+        """`user`'s channel to `server`, opened if need be; or the answer refusing it."""
+        async with self._opening_channel:  # one channel per user and server
+            channel = self._channels.get((user, server))
+            if channel is not None and not channel.closed:
+                return channel
+            if len(self._sessions) + len(self._channels) >= self.max_sessions:
+                return _error(503, "Too many open sessions", -32603)
+            upstream = self.upstreams[server]
+            channel = Channel(
+                user, upstream, self.daemon, team=self.team, idle_timeout=self.idle_timeout
+            )
+            assert self._tasks is not None
+            try:
+                await self._tasks.start(self._run_channel, channel)
+            except Exception as exc:  # the server could not be started or reached
+                log.error("mcp: server %s: %s: %s", upstream.name, type(exc).__name__, exc)
+                message = f"MCP server {upstream.name!r} is unavailable: {type(exc).__name__}"
+                return _error(502, message, -32603)
+            return channel
+
+    async def _run_channel(self, channel: Channel, *, task_status: TaskStatus[None]) -> None:
+        key = (channel.user, channel.upstream.name)
+        self._channels[key] = channel
+        try:
+            await channel.run(task_status=task_status)
+        finally:
+            if self._channels.get(key) is channel:
+                del self._channels[key]
 
     async def _room_for(self, user: str) -> Response | None:
         """Room for the session `user` is opening (counted in `_opening`): their idle
@@ -257,7 +319,8 @@ class Gateway:
             )
             return _error(429, message, -32603)
         # Nothing is closed for an open the gateway's own cap refuses anyway.
-        if len(self._sessions) + self._opening.total() - len(idle[:1]) > self.max_sessions:
+        opened = len(self._sessions) + len(self._channels) + self._opening.total()
+        if opened - len(idle[:1]) > self.max_sessions:
             return _error(503, "Too many open sessions", -32603)
         if idle:
             key, oldest = min(idle, key=lambda pair: pair[1].last_used)

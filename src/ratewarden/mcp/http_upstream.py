@@ -13,7 +13,10 @@ this only carries them, as the specification's transport says:
   `Mcp-Protocol-Version` go with every later request;
 - after `notifications/initialized`, a GET stream carries what the server sends unasked
   (list changes, its own requests), reopened when it ends;
-- at the end, the session is DELETEd.
+- at the end, the session is DELETEd;
+- a 2026-07-28 request (the gateway's channels, stateless.py) is POSTed with the routing
+  headers its client sent (`ClientMessageMetadata.headers`), without a session, and is
+  cancelled by closing its POST: its `notifications/cancelled` is not sent.
 
 What it leaves out, unlike the SDK's client: resuming a broken event stream from its last
 event id (the call's requester gets an error instead), following redirects, and `https://`
@@ -32,7 +35,7 @@ from typing import Any
 import anyio
 from anyio.abc import ObjectSendStream, TaskGroup
 from mcp import types
-from mcp.shared.message import SessionMessage
+from mcp.shared.message import ClientMessageMetadata, SessionMessage
 
 from ratewarden.http.keepalive import KeepAlive, Streamed, Unreachable
 from ratewarden.http.sse import MAX_EVENT_BYTES, EventReader
@@ -53,13 +56,14 @@ Received = ObjectSendStream[SessionMessage | Exception]
 
 @contextlib.asynccontextmanager
 async def streamable_http(
-    url: str,
+    url: str, headers: Mapping[str, str] | None = None
 ) -> AsyncIterator[tuple[Any, ObjectSendStream[SessionMessage]]]:
     """A session with the MCP server at `url`: its message streams, as the SDK's client
-    gives them (what it sends, as `SessionMessage`s or exceptions; what to send it)."""
+    gives them (what it sends, as `SessionMessage`s or exceptions; what to send it).
+    `headers` (the operator's, for this server: an API key) go with every request."""
     received, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](math.inf)
     outgoing, to_send = anyio.create_memory_object_stream[SessionMessage](math.inf)
-    session = _Session(KeepAlive(url, {}, HEAD_TIMEOUT_S), received)
+    session = _Session(KeepAlive(url, dict(headers or {}), HEAD_TIMEOUT_S), received)
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(session.send_all, to_send, tasks)
@@ -80,18 +84,39 @@ class _Session:
         self.session_id: str | None = None
         self.version: str | None = None
         self._initialize: types.RequestId | None = None  # its answer holds the version
+        # The 2026-07-28 requests being answered: each one's POST, to close on a cancel.
+        self._stateless: dict[Any, anyio.CancelScope] = {}
 
     async def send_all(self, messages: Any, tasks: TaskGroup) -> None:
         """POST each message as it comes, each on its own (answers arrive in any order)."""
         async with messages:
             async for item in messages:
                 message = item.message
-                tasks.start_soon(self._post, message)
+                if self._aborted(message):
+                    continue
+                headers = _own_headers(item)
+                scope = anyio.CancelScope()
+                if isinstance(message, types.JSONRPCRequest) and PROTOCOL_VERSION in headers:
+                    self._stateless[message.id] = scope  # cancelled by closing its POST
+                tasks.start_soon(self._post, message, headers, scope)
                 if (
                     isinstance(message, types.JSONRPCNotification)
                     and message.method == "notifications/initialized"
                 ):
                     tasks.start_soon(self._listen)
+
+    def _aborted(self, message: types.JSONRPCMessage) -> bool:
+        """A `notifications/cancelled` for a 2026-07-28 request: on that protocol a request
+        is cancelled by closing its POST (there is no notification to send)."""
+        if not isinstance(message, types.JSONRPCNotification):
+            return False
+        if message.method != "notifications/cancelled":
+            return False
+        scope = self._stateless.pop((message.params or {}).get("requestId"), None)
+        if scope is None:
+            return False
+        scope.cancel()
+        return True
 
     async def close(self) -> None:
         if self.session_id is not None:
@@ -110,22 +135,29 @@ class _Session:
 
     # -- one message, POSTed --------------------------------------------------------------
 
-    async def _post(self, message: types.JSONRPCMessage) -> None:
+    async def _post(
+        self, message: types.JSONRPCMessage, own: dict[str, str], scope: anyio.CancelScope
+    ) -> None:
+        """POST one message with its own headers (a 2026-07-28 request's routing)."""
         body = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
         request_id = message.id if isinstance(message, types.JSONRPCRequest) else None
         initialize = isinstance(message, types.JSONRPCRequest) and message.method == "initialize"
         if initialize:
             self._initialize = request_id
-        headers = self._headers(accept=ACCEPT, **{"content-type": "application/json"})
+        headers = {**self._headers(accept=ACCEPT, **{"content-type": "application/json"}), **own}
         try:
-            async with self.http.stream("POST", "", body, headers) as answer:
-                if initialize:
-                    self.session_id = answer.headers.get(SESSION_ID, self.session_id)
-                await self._read(answer, request_id)
+            with scope:
+                async with self.http.stream("POST", "", body, headers) as answer:
+                    if initialize:
+                        self.session_id = answer.headers.get(SESSION_ID, self.session_id)
+                    await self._read(answer, request_id)
         except (Unreachable, ValueError) as exc:
             log.warning("mcp: an upstream request failed: %s", exc)
             if request_id is not None:
                 await self._fail(request_id, types.INTERNAL_ERROR, f"upstream: {exc}")
+        finally:
+            if request_id is not None and self._stateless.get(request_id) is scope:
+                del self._stateless[request_id]
 
     async def _read(self, answer: Streamed, request_id: types.RequestId | None) -> None:
         kind = answer.headers.get("content-type", "").lower()
@@ -223,6 +255,13 @@ class _Session:
                 log.debug("mcp: the upstream's GET stream broke: %s", exc)
                 failures += 1
             await anyio.sleep(GET_RETRY_S if reader.retry_s is None else reader.retry_s)
+
+
+def _own_headers(item: SessionMessage) -> dict[str, str]:
+    """The headers a message carries for its POST (a 2026-07-28 request's routing)."""
+    metadata = item.metadata
+    headers = metadata.headers if isinstance(metadata, ClientMessageMetadata) else None
+    return {name.lower(): value for name, value in (headers or {}).items()}
 
 
 async def _whole(body: AsyncIterator[bytes]) -> bytes:

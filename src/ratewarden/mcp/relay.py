@@ -15,7 +15,9 @@ The relay adds requests of its own, with ids no SDK uses (`ratewarden-…` strin
 `elicitation/create` to the client for an `ask`. While one of those listings is being
 read, a `tools/call` waits for it (`LISTING_WAIT_S` at most, once the server is `ready`:
 the gateway starts a session's server at its first call), so that a call made at once is
-checked with the server's annotations, not as unclassified or with stale ones.
+checked with the server's annotations, not as unclassified or with stale ones. On the
+2026-07-28 protocol every request carries the client's envelope: the gateway gives the
+relay a `stamp` that puts it on the relay's own requests (stateless.py).
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ import functools
 import itertools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream, TaskGroup
 from mcp import types
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
+from mcp_types import PROTOCOL_VERSION_META_KEY
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS as MODERN_VERSIONS
 
 from ratewarden.mcp.guard import GuardAction, RequestId, SessionGuard, Settle, refusal_result
 
@@ -40,6 +44,7 @@ log = logging.getLogger("ratewarden.mcp")
 
 Incoming = ObjectReceiveStream[SessionMessage | Exception]
 Outgoing = ObjectSendStream[SessionMessage]
+Stamp = Callable[[types.JSONRPCRequest], SessionMessage]
 APPROVE = "approve"  # the elicitation form's one field
 LISTING_WAIT_S = 5.0  # the longest a call waits for the server's tools/list to be read
 _ASK_SCHEMA = {
@@ -59,9 +64,11 @@ class Relay:
         client: tuple[Incoming, Outgoing],
         server: tuple[Incoming, Outgoing],
         ready: anyio.Event | None = None,
+        stamp: Stamp | None = None,
     ) -> None:
         self.guard = guard
         self._ready = ready  # set once the server can answer (None: it can from the start)
+        self._stamp = stamp or SessionMessage  # how the relay's own requests go out
         self._from_client, self._to_client = client
         self._from_server, self._to_server = server
         self._client_lists: set[RequestId] = set()  # the client's tools/list requests
@@ -156,9 +163,10 @@ class Relay:
             return
         self._answered(message.id)  # by the relay (a refusal), or not at all (cancelled)
         if verdict.decision is GuardAction.REFUSE:
-            refusal = types.JSONRPCResponse(
-                jsonrpc="2.0", id=message.id, result=refusal_result(verdict.message)
-            )
+            result = refusal_result(verdict.message)
+            if _modern(message):  # a result of that protocol says it is complete
+                result["resultType"] = "complete"
+            refusal = types.JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result)
             await self._to_client.send(SessionMessage(refusal))
 
     # -- server to client -----------------------------------------------------------------
@@ -223,6 +231,11 @@ class Relay:
 
     # -- the relay's own requests ---------------------------------------------------------
 
+    async def list_tools(self) -> None:
+        """Read the server's tools now (a gateway channel opened after its client listed
+        them); the calls that come meanwhile wait for it, as after `initialized`."""
+        await self._list_tools()
+
     def _new_id(self, what: str) -> str:
         return f"{self._prefix}-{what}-{next(self._ids)}"
 
@@ -236,7 +249,7 @@ class Relay:
         request = types.JSONRPCRequest(
             jsonrpc="2.0", id=request_id, method="tools/list", params=params
         )
-        await self._to_server.send(SessionMessage(request))
+        await self._to_server.send(self._stamp(request))
 
     async def _own_listing(self, message: types.JSONRPCResponse | types.JSONRPCError) -> bool:
         """An answer to the relay's own `tools/list`: read, never forwarded."""
@@ -286,6 +299,12 @@ class Relay:
         slot.append(message)
         answered.set()
         return True
+
+
+def _modern(request: types.JSONRPCRequest) -> bool:
+    """Whether `request` is of the 2026-07-28 protocol (its envelope names the version)."""
+    meta = (request.params or {}).get("_meta")
+    return isinstance(meta, Mapping) and meta.get(PROTOCOL_VERSION_META_KEY) in MODERN_VERSIONS
 
 
 def _is_error(result: Mapping[str, Any]) -> bool:

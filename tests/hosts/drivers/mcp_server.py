@@ -92,7 +92,8 @@ async def arm(ctx: Context) -> str:
     """Marks `shred` destructive (for every session of this server) and says so."""
     server.remove_tool("shred")
     server.add_tool(shred, annotations=ToolAnnotations(destructiveHint=True))
-    await ctx.session.send_tool_list_changed()
+    await ctx.session.send_tool_list_changed()  # a session's client (before 2026-07-28)
+    await ctx.notify_tools_changed()  # a client listening on 2026-07-28 (subscriptions/listen)
     return "armed"
 
 
