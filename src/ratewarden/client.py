@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -48,6 +48,7 @@ from ratewarden.wire.bodies import (
     SettleResponse,
     UsageResponse,
 )
+from ratewarden.wire.names import subject
 
 __all__ = [
     "ADAPTER_TIMEOUT_S",
@@ -313,15 +314,27 @@ log = logging.getLogger("ratewarden.client")
 
 
 class _GuardBase:
-    """What both guards share: where the daemon is, and the answer when it is not there."""
+    """What both guards share: where the daemon is, the application's tool names, and
+    the answer when the daemon is not there."""
 
-    def __init__(self, url: str | None, token: str | None, fail: str) -> None:
+    def __init__(
+        self, url: str | None, token: str | None, fail: str, tool_names: ToolNames | None
+    ) -> None:
         self.fail = fail_mode(fail)
+        self.tool_names = _tool_names(tool_names)
         settings = ClientSettings.read()  # now, not at import: a host may set them late
         self.url = url or settings.url
         self.token = token or settings.token
         self.unreachable = 0  # checks answered by the fail mode
         self._lock = threading.Lock()
+
+    def _named(self, request: CheckRequest) -> CheckRequest:
+        """The check under its canonical tool name, when the application gave one: the
+        application's own name goes with it as `host_tool` (a rule may still match it)."""
+        canonical = self.tool_names.get(request.tool)
+        if canonical is None:
+            return request
+        return request.model_copy(update={"tool": canonical, "host_tool": request.tool})
 
     def _unreachable(self, request: CheckRequest, error: Exception) -> CheckResponse:
         """The daemon did not answer (or refused the request, e.g. a bad token)."""
@@ -338,6 +351,11 @@ class Guard(_GuardBase):
     `unreachable`; with `fail="closed"` it is denied with a message saying the guard is
     unavailable. `url` and `token` default to RATEWARDEN_URL and RATEWARDEN_TOKEN.
     Thread-safe: hosts may call it from worker threads.
+
+    `tool_names` maps the application's own tool names to canonical ones
+    (`{"shell": "terminal"}`), so a framework whose tools the application names shares
+    the policy's rules and counters with every coding agent's hooks (docs/policy.md,
+    "Canonical tool names"); a tool it does not name keeps its name.
     """
 
     def __init__(
@@ -348,13 +366,14 @@ class Guard(_GuardBase):
         timeout: float = ADAPTER_TIMEOUT_S,
         fail: str = "open",
         transport: httpx.BaseTransport | None = None,
+        tool_names: ToolNames | None = None,
     ) -> None:
-        super().__init__(url, token, fail)
+        super().__init__(url, token, fail, tool_names)
         self._client = Client(self.url, self.token, timeout=timeout, transport=transport)
 
     def check(self, request: CheckRequest) -> CheckResponse:
         try:
-            return self._client.check(request)
+            return self._client.check(self._named(request))
         except (DaemonUnavailable, ClientError) as exc:
             return self._unreachable(request, exc)
 
@@ -381,8 +400,9 @@ class AsyncGuard(_GuardBase):
         timeout: float = ADAPTER_TIMEOUT_S,
         fail: str = "open",
         transport: httpx.AsyncBaseTransport | None = None,
+        tool_names: ToolNames | None = None,
     ) -> None:
-        super().__init__(url, token, fail)
+        super().__init__(url, token, fail, tool_names)
         self._timeout, self._transport = timeout, transport
         self._client = self._new_client()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -401,7 +421,7 @@ class AsyncGuard(_GuardBase):
 
     async def check(self, request: CheckRequest) -> CheckResponse:
         try:
-            return await self._client_for_this_loop().check(request)
+            return await self._client_for_this_loop().check(self._named(request))
         except (DaemonUnavailable, ClientError) as exc:
             return self._unreachable(request, exc)
 
@@ -417,6 +437,27 @@ class AsyncGuard(_GuardBase):
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+ToolNames = Mapping[str, str]  # the application's tool name -> its canonical name
+
+
+def _tool_names(given: ToolNames | None) -> dict[str, str]:
+    """`tool_names` checked once: each a name the API takes, to a different one."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise TypeError(f"tool_names must be a mapping of names, not {type(given).__name__}")
+    names = dict(given)
+    for theirs, ours in names.items():
+        for name in (theirs, ours):
+            if not isinstance(name, str) or subject(name) != name:
+                raise ValueError(
+                    f"tool_names: {name!r} is not a tool name the daemon takes as it is"
+                )
+        if theirs == ours:
+            raise ValueError(f"tool_names: {theirs!r} is mapped to itself")
+    return names
 
 
 def unreachable_answer(request: CheckRequest, fail: str, error: Exception) -> CheckResponse:

@@ -242,3 +242,42 @@ def test_a_refused_token_is_logged_as_an_error_not_as_an_outage(
         outage.check(request)
     outage.close()
     assert [r.levelno for r in caplog.records] == [logging.WARNING], caplog.text
+
+
+def test_a_guard_with_tool_names_counts_the_applications_tool_as_the_canonical_one(
+    daemon: Daemon,
+) -> None:
+    """An application that calls its shell `run_cmd` shares `terminal`'s counter."""
+    guard = Guard(daemon.url, fail="closed", tool_names={"run_cmd": "terminal"})
+    with Client(daemon.url) as client:
+        assert client.check(CheckRequest(user="tn1", tool="terminal")).decision == "allow"
+    answers = [guard.check(CheckRequest(user="tn1", tool="run_cmd")) for _ in range(3)]
+    assert [a.decision for a in answers] == ["allow", "allow", "deny"]
+    assert answers[2].message.startswith("Rate limit: max 3 terminal calls per minute")
+    other = guard.check(CheckRequest(user="tn1", tool="browser"))  # a name it does not map
+    assert other.decision == "allow"
+    guard.close()
+
+
+async def test_an_async_guard_with_tool_names_does_the_same(daemon: Daemon) -> None:
+    guard = AsyncGuard(daemon.url, fail="closed", tool_names={"run_cmd": "terminal"})
+    answers = [await guard.check(CheckRequest(user="tn2", tool="run_cmd")) for _ in range(4)]
+    assert [a.decision for a in answers] == ["allow", "allow", "allow", "deny"]
+    await guard.aclose()
+
+
+@pytest.mark.parametrize(
+    ("tool_names", "error"),
+    [
+        ({"shell": ""}, "'' is not a tool name"),
+        ({"shell": "x" * 300}, "is not a tool name"),
+        ({"sh\nell": "terminal"}, "'sh\\nell' is not a tool name"),
+        ({"shell": 7}, "7 is not a tool name"),
+        ({"terminal": "terminal"}, "'terminal' is mapped to itself"),
+        (["shell", "terminal"], "tool_names must be a mapping"),
+    ],
+)
+def test_bad_tool_names_are_refused_naming_the_parameter(tool_names: object, error: str) -> None:
+    with pytest.raises((ValueError, TypeError), match="tool_names") as raised:
+        Guard(nowhere(), tool_names=tool_names)  # type: ignore[arg-type]
+    assert error in str(raised.value)
