@@ -269,6 +269,7 @@ def large_sliding_cases(draw: st.DrawFn) -> tuple[int, int, list[int]]:
 @pytest.mark.redis
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=large_sliding_cases())
+@pytest.mark.slow
 def test_sliding_window_is_exact_on_real_redis_past_the_whole_read(
     redis_server: RedisServer, case: tuple[int, int, list[int]]
 ) -> None:

@@ -304,6 +304,7 @@ def client(url: str) -> httpx.Client:
 # -- promtool: rules, their unit tests, the example config ---------------------------------
 
 
+@pytest.mark.slow
 def test_alert_rules_pass_promtool_check() -> None:
     done = promtool("check", "rules", str(ALERTS))
     assert done.returncode == 0, done.stdout + done.stderr

@@ -965,6 +965,7 @@ def assert_sane(path: str, body: Any, response: httpx.Response) -> None:
         assert_error_shape(answer)
 
 
+@pytest.mark.slow
 def test_no_input_makes_the_decide_endpoints_fail(clock: FakeClock) -> None:
     fuzz = hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     with asyncio.Runner() as runner:

@@ -691,6 +691,7 @@ WORKERS_POLICY = "version: 1\nrules:\n  - name: banned\n    match: {tool: rm}\n 
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_serve_with_two_workers_writes_one_audit_line_per_denial(
     tmp_path: Path, redis_server: RedisServer, redis_url: str
 ) -> None:

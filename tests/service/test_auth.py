@@ -410,6 +410,7 @@ def ratewarden(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_serve_with_tokens_from_flags(tmp_path: Path, policy_file: Path) -> None:
     flags = ["--policy", str(policy_file), "--api-token", CHECK_TOKEN,
              "--admin-token", ADMIN_TOKEN, "--admin-token", "second-admin"]  # fmt: skip
@@ -445,6 +446,7 @@ def test_serve_without_tokens_says_auth_is_off(tmp_path: Path, policy_file: Path
             assert http.get("/v1/policy").status_code == 200
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_public_address_without_tokens_as_a_process(tmp_path: Path) -> None:
     done = ratewarden("serve", "--host", "0.0.0.0", "--port", str(free_port()))
     assert done.returncode == 2
@@ -461,6 +463,7 @@ def test_serve_refuses_a_public_address_without_tokens_as_a_process(tmp_path: Pa
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_workers_get_the_tokens_from_the_environment(
     tmp_path: Path, policy_file: Path, redis_server: RedisServer
 ) -> None:

@@ -278,6 +278,7 @@ async def test_settling_an_unknown_call_is_a_404_naming_call_id(
         ([1.0], "body", "Input should be a valid dictionary or object to extract fields from"),
     ],
 )
+@pytest.mark.slow
 async def test_a_bad_settle_body_is_a_422_naming_the_field_and_settles_nothing(
     store: Store, clock: FakeClock, body: Any, field: str, message: str
 ) -> None:
@@ -388,6 +389,7 @@ def table(stdout: str) -> list[list[str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_settle_and_usage_commands_against_a_real_daemon(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY.replace("timezone: UTC", f"timezone: {stable_zone()}"))

@@ -519,6 +519,7 @@ def test_serve_with_an_invalid_policy_in_the_working_directory_refuses(tmp_path:
         (["--store-url", "redis+cluster://h:x"], "bad port 'x'"),
     ],
 )
+@pytest.mark.slow
 def test_serve_names_the_bad_flag(tmp_path: Path, flags: list[str], message: str) -> None:
     done = ratewarden("serve", *flags, cwd=tmp_path)
     assert done.returncode == 2

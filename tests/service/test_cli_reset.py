@@ -191,6 +191,7 @@ def test_cli_reset_asks_first_at_a_terminal_naming_the_amount(daemon: Daemon) ->
     assert used_on(daemon, "gina")["daily-spend"] == (0.0, 0.0)
 
 
+@pytest.mark.slow
 def test_resets_through_any_worker_are_counted_once_each(tmp_path: Path) -> None:
     """With `--workers 2`, whichever worker takes a reset, /metrics (merged across the
     workers) counts every one of them, and each is audited once."""

@@ -103,6 +103,7 @@ def all_allowed_after_the_bound(one: Daemon, two: Daemon, user: str) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_a_reset_through_one_process_reaches_every_worker_of_every_daemon(
     tmp_path: Path,
 ) -> None:
@@ -114,6 +115,7 @@ def test_a_reset_through_one_process_reaches_every_worker_of_every_daemon(
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_an_override_through_one_process_reaches_every_worker_of_every_daemon(
     tmp_path: Path,
 ) -> None:
@@ -127,6 +129,7 @@ def test_an_override_through_one_process_reaches_every_worker_of_every_daemon(
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_a_reload_through_one_process_reaches_every_worker_of_every_daemon(
     tmp_path: Path,
 ) -> None:
@@ -148,6 +151,7 @@ def test_a_reload_through_one_process_reaches_every_worker_of_every_daemon(
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_the_overview_from_any_process_is_the_sum_of_every_process(tmp_path: Path) -> None:
     allowed, denied = 24, 12
     with two_daemons_of_two_workers(tmp_path) as (one, two, _):

@@ -105,6 +105,7 @@ HOSTS = ["claude-code", "codex", "gemini", "cursor", "hermes", "agent-code"]
 
 @pytest.mark.parametrize("name", sorted(PADDINGS))
 @pytest.mark.parametrize("host", HOSTS)
+@pytest.mark.slow
 def test_every_command_hook_refuses_a_padded_root_delete(
     daemon: Daemon, host: str, name: str
 ) -> None:

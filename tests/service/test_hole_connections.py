@@ -137,6 +137,7 @@ DEFAULT_CAP = 64
 TIMEOUT_S = 3.0  # long enough for the flood to be in place before its sockets expire
 
 
+@pytest.mark.slow
 def test_hole5_idle_sockets_cannot_shut_out_a_client(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY.replace("{version}", "A"))
@@ -225,6 +226,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 @pytest.mark.parametrize("sends", HOSTILE.values(), ids=HOSTILE.keys())
+@pytest.mark.slow
 def test_hole5_a_request_that_never_arrives_whole_is_closed(daemon: Daemon, sends: bytes) -> None:
     with hostile(daemon, sends) as sock:
         assert closed_by_the_daemon(sock) == b""  # closed unanswered
@@ -277,6 +279,7 @@ def test_requests_sent_in_time_are_answered(daemon: Daemon) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_hole5_every_worker_closes_silent_sockets(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:

@@ -382,6 +382,7 @@ ENCODINGS = st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-16-be", "utf-3
 
 @settings(max_examples=800, deadline=None)
 @given(VALUES, WRITTEN, ENCODINGS, st.integers(0, 12))
+@pytest.mark.slow
 def test_hole6_items_are_counted_exactly_from_the_bytes(
     value: Any, written: dict[str, Any], encoding: str, cap: int
 ) -> None:
@@ -473,6 +474,7 @@ def test_hole6_invalid_json_after_the_items_still_counts_them(body: bytes) -> No
     assert too_many_items(body)
 
 
+@pytest.mark.slow
 def test_hole6_counting_takes_a_fixed_number_of_passes_and_bounded_pieces(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -822,11 +822,13 @@ def run_key_safety(kind: str, redis_server: RedisServer | None, examples: int) -
         hostile_names_never_share_a_counter()
 
 
+@pytest.mark.slow
 def test_hostile_names_never_share_a_counter_on_the_memory_store() -> None:
     run_key_safety("memory", None, examples=150)
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_hostile_names_never_share_a_counter_on_a_real_redis(
     redis_server: RedisServer,
 ) -> None:

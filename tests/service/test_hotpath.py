@@ -151,6 +151,7 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes, str | None]:
 
 @hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=st.lists(requests(), min_size=1, max_size=12))
+@pytest.mark.slow
 async def test_the_hot_path_answers_exactly_like_fastapi(
     stream: list[tuple[str, bytes, str | None]],
 ) -> None:

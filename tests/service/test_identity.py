@@ -154,6 +154,7 @@ async def test_a_user_token_naming_nobody_or_itself_acts_as_its_user(
     "named",
     ["Alice", "alice ", "ALICE", unicodedata.normalize("NFD", "alicé"), "alice\u200b"],
 )
+@pytest.mark.slow
 async def test_names_are_exact_a_spelling_of_the_user_is_another_user(
     client: httpx.AsyncClient, named: str
 ) -> None:

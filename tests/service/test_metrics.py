@@ -775,6 +775,7 @@ def plant_stale_counter(directory: Path) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_two_workers_report_exact_sums_on_every_scrape(
     tmp_path: Path, redis_server: RedisServer, redis_url: str
 ) -> None:

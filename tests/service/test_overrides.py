@@ -174,6 +174,7 @@ async def test_the_newest_runtime_override_for_a_user_wins() -> None:
         ({"mode": "shadow"}, "mode"),
     ],
 )
+@pytest.mark.slow
 async def test_a_bad_override_is_refused_naming_the_field(
     change: dict[str, Any], field: str
 ) -> None:
@@ -278,6 +279,7 @@ def limit_of(url: str, user: str) -> Any:
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_every_daemon_on_the_store_applies_a_change_within_the_poll(tmp_path: Path) -> None:
     with two_daemons(tmp_path) as (one, two, _):
         assert limit_of(two, "alice") == 2
@@ -315,6 +317,7 @@ def cli(url: str, token: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_cli_sets_lists_and_removes_an_override(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
@@ -365,6 +368,7 @@ def redis_commands(redis: Any, name: str) -> int:
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_a_decision_reads_nothing_of_the_overrides(tmp_path: Path) -> None:
     """The version is read by each daemon's poller once a second, never per call: 300
     checks cost no more GETs than the seconds they took, on each daemon."""
@@ -386,6 +390,7 @@ UNREADABLE = ["\x1b[31mroot", "a\x00b", "a\u2028b", "a\x7fb", "ok\u202egnp", "a\
 
 @pytest.mark.parametrize("name", UNREADABLE)
 @pytest.mark.parametrize("field", ["users", "groups", "rule"])
+@pytest.mark.slow
 async def test_a_name_with_a_control_character_is_refused_naming_its_field(
     field: str, name: str
 ) -> None:
@@ -430,6 +435,7 @@ def test_a_policy_file_naming_a_user_or_group_with_a_control_character_is_refuse
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_the_cli_escapes_names_stored_before_they_were_checked(tmp_path: Path) -> None:
     """An older daemon took any name: `override list` prints what such a store holds with
     its control characters escaped, and the daemon lists such an override idle, not in

@@ -173,6 +173,7 @@ def test_the_metric_name_guard_fails_on_a_bogus_metric() -> None:
 
 @pytest.mark.redis
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_every_panel_and_alert_works_against_a_real_prometheus(tmp_path: Path) -> None:
     started = time.monotonic()
     policy = tmp_path / "policy.yaml"

@@ -385,6 +385,7 @@ async def inner_store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         await store.close()
 
 
+@pytest.mark.slow
 async def test_every_answer_comes_from_exactly_one_policy_while_reloading(
     policy_file: Path, inner_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -490,6 +491,7 @@ def test_sighup_reloads_a_running_daemon(tmp_path: Path, policy_file: Path) -> N
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_the_watcher_keeps_every_worker_in_step(
     tmp_path: Path, policy_file: Path, redis_server: RedisServer
 ) -> None:

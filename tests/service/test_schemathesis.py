@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 import schemathesis
 from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import Status, StopReason, events, from_schema
@@ -85,6 +86,7 @@ def describe(recorder: Any, case_id: str, check: Any) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_schemathesis_finds_no_server_error_and_no_schema_violation() -> None:
     settings = Settings(store_url="memory://", fail=None, admin_tokens=[TOKEN])
     store = MemoryStore(FakeClock(1_700_000_000_000 + 17_345))

@@ -276,6 +276,7 @@ def _race_worker(url: str, precheck: bool, barrier: Any, results: Any, worker: i
 
 
 @pytest.mark.parametrize("precheck", [True, False], ids=["precheck", "no-precheck"])
+@pytest.mark.slow
 def test_exactly_the_limit_is_allowed_across_slots_under_concurrency(
     cluster: RedisClusterServers, precheck: bool
 ) -> None:

@@ -228,6 +228,7 @@ def fail_over(
 
 
 @pytest.mark.parametrize("how", ["sentinel-failover", "master-killed"])
+@pytest.mark.slow
 def test_the_daemon_keeps_deciding_across_a_failover(tmp_path: Path, how: str) -> None:
     with contextlib.ExitStack() as stack:
         deployment = stack.enter_context(running_sentinel(tmp_path / "redis"))

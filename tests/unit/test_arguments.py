@@ -161,6 +161,7 @@ def reordered(value: Any, rng: random.Random) -> Any:
 
 
 @given(args=st.dictionaries(st.text(max_size=4), JSON_VALUES), rng=st.randoms())
+@pytest.mark.slow
 def test_a_reordered_copy_has_the_same_fingerprint(args: dict[str, Any], rng: Any) -> None:
     copy = reordered(args, rng)
     assert digest(copy) == digest(args)

@@ -238,6 +238,7 @@ LIMITS: dict[str, tuple[str | bytes, str | bytes, str]] = {
 
 
 @pytest.mark.parametrize("limit", LIMITS)
+@pytest.mark.slow
 def test_hole7_each_limit_is_refused_with_its_cause(limit: str, work: Work) -> None:
     at_limit, over_limit, refused = LIMITS[limit]
     assert refusal(over_limit) == [refused]

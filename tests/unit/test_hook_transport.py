@@ -106,6 +106,7 @@ def test_a_daemon_that_never_answers_costs_the_timeout_then_the_fail_mode() -> N
     assert json.loads(stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
 
 
+@pytest.mark.slow
 def test_a_token_with_a_line_break_is_never_sent() -> None:
     with answering(http_answer(DENY)) as (url, requests):
         _, stdout, stderr = ask(url, token="t\r\nx-injected: 1")
