@@ -201,3 +201,15 @@ def test_the_table_costs_no_import() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "shlex" not in done.stdout.split()
     assert "pydantic" not in done.stdout.split()
+
+
+def test_the_hermes_plugin_names_its_host_for_the_daemon_to_map() -> None:
+    from ratewarden.client import Guard
+    from ratewarden.integrations.hermes import RatewardenPlugin
+
+    plugin = RatewardenPlugin(guard=Guard("http://127.0.0.1:9"), user=lambda hook: "u")
+    try:
+        request = plugin.request_for("patch", {"args": {"path": "/a"}, "tool_call_id": "c"})
+    finally:
+        plugin.guard.close()
+    assert (request.host, request.tool, request.host_tool) == ("hermes", "patch", None)
