@@ -78,13 +78,6 @@ HOST_TOOLS: Mapping[str, Mapping[str, HostTool]] = {
         "Agent": _row("delegate_task"),  # {description, prompt, subagent_type, ...}
         "Task": _row("delegate_task"),  # Agent's former name, still its alias
     },
-    # @openai/codex 0.169.0 (the hook-facing names of vendor/<target>/bin/codex): every
-    # shell tool (exec_command, shell, local_shell, shell_command) is `Bash` to a hook.
-    "codex": {
-        "Bash": _row("terminal"),  # {command} (one string: Codex shlex-joins an argv)
-        "apply_patch": _row("edit_file", {"command": "patch"}),  # {command: the patch}
-        "spawn_agent": _row("delegate_task"),
-    },
     # @google/gemini-cli 0.61.0 (bundle/chunk-*.js: *_TOOL_NAME, *_PARAM_*).
     "gemini": {
         "run_shell_command": _row("terminal"),  # {command, description, is_background}
@@ -110,6 +103,13 @@ HOST_TOOLS: Mapping[str, Mapping[str, HostTool]] = {
         "WebFetch": _row("web_fetch"),
         "WebSearch": _row("web_search"),
         "Task": _row("delegate_task"),
+    },
+    # @openai/codex 0.169.0 (the hook-facing names of vendor/<target>/bin/codex): every
+    # shell tool (exec_command, shell, local_shell, shell_command) is `Bash` to a hook.
+    "codex": {
+        "Bash": _row("terminal"),  # {command} (one string: Codex shlex-joins an argv)
+        "apply_patch": _row("edit_file", {"command": "patch"}),  # {command: the patch}
+        "spawn_agent": _row("delegate_task"),
     },
     # avala-ai/agent-code 0.30.0 (crates/lib/src/tools/*.rs: each tool's name() and
     # input_schema()).
