@@ -4,14 +4,16 @@ the one canonical name (and argument shape) a policy speaks of them in.
 The shell is `terminal` to hermes, `Bash` to Claude Code, `run_shell_command` to Gemini
 CLI and `Shell` to Cursor; a policy that names `terminal` covers them all, and a user's
 shell calls from every host land on one counter. The daemon maps a call whose host it
-knows (a hook's `/v1/hooks/HOST` routes, or a check's `metadata.host`): the check then
-names the canonical tool, and `metadata.host_tool` keeps the host's own name, which a
-rule may still match. A tool no table knows keeps its name.
+knows (a hook's `/v1/hooks/HOST` routes, or a check's `host`): the check then names the
+canonical tool, and `host_tool` keeps the host's own name, which a rule may still match.
+An MCP tool is `server.tool`, the gateway's name for it, on every host that names its
+server. A tool no table knows keeps its name.
 
 Arguments are reshaped the same way: the shell's command is one string in `command`, a
 file tool's path in `path`, a fetch's address in `url`, a search's pattern in `query`.
 A renamed argument moves to its canonical key; every other argument the host sent stays
-as it was, so nothing is lost (docs/integrations.md lists each host's renames).
+as it was, so nothing is lost (docs/integrations.md lists each host's renames). A shell
+command sent as an argv array becomes the one line the shell reads.
 
 Standard library only, and data more than code: the table is read once at import, and a
 call's mapping is a dictionary lookup.
@@ -61,7 +63,7 @@ def _row(canonical: str, args: Mapping[str, str] = _NONE) -> HostTool:
 
 # host (as `ratewarden hook HOST` names it) -> its tool name -> what it is. Each row is
 # read from the host's installed package (docs/integrations.md, "One name per tool",
-# names the version and the file); tests/hosts/test_tools_table.py greps them out of it.
+# names the version and the file); tests/hosts/test_tool_table_sources.py greps them out.
 HOST_TOOLS: Mapping[str, Mapping[str, HostTool]] = {
     # claude-agent-sdk 0.2.188's bundled CLI, Claude Code 2.1.331 (_bundled/claude).
     "claude-code": {
