@@ -198,7 +198,7 @@ def test_claude_code_post_tool_use_settles_the_call(daemon: Daemon) -> None:
     # One Task at a time: while the first is in flight, a second is refused...
     second = hook("claude-code", claude_pre("Task", "toolu_b-" + user), *flags)
     reason = json.loads(second.stdout)["hookSpecificOutput"]["permissionDecisionReason"]
-    assert reason == "Concurrency limit: max 1 Task calls at once"
+    assert reason == "Concurrency limit: max 1 delegate_task calls at once"  # Task is Claude Code's
     # ...and PostToolUse releases the slot (printing nothing).
     settled = hook("claude-code", claude_post("Task", "toolu_a-" + user), *flags)
     assert (settled.returncode, settled.stdout, settled.stderr) == (0, "", "")
@@ -247,7 +247,7 @@ def test_a_reused_call_id_is_no_free_pass(daemon: Daemon) -> None:
     assert (first.returncode, first.stdout, first.stderr) == (0, "", "")
     again = hook("claude-code", claude_pre("Task", "toolu_same-" + user), *flags)
     reason = json.loads(again.stdout)["hookSpecificOutput"]["permissionDecisionReason"]
-    assert reason == "Concurrency limit: max 1 Task calls at once"
+    assert reason == "Concurrency limit: max 1 delegate_task calls at once"  # Task is Claude Code's
     assert f"call id toolu_same-{user} was already used" in again.stderr
     # An id another user's call holds (the daemon says 409) is counted as a new call too.
     other = new_user()

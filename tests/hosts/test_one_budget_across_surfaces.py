@@ -139,9 +139,10 @@ def test_a_budget_spent_through_langchain_refuses_the_user_in_codex(
     assert budget_of(daemon, "alice", "Bash") == {"spent": 1.0, "reserved": 0.0}
     # The daemon's record: one rule refused both surfaces' calls.
     denials = httpx.get(f"{daemon.url}/v1/denials", params={"user": "alice"}).json()["denials"]
-    assert sorted((d["tool"], d["rule"]) for d in denials) == [
-        ("Bash", "shell-budget"),
-        ("terminal", "shell-budget"),
+    # Codex's Bash is terminal to the daemon, its own name kept beside it.
+    assert sorted((d["tool"], d.get("host_tool") or "", d["rule"]) for d in denials) == [
+        ("terminal", "", "shell-budget"),
+        ("terminal", "Bash", "shell-budget"),
     ]
 
     # bob has a budget of his own: his Codex call runs, and PostToolUse settles it.

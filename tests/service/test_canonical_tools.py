@@ -5,7 +5,7 @@ counter counts a user's shell calls from all of them; a policy written for a hos
 name keeps matching it (docs/policy.md, "Canonical tool names").
 
 On a real Redis where a counter is shared; the mapping itself is wire/tools.py's
-(provisional rows: claude-code Bash and Read, gemini run_shell_command).
+(rows used: claude-code Bash and Read, gemini run_shell_command).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ async def test_a_terminal_args_rule_refuses_claude_codes_bash() -> None:
         assert output["permissionDecision"] == "deny"
         assert output["permissionDecisionReason"] == "Refusing to delete the root directory"
         # A tool no table knows keeps its name: the terminal rules do not see it.
-        other = await decide(client, "claude-code", user="u", tool="NotebookEdit", args={})
+        other = await decide(client, "claude-code", user="u", tool="TodoWrite", args={})
         assert other["decision"] == "allow"
 
 

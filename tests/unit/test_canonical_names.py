@@ -2,7 +2,7 @@
 canonical terms (service/convert.py), a rule matches either name (policy/model.py), and
 the policy's own `same_as` lines extend and override the built-in table.
 
-The built-in rows used here are wire/tools.py's provisional ones: claude-code `Bash`
+The built-in rows used here are wire/tools.py's: claude-code `Bash`
 (terminal) and `Read` (read_file, `file_path` -> `path`), gemini `run_shell_command`.
 """
 
@@ -246,9 +246,9 @@ def test_a_rule_naming_a_hosts_tool_is_warned_of_with_its_line() -> None:
         ("rules[0].match.tool", 6, "rule 'x' (line 6) names 'Bash', Claude Code's, Codex's and "
          "agent-code's name for 'terminal': it matches only those hosts' calls; name "
          "'terminal' to cover every host"),
-        ("rules[0].match.tool", 6, "rule 'x' (line 6) names 'Read', Claude Code's name for "
-         "'read_file': it matches only those hosts' calls; name 'read_file' to cover every "
-         "host"),
+        ("rules[0].match.tool", 6, "rule 'x' (line 6) names 'Read', Claude Code's and "
+         "Cursor's name for 'read_file': it matches only those hosts' calls; name "
+         "'read_file' to cover every host"),
         # y names terminal too: its Bash is no narrowing. Its unless names Gemini's shell.
         ("rules[1].unless.tool", 10, "rule 'y' (line 10) names 'run_shell_command', Gemini "
          "CLI's name for 'terminal': it matches only those hosts' calls; name 'terminal' to "

@@ -51,7 +51,7 @@ from ratewarden.wire.names import check_request
 log = logging.getLogger("ratewarden.integrations.hermes")
 
 PLUGIN_NAME = "ratewarden"
-HOST = "hermes"  # leads the call id when hermes gives no tool_call_id
+HOST = "hermes"  # whose names its tools are; leads the call id when hermes gives none
 MAX_IN_FLIGHT = 10_000  # calls remembered for settling; older ones expire in the daemon
 Directive = dict[str, str]
 UserCallable = Callable[[Mapping[str, Any]], str | None]
@@ -136,6 +136,7 @@ class RatewardenPlugin:
             call_id=vocabulary.call_id(HOST, kwargs.get("tool_call_id")),
             metadata=tool_metadata(tool),
             args=kwargs.get("args"),  # the model's arguments, as hermes parsed them
+            host=HOST,  # the daemon maps hermes' own names (`patch` is edit_file)
         )
 
     def _check(self, request: CheckRequest) -> CheckResponse:
