@@ -360,3 +360,29 @@ def test_explain_asks_and_same_as_lines_and_an_unknown_host(
     assert "argument --host: invalid choice: 'vim'" in err
     assert "'claude-code'" in err
     assert "'hermes'" in err
+
+
+DECOY = """\
+version: 1
+rules:
+  - name: no-secrets
+    match: {tool: read_file, args: {path: {prefix: "/etc/"}}}
+    deny: "Reading /etc is not allowed"
+"""
+
+
+@pytest.mark.parametrize(
+    ("host", "tool", "key"),
+    [("claude-code", "Read", "file_path"), ("claude-code", "Edit", "file_path")],
+)
+async def test_a_decoy_canonical_key_cannot_hide_the_path_the_host_opens(
+    host: str, tool: str, key: str
+) -> None:
+    """A hostile model adds `path` beside the host's own key: the rule on `path` must read
+    the file the host will open, not the decoy."""
+    policy = DECOY.replace("tool: read_file", "tool: [read_file, edit_file]")
+    async with serving(build_app(policy)) as client:
+        args = {key: "/etc/shadow", "path": "/tmp/harmless"}
+        refused = await decide(client, host, user="u", tool=tool, args=args)
+        assert refused["decision"] == "deny", refused
+        assert refused["message"].startswith("Reading /etc is not allowed")

@@ -59,4 +59,3 @@ COSTLY = ("dataclasses", "inspect", "hashlib", "logging", "uuid", "ratewarden.ar
 @pytest.mark.parametrize("host", sorted(HOSTS))
 def test_a_plain_payload_loads_none_of_the_costly_modules(host: str) -> None:
     assert imported_by_hook(host) & set(COSTLY) == set()
-

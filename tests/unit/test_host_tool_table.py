@@ -98,9 +98,11 @@ def test_arguments_move_to_their_canonical_keys(
     assert args == before  # the host's dict is not changed
 
 
-def test_a_canonical_key_already_sent_keeps_both_values() -> None:
-    found = canonical("claude-code", "Read", {"file_path": "/a", "path": "/b"})
-    assert found.args == {"file_path": "/a", "path": "/b"}  # nothing overwritten or lost
+def test_the_hosts_own_key_wins_over_a_decoy_canonical_key() -> None:
+    """Claude Code's Read opens `file_path`: a `path` beside it must not be what a rule on
+    `path` reads (it would see /tmp/x while the host opened /etc/shadow)."""
+    found = canonical("claude-code", "Read", {"file_path": "/etc/shadow", "path": "/tmp/x"})
+    assert found.args == {"path": "/etc/shadow"}
 
 
 @pytest.mark.parametrize("args", [None, "rm -rf /", 7, ["ls"], [{"command": "x"}], True, 1.5])

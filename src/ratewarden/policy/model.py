@@ -24,7 +24,7 @@ from ratewarden.policy.messages import Template
 from ratewarden.policy.periods import Bounds, PeriodClock
 from ratewarden.vocabulary import Algorithm, FailMode, Mode, OnExceed, RuleKind
 from ratewarden.wire import tools
-from ratewarden.wire.tools import Canonical, HostTool
+from ratewarden.wire.tools import Canonical, HostTool, renamed_args
 
 # The policy's enums are the vocabulary's (one spelling for the file, the model, the API);
 # they are named here too, beside the types that hold them.
@@ -497,16 +497,6 @@ class ToolNames:
 
 
 BUILT_IN_NAMES = ToolNames({})  # a policy without `same_as` lines: the built-in table only
-
-
-def renamed_args(args: Mapping[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
-    """`args` with each renamed key moved to its canonical key, as the built-in table's
-    renames are: a canonical key the host also sent keeps its value (nothing is lost)."""
-    out = dict(args)
-    for theirs, ours in renames.items():
-        if theirs in out and ours not in out:
-            out[ours] = out.pop(theirs)
-    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,9 @@ server. A tool no table knows keeps its name.
 
 Arguments are reshaped the same way: the shell's command is one string in `command`, a
 file tool's path in `path`, a fetch's address in `url`, a search's pattern in `query`.
-A renamed argument moves to its canonical key; every other argument the host sent stays
-as it was, so nothing is lost (docs/integrations.md lists each host's renames). A shell
+A renamed argument moves to its canonical key (replacing a value sent under that key,
+which the host does not read); every other argument the host sent stays as it was
+(docs/integrations.md lists each host's renames). A shell
 command sent as an argv array becomes the one line the shell reads.
 
 Standard library only, and data more than code: the table is read once at import, and a
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "CANONICAL_TOOLS", "HOST_TOOLS", "Canonical", "HostTool", "canonical", "hosts_naming",
-    "mcp_tool", "shell_command",
+    "mcp_tool", "renamed_args", "shell_command",
 ]  # fmt: skip
 
 # The tools every host has, by their canonical names (docs/policy.md, "Canonical tools").
@@ -170,7 +171,7 @@ def canonical(host: str | None, tool: str, args: Any = None) -> Canonical:
         return Canonical(tool, args) if mcp is None else Canonical(mcp, args, tool)
     if isinstance(args, Mapping):
         if known.args:
-            args = _renamed(args, known.args)
+            args = renamed_args(args, known.args)
         if known.canonical == "terminal":
             args = _one_command(args)
     return Canonical(known.canonical, args, tool if tool != known.canonical else None)
@@ -202,12 +203,16 @@ def hosts_naming(tool: str) -> dict[str, str]:
     return found
 
 
-def _renamed(args: Mapping[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
-    """`args` with each renamed key moved to its canonical key; a canonical key the host
-    also sent keeps the host's value for it (nothing is overwritten or dropped)."""
+def renamed_args(args: Mapping[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
+    """`args` with each renamed key (theirs -> ours) moved to its canonical key.
+
+    The host's own key is what the host reads: its value takes the canonical key even
+    when the call also sent that key (Claude Code's Read reads `file_path`, not a `path`
+    beside it). Kept instead, such a decoy would be all a rule on `path` read, while the
+    host opened the other file."""
     out = dict(args)
     for theirs, ours in renames.items():
-        if theirs in out and ours not in out:
+        if theirs in out:
             out[ours] = out.pop(theirs)
     return out
 
