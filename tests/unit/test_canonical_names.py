@@ -154,6 +154,17 @@ def test_a_same_as_line_with_no_host_maps_every_host_and_plain_checks() -> None:
     assert to_call(request(tool="my_shell"), bare.names).tool == "my_shell"
 
 
+def test_a_same_as_line_to_terminal_joins_an_argv_command_as_the_built_in_rows_do() -> None:
+    """A deny on `command` must read `rm -rf /` whichever row said the tool is terminal."""
+    policy = parse_policy(
+        policy_with("  my_shell: {same_as: terminal, args: {argv: command}}\n").encode()
+    )
+    call = to_call(
+        request(tool="my_shell", args={"argv": ["bash", "-lc", "rm -rf /"]}), policy.names
+    )
+    assert call.args == {"command": "rm -rf /"}
+
+
 def test_a_same_as_line_for_a_host_overrides_the_built_in_row_for_that_host_only() -> None:
     tools = "  Bash: {same_as: codex_shell, host: codex}\n  Shell: {same_as: terminal, host: [x]}\n"
     assert problems(policy_with(tools)) == [

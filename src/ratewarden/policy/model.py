@@ -24,7 +24,7 @@ from ratewarden.policy.messages import Template
 from ratewarden.policy.periods import Bounds, PeriodClock
 from ratewarden.vocabulary import Algorithm, FailMode, Mode, OnExceed, RuleKind
 from ratewarden.wire import tools
-from ratewarden.wire.tools import Canonical, HostTool, renamed_args
+from ratewarden.wire.tools import Canonical, HostTool
 
 # The policy's enums are the vocabulary's (one spelling for the file, the model, the API);
 # they are named here too, beside the types that hold them.
@@ -491,9 +491,7 @@ class ToolNames:
         found = (lines.get((host, tool)) if host is not None else None) or lines.get((None, tool))
         if found is None:
             return tools.canonical(host, tool, args)
-        if found.args and isinstance(args, Mapping):
-            args = renamed_args(args, found.args)
-        return Canonical(found.canonical, args, tool if tool != found.canonical else None)
+        return tools.as_known(found, tool, args)
 
 
 BUILT_IN_NAMES = ToolNames({})  # a policy without `same_as` lines: the built-in table only

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 __all__ = [
-    "CANONICAL_TOOLS", "HOST_TOOLS", "Canonical", "HostTool", "canonical", "hosts_naming",
+    "CANONICAL_TOOLS", "HOST_TOOLS", "Canonical", "HostTool", "as_known", "canonical",
+    "hosts_naming",
     "mcp_tool", "renamed_args", "shell_command",
 ]  # fmt: skip
 
@@ -169,6 +170,12 @@ def canonical(host: str | None, tool: str, args: Any = None) -> Canonical:
     if known is None:
         mcp = mcp_tool(host, tool)
         return Canonical(tool, args) if mcp is None else Canonical(mcp, args, tool)
+    return as_known(known, tool, args)
+
+
+def as_known(known: HostTool, tool: str, args: Any) -> Canonical:
+    """The call of `tool` that a table row (the built-in one or a policy's `same_as`
+    line) says is `known`: its canonical name, and its args renamed and shaped."""
     if isinstance(args, Mapping):
         if known.args:
             args = renamed_args(args, known.args)
