@@ -21,6 +21,7 @@ from the collected modules to start building the environments side by side.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shlex
 import subprocess
@@ -36,6 +37,7 @@ import pytest
 
 from tests.helpers.daemon import read_denials, read_usage
 from tests.helpers.daemon import running_daemon as serving
+from tests.helpers.fake_anthropic import FakeMcpModel, fake_mcp_model
 from tests.helpers.hostenv import (
     TERMINAL_POLICY,
     Daemon,
@@ -143,6 +145,37 @@ def bundled_claude(python: Path) -> Path:
         timeout=60,
     )
     return Path(found.stdout.strip())
+
+
+def claude_with_mcp(
+    config: dict[str, Any], model: FakeMcpModel, cwd: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`claude -p` (the bundled CLI) with MCP servers `config` only, its model `model`
+    served locally, its home under `cwd`; it must end well."""
+    claude = bundled_claude(host_python("claude_code"))
+    home = cwd / "home"
+    home.mkdir(exist_ok=True)
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "ANTHROPIC_API_KEY": "sk-ant-fake",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "ENABLE_TOOL_SEARCH": "false",  # MCP tools offered to the model up front, not deferred
+    }
+    with fake_mcp_model(model) as url:
+        done = subprocess.run(
+            [
+                str(claude), "-p", "Use the tool.",
+                "--output-format", "json",
+                "--mcp-config", json.dumps(config), "--strict-mcp-config",
+                "--allowedTools", model.tool,
+            ],
+            cwd=cwd, env={**env, "ANTHROPIC_BASE_URL": url},
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, f"claude failed:\n{done.stdout}\n{done.stderr}"
+    return done
 
 
 def daemon_fixture(policy: str, scope: str = "function", name: str = "daemon") -> Any:

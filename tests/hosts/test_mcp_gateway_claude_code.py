@@ -13,8 +13,6 @@ a line to a file for each run, so the test counts what really ran.
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.fake_anthropic import FakeMcpModel, fake_mcp_model
+from tests.helpers.fake_anthropic import FakeMcpModel
 from tests.helpers.redis_server import free_port
 from tests.hosts.scenario import (
     DRIVERS,
     Daemon,
-    bundled_claude,
+    claude_with_mcp,
     clean_environment,
     host_python,
     read_usage,
@@ -107,9 +105,6 @@ def run_claude(
     gateway: Gateway, tmp_path: Path, server: str, user: str, model: FakeMcpModel
 ) -> None:
     """`claude -p` with the gateway's `server` as its `http` MCP server `guarded`."""
-    claude = bundled_claude(host_python("claude_code"))
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
     config = {
         "mcpServers": {
             "guarded": {
@@ -119,26 +114,7 @@ def run_claude(
             }
         }
     }
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(home),
-        "ANTHROPIC_API_KEY": "sk-ant-fake",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "ENABLE_TOOL_SEARCH": "false",  # MCP tools offered to the model up front
-    }
-    with fake_mcp_model(model) as url:
-        done = subprocess.run(
-            [
-                str(claude), "-p", "Use the tool.",
-                "--output-format", "json",
-                "--mcp-config", json.dumps(config), "--strict-mcp-config",
-                "--allowedTools", model.tool,
-            ],
-            cwd=tmp_path, env={**env, "ANTHROPIC_BASE_URL": url},
-            capture_output=True, text=True, timeout=240, check=False,
-        )  # fmt: skip
-    assert done.returncode == 0, f"claude failed:\n{done.stdout}\n{done.stderr}"
+    claude_with_mcp(config, model, tmp_path, timeout=240)
 
 
 def ran(path: Path) -> list[str]:

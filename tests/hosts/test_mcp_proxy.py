@@ -10,20 +10,18 @@ read what the client received, what the tools wrote, and what the daemon counted
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.fake_anthropic import FakeMcpModel, fake_mcp_model
+from tests.helpers.fake_anthropic import FakeMcpModel
 from tests.hosts.scenario import (
     DRIVERS,
     TERMINAL_POLICY,
     Run,
-    bundled_claude,
+    claude_with_mcp,
     host_python,
     host_scenario,
     running_daemon,
@@ -223,9 +221,6 @@ def run_claude(
     """`claude -p` with `ratewarden mcp` as its MCP server `guarded`, started `start_delay_s`
     late (as on a loaded machine); the user's usage."""
     python = host_python("mcp")
-    claude = bundled_claude(host_python("claude_code"))
-    home = tmp_path / "home"
-    home.mkdir()
     with running_daemon(POLICY, tmp_path / "daemon") as daemon:
         proxy = [
             "mcp", "--user", user, "--url", daemon.url,
@@ -243,26 +238,7 @@ def run_claude(
                 }
             }
         }
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(home),
-            "ANTHROPIC_API_KEY": "sk-ant-fake",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            "ENABLE_TOOL_SEARCH": "false",  # MCP tools offered to the model up front, not deferred
-        }
-        with fake_mcp_model(model) as url:
-            done = subprocess.run(
-                [
-                    str(claude), "-p", "Use the tool.",
-                    "--output-format", "json",
-                    "--mcp-config", json.dumps(config), "--strict-mcp-config",
-                    "--allowedTools", model.tool,
-                ],
-                cwd=tmp_path, env={**env, "ANTHROPIC_BASE_URL": url},
-                capture_output=True, text=True, timeout=180, check=False,
-            )  # fmt: skip
-        assert done.returncode == 0, f"claude failed:\n{done.stdout}\n{done.stderr}"
+        claude_with_mcp(config, model, tmp_path, timeout=180)
         return Run(daemon.url, {}).usage(user)
 
 
