@@ -54,6 +54,7 @@ from mcp.shared.inbound import (
     MCP_PROTOCOL_VERSION_HEADER,
     InboundLadderRejection,
     classify_inbound_request,
+    find_duplicated_routing_header,
 )
 from mcp.shared.message import ClientMessageMetadata, SessionMessage
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
@@ -116,14 +117,17 @@ def read_request(scope: Scope, body: bytes) -> StatelessRequest | Response:
     except ValueError:
         message = "Body must be a single JSON-RPC request or notification object"
         return _error(400, types.INVALID_REQUEST, message)
-    headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
-    verdict = classify_inbound_request(decoded)  # its envelope: the headers are the server's
+    pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
+    if (twice := find_duplicated_routing_header(pairs)) is not None:
+        return _error(400, types.INVALID_REQUEST, f"{twice} header given twice", decoded["id"])
+    headers = dict(pairs)
+    # The whole ladder, headers too, as the SDK's server runs it: the routing headers go on
+    # to a URL server (and whatever routes by them) while the policy reads the body, so a
+    # request whose `Mcp-Method` or `Mcp-Name` says something else is refused here.
+    verdict = classify_inbound_request(decoded, headers=headers)
     if isinstance(verdict, InboundLadderRejection):
         status = ERROR_CODE_HTTP_STATUS.get(verdict.code, 400)
         return _error(status, verdict.code, verdict.message, decoded["id"])
-    if headers.get(MCP_PROTOCOL_VERSION_HEADER) != verdict.protocol_version:
-        message = f"{MCP_PROTOCOL_VERSION_HEADER} header does not match the request envelope"
-        return _error(400, types.INVALID_REQUEST, message, decoded["id"])
     accept = headers.get("accept", "")
     may_precede = decoded["method"] == LISTEN or _progress_token(decoded) is not None
     passed = {

@@ -1,0 +1,55 @@
+"""The gateway's session-less 2026-07-28 path against a hostile client: requests whose
+headers say something other than their body, and resources a client could hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.unit.test_mcp_gateway_stateless import ALICE, serving_gateway
+
+pytestmark = pytest.mark.timeout(120)
+
+ENVELOPE = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def call(tool: str, arguments: dict[str, Any], request_id: int = 1) -> dict[str, Any]:
+    params = {"name": tool, "arguments": arguments, "_meta": ENVELOPE}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+def headers(method: str, name: str | None = None) -> dict[str, str]:
+    sent = {
+        "accept": "application/json",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": method,
+        "authorization": f"Bearer {ALICE}",
+    }
+    return sent if name is None else {**sent, "mcp-name": name}
+
+
+async def test_routing_headers_that_disagree_with_the_body_are_refused(tmp_path: Path) -> None:
+    # The policy reads the body; a URL server (or a proxy before it) may route by the
+    # headers. A request whose headers name another method or tool is refused unsent.
+    async with serving_gateway(tmp_path) as served, httpx.AsyncClient(timeout=30) as http:
+        body = call("terminal", {"command": "hidden"})
+        renamed = await http.post(served.url, json=body, headers=headers("tools/call", "echo"))
+        relisted = await http.post(served.url, json=body, headers=headers("tools/list"))
+        unnamed = await http.post(served.url, json=body, headers=headers("tools/call"))
+        doubled = await http.post(
+            served.url,
+            json=body,
+            headers=[*headers("tools/call", "terminal").items(), ("mcp-name", "echo")],
+        )
+        honest = await http.post(served.url, json=body, headers=headers("tools/call", "terminal"))
+    for refused in (renamed, relisted, unnamed, doubled):
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["id"] == 1
+    assert honest.status_code == 200
+    assert served.ran.read_text().splitlines() == ["terminal hidden"]  # the honest one only
