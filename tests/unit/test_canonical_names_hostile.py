@@ -4,6 +4,8 @@ restricted than the same call sent in canonical names (service/convert.py, wire/
 
 from __future__ import annotations
 
+import pytest
+
 from ratewarden.policy import parse_policy
 from ratewarden.service.convert import to_call
 from ratewarden.wire.bodies import CheckRequest
@@ -37,3 +39,26 @@ def test_a_cut_argument_sharing_its_value_object_follows_its_own_rename() -> Non
     # So the rule reads `to` as holding (cut), as for the plain call: never as `1`.
     assert [a.rule.name for a in policy.applicable(call)] == ["no-writes-to-one"]
     assert [a.rule.name for a in policy.applicable(plain)] == ["no-writes-to-one"]
+
+
+DENY_ETC = """\
+version: 1
+rules:
+  - name: no-etc
+    match: {tool: read_file, args: {path: {prefix: "/etc/"}}}
+    deny: "not /etc"
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="wire/tools.py _renamed keeps a canonical key the host also sent: Claude Code's "
+    "Read reads file_path, but the rule reads the decoy `path` (owned by the hosts helper)",
+)
+def test_a_decoy_canonical_key_does_not_hide_the_hosts_own_path() -> None:
+    policy = parse_policy(DENY_ETC.encode())
+    args = {"file_path": "/etc/shadow", "path": "/tmp/harmless"}
+    call = to_call(request(tool="Read", host="claude-code", args=args), policy.names)
+    honest = to_call(request(tool="Read", host="claude-code", args={"file_path": "/etc/shadow"}))
+    assert [a.rule.name for a in policy.applicable(honest)] == ["no-etc"]
+    assert [a.rule.name for a in policy.applicable(call)] == ["no-etc"]
