@@ -500,11 +500,13 @@ BUILT_IN_NAMES = ToolNames({})  # a policy without `same_as` lines: the built-in
 
 
 def renamed_args(args: Mapping[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
-    """`args` with each renamed key moved to its canonical key, as the built-in table's
-    renames are: a canonical key the host also sent keeps its value (nothing is lost)."""
+    """`args` with each renamed key moved to its canonical key. The tool runs on its own
+    key's value, so that is the one a rule reads: a canonical key the caller also sent
+    (`{cmd: "rm -rf /", command: "ls"}` for `args: {cmd: command}`) is a decoy the tool
+    never reads, and is replaced. The schema refuses renames whose order would matter."""
     out = dict(args)
     for theirs, ours in renames.items():
-        if theirs in out and ours not in out:
+        if theirs in out:
             out[ours] = out.pop(theirs)
     return out
 
