@@ -3,11 +3,15 @@ headers say something other than their body, and resources a client could hold."
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+
+from ratewarden.mcp.stateless import MAX_LISTENS
 
 from tests.unit.test_mcp_gateway_stateless import ALICE, serving_gateway
 
@@ -53,3 +57,38 @@ async def test_routing_headers_that_disagree_with_the_body_are_refused(tmp_path:
         assert refused.json()["id"] == 1
     assert honest.status_code == 200
     assert served.ran.read_text().splitlines() == ["terminal hidden"]  # the honest one only
+
+
+def listen(request_id: int) -> dict[str, Any]:
+    params = {"notifications": {"toolsListChanged": True}, "_meta": ENVELOPE}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "subscriptions/listen", "params": params}
+
+
+async def test_a_user_cannot_hold_listen_streams_without_bound(tmp_path: Path) -> None:
+    """A listen stays open and keeps no channel busy: past MAX_LISTENS, refused (429)."""
+    sent = {**headers("subscriptions/listen"), "accept": "application/json, text/event-stream"}
+    async with (
+        serving_gateway(tmp_path) as served,
+        httpx.AsyncClient(timeout=30) as http,
+        contextlib.AsyncExitStack() as streams,
+    ):
+        opened = []
+        for n in range(MAX_LISTENS):
+            stream = http.stream("POST", served.url, json=listen(n), headers=sent)
+            opened.append(await streams.enter_async_context(stream))
+        assert {answer.status_code for answer in opened} == {200}
+        refused = await http.post(served.url, json=listen(99), headers=sent)
+        assert refused.status_code == 429
+        assert f"{MAX_LISTENS} listens" in refused.json()["error"]["message"]
+        assert refused.json()["id"] == 99
+        # A call still gets through: the cap is on listens.
+        body = call("terminal", {"command": "still"})
+        honest = await http.post(served.url, json=body, headers=headers("tools/call", "terminal"))
+        assert honest.status_code == 200
+        await opened[0].aclose()  # one closed: room for one more
+        with anyio.fail_after(10):
+            while True:
+                async with http.stream("POST", served.url, json=listen(100), headers=sent) as again:
+                    if again.status_code == 200:
+                        break
+                await anyio.sleep(0.05)

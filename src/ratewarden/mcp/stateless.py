@@ -22,6 +22,8 @@ carry the client's id again.
   `_meta`, or `subscriptions/listen`, whose answer is a stream), and the client accepts
   an event stream: then the request's notifications go out on its own stream, its answer
   last. A JSON-RPC error is answered with the status the SDK's table gives its code.
+- **Bounds.** A channel holds `MAX_LISTENS` listens and `MAX_IN_FLIGHT` requests at once:
+  a listen is open by design and keeps no channel busy, so it must be counted somewhere.
 - **Gone.** A client that closes its request before the answer has cancelled it: the
   relay hears `notifications/cancelled` for it (the server stops it, the guard settles
   it as cancelled or drops it unchecked), so its concurrency slot is free.
@@ -81,6 +83,12 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 PING_S = 15.0  # a comment on a quiet event stream, so a proxy's read timeout keeps it
+# A user's requests open at once on one channel. A listen is kept open by design and
+# does not keep the channel busy, so without a cap a client could hold streams (and the
+# server's side of each) by the thousand; a user's few agents need a handful of each.
+MAX_LISTENS = 16
+MAX_IN_FLIGHT = 256
+TOO_MANY = "ratewarden MCP gateway: {} open on this server for this user; close some first"
 NO_BACK_CHANNEL = "the client speaks the session-less MCP protocol: it takes no server requests"
 
 
@@ -257,6 +265,11 @@ class Channel:
     ) -> None:
         """Send `request` to the server through the relay and answer its client; a client
         gone before its answer cancels it."""
+        if (crowded := self._crowded(request)) is not None:
+            await _error(429, types.INTERNAL_ERROR, crowded, request.message["id"])(
+                scope, receive, send
+            )
+            return
         our_id = f"rw-{next(self._ids)}"
         meta = _meta(request.message) or {}
         self._envelope = {key: meta[key] for key in ENVELOPE if key in meta}
@@ -294,6 +307,16 @@ class Channel:
             if self._pending.pop(our_id, None) is not None and not answered:
                 with anyio.CancelScope(shield=True):
                     await self._cancel(our_id)
+
+    def _crowded(self, request: StatelessRequest) -> str | None:
+        """Why `request` finds no room on the channel (MAX_LISTENS, MAX_IN_FLIGHT), or None."""
+        if len(self._pending) >= MAX_IN_FLIGHT:
+            return TOO_MANY.format(f"{MAX_IN_FLIGHT} requests")
+        if request.method == LISTEN:
+            listens = sum(pending.listening for pending in self._pending.values())
+            if listens >= MAX_LISTENS:
+                return TOO_MANY.format(f"{MAX_LISTENS} listens")
+        return None
 
     def _send_on(self, request: StatelessRequest, our_id: str) -> _Pending:
         message = dict(request.message)
