@@ -12,7 +12,6 @@ import httpx
 import pytest
 
 from ratewarden.mcp.stateless import MAX_LISTENS
-
 from tests.unit.test_mcp_gateway_stateless import ALICE, serving_gateway
 
 pytestmark = pytest.mark.timeout(120)
