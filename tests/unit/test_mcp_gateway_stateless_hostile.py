@@ -91,3 +91,27 @@ async def test_a_user_cannot_hold_listen_streams_without_bound(tmp_path: Path) -
                     if again.status_code == 200:
                         break
                 await anyio.sleep(0.05)
+
+
+async def test_a_call_in_another_shape_does_not_run_unchecked(tmp_path: Path) -> None:
+    """A batch, a notification, a null id, a method in another case: none runs a tool
+    past the check (carol's destructive calls are refused, so any that ran got past)."""
+    body = call("terminal", {"command": "sneaked"})
+    note = {key: value for key, value in body.items() if key != "id"}
+    shapes: list[tuple[object, str]] = [
+        ([body], "tools/call"),
+        ([body, body], "tools/call"),
+        (note, "tools/call"),
+        ({**body, "id": None}, "tools/call"),
+        ({**body, "id": [1]}, "tools/call"),
+        ({**body, "method": "Tools/Call"}, "Tools/Call"),
+        ({**body, "method": "tools/call\u200b"}, "tools/call"),
+        ({**body, "params": {**body["params"], "name": ["terminal"]}}, "tools/call"),
+    ]
+    async with serving_gateway(tmp_path) as served, httpx.AsyncClient(timeout=30) as http:
+        answers = [
+            await http.post(served.url, json=shape, headers=headers(method, "terminal"))
+            for shape, method in shapes
+        ]
+    assert all(answer.status_code in {200, 202, 400, 404} for answer in answers), answers
+    assert not served.ran.exists(), served.ran.read_text()
