@@ -304,6 +304,8 @@ async def test_a_raw_client_that_hangs_up_frees_its_slot(tmp_path: Path) -> None
             headers = {
                 "accept": "application/json",
                 "mcp-protocol-version": "2026-07-28",
+                "mcp-method": "tools/call",
+                "mcp-name": "hang",
                 "authorization": f"Bearer {ALICE}",
             }
             async with httpx.AsyncClient() as http:

@@ -22,6 +22,8 @@ carry the client's id again.
   `_meta`, or `subscriptions/listen`, whose answer is a stream), and the client accepts
   an event stream: then the request's notifications go out on its own stream, its answer
   last. A JSON-RPC error is answered with the status the SDK's table gives its code.
+- **Bounds.** A channel holds `MAX_LISTENS` listens and `MAX_IN_FLIGHT` requests at once:
+  a listen is open by design and keeps no channel busy, so it must be counted somewhere.
 - **Gone.** A client that closes its request before the answer has cancelled it: the
   relay hears `notifications/cancelled` for it (the server stops it, the guard settles
   it as cancelled or drops it unchecked), so its concurrency slot is free.
@@ -54,6 +56,7 @@ from mcp.shared.inbound import (
     MCP_PROTOCOL_VERSION_HEADER,
     InboundLadderRejection,
     classify_inbound_request,
+    find_duplicated_routing_header,
 )
 from mcp.shared.message import ClientMessageMetadata, SessionMessage
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
@@ -80,6 +83,12 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 PING_S = 15.0  # a comment on a quiet event stream, so a proxy's read timeout keeps it
+# A user's requests open at once on one channel. A listen is kept open by design and
+# does not keep the channel busy, so without a cap a client could hold streams (and the
+# server's side of each) by the thousand; a user's few agents need a handful of each.
+MAX_LISTENS = 16
+MAX_IN_FLIGHT = 256
+TOO_MANY = "ratewarden MCP gateway: {} open on this server for this user; close some first"
 NO_BACK_CHANNEL = "the client speaks the session-less MCP protocol: it takes no server requests"
 
 
@@ -116,14 +125,17 @@ def read_request(scope: Scope, body: bytes) -> StatelessRequest | Response:
     except ValueError:
         message = "Body must be a single JSON-RPC request or notification object"
         return _error(400, types.INVALID_REQUEST, message)
-    headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
-    verdict = classify_inbound_request(decoded)  # its envelope: the headers are the server's
+    pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
+    if (twice := find_duplicated_routing_header(pairs)) is not None:
+        return _error(400, types.INVALID_REQUEST, f"{twice} header given twice", decoded["id"])
+    headers = dict(pairs)
+    # The whole ladder, headers too, as the SDK's server runs it: the routing headers go on
+    # to a URL server (and whatever routes by them) while the policy reads the body, so a
+    # request whose `Mcp-Method` or `Mcp-Name` says something else is refused here.
+    verdict = classify_inbound_request(decoded, headers=headers)
     if isinstance(verdict, InboundLadderRejection):
         status = ERROR_CODE_HTTP_STATUS.get(verdict.code, 400)
         return _error(status, verdict.code, verdict.message, decoded["id"])
-    if headers.get(MCP_PROTOCOL_VERSION_HEADER) != verdict.protocol_version:
-        message = f"{MCP_PROTOCOL_VERSION_HEADER} header does not match the request envelope"
-        return _error(400, types.INVALID_REQUEST, message, decoded["id"])
     accept = headers.get("accept", "")
     may_precede = decoded["method"] == LISTEN or _progress_token(decoded) is not None
     passed = {
@@ -253,6 +265,11 @@ class Channel:
     ) -> None:
         """Send `request` to the server through the relay and answer its client; a client
         gone before its answer cancels it."""
+        if (crowded := self._crowded(request)) is not None:
+            await _error(429, types.INTERNAL_ERROR, crowded, request.message["id"])(
+                scope, receive, send
+            )
+            return
         our_id = f"rw-{next(self._ids)}"
         meta = _meta(request.message) or {}
         self._envelope = {key: meta[key] for key in ENVELOPE if key in meta}
@@ -290,6 +307,16 @@ class Channel:
             if self._pending.pop(our_id, None) is not None and not answered:
                 with anyio.CancelScope(shield=True):
                     await self._cancel(our_id)
+
+    def _crowded(self, request: StatelessRequest) -> str | None:
+        """Why `request` finds no room on the channel (MAX_LISTENS, MAX_IN_FLIGHT), or None."""
+        if len(self._pending) >= MAX_IN_FLIGHT:
+            return TOO_MANY.format(f"{MAX_IN_FLIGHT} requests")
+        if request.method == LISTEN:
+            listens = sum(pending.listening for pending in self._pending.values())
+            if listens >= MAX_LISTENS:
+                return TOO_MANY.format(f"{MAX_LISTENS} listens")
+        return None
 
     def _send_on(self, request: StatelessRequest, our_id: str) -> _Pending:
         message = dict(request.message)

@@ -7,12 +7,15 @@ A URL upstream may be given headers of its own (`--header NAME:HEADER=VALUE`: an
 the server wants), sent with every request to it. VALUE is taken as written, or read at
 start from the environment (`@env:VAR`) or from a file (`@file:PATH`, one trailing line
 break dropped), so that a secret need not be on the command line, where `ps` shows it.
-A value is never shown: not in an error, a log line, `--help` or a repr.
+A value is never shown: not in an error, a log line, `--help` or a repr, nor in what the
+server answers (an error page echoing the request's headers): `_scrubbed`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import re
 import shlex
@@ -39,6 +42,10 @@ TRANSPORT_HEADERS = frozenset({
     "last-event-id", "mcp-session-id", "mcp-protocol-version", "mcp-method", "mcp-name",
 })  # fmt: skip
 FROM_ENV, FROM_FILE = "@env:", "@file:"
+# A header value's part shorter than this is not taken for a secret (`X-Team: a b`), so
+# not hidden in what the server answers; a key or a token is longer.
+SECRET_MIN = 8
+REDACTED = "[redacted]"
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,8 @@ class Upstream:
                 command=self.command[0], args=list(self.command[1:]), env=dict(os.environ)
             )
             session = stdio_client(params)
+        if secrets := _secrets(self.headers):
+            session = _scrubbed(session, secrets)
         return session
 
 
@@ -176,3 +185,61 @@ async def _sdk_client(url: str, headers: dict[str, str], client: Any) -> AsyncIt
         client(url, http_client=http) as streams,
     ):
         yield streams
+
+
+def _secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """What of the operator's header values must never reach a client: each value, and
+    each of its words long enough to be a key (`Bearer KEY` echoed as `KEY`), also as JSON
+    writes them inside a string (a quote or backslash escaped), longest first."""
+    found: set[str] = set()
+    for _, value in headers:
+        for part in (value, *value.split()):
+            if len(part) >= SECRET_MIN:
+                found |= {part, json.dumps(part)[1:-1]}
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+@contextlib.asynccontextmanager
+async def _scrubbed(
+    session: AbstractAsyncContextManager[tuple[Incoming, Outgoing]], secrets: tuple[str, ...]
+) -> AsyncIterator[tuple[Incoming, Outgoing]]:
+    """`session` with every message from the server cleared of `secrets`: a server (or a
+    proxy before it) that echoes a request's headers in an error or a result must not
+    hand the operator's key to the gateway's clients. Messages are only re-read when one
+    holds a secret."""
+    import anyio
+    from mcp import types
+    from mcp.shared.message import SessionMessage
+
+    async with session as (incoming, outgoing):
+        send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](math.inf)
+
+        async def forward() -> None:
+            gone = (anyio.ClosedResourceError, anyio.BrokenResourceError)  # the relay ended
+            with contextlib.suppress(*gone):
+                await _forward_scrubbed()
+
+        async def _forward_scrubbed() -> None:
+            async with incoming, send:
+                async for item in incoming:
+                    await send.send(scrub(item))
+
+        def scrub(item: SessionMessage | Exception) -> SessionMessage | Exception:
+            if isinstance(item, Exception):  # an unreadable line: the relay logs its type
+                if any(secret in str(item) for secret in secrets):
+                    return ValueError(f"a message from the server ({type(item).__name__})")
+                return item
+            text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+            if not any(secret in text for secret in secrets):
+                return item
+            for secret in secrets:
+                text = text.replace(secret, REDACTED)
+            message = types.jsonrpc_message_adapter.validate_json(text)
+            return SessionMessage(message, metadata=item.metadata)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(forward)
+            try:
+                yield receive, outgoing
+            finally:
+                tasks.cancel_scope.cancel()

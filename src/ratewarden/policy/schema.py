@@ -171,7 +171,32 @@ class ToolSpec(_Strict):
                     f"{name} does not apply with same_as: its calls are {self.same_as!r}'s; "
                     f"give the {name} to {self.same_as!r}'s own entry"
                 )
+        _check_renames(self.args or {})
         return self
+
+
+def _check_renames(renames: dict[str, str]) -> None:
+    """Refuse renames whose outcome would hang on their order (a chain, a swap, two
+    arguments into one), or whose new key no rule's path could name: either way a rule
+    written against the canonical shape would read another value than the tool runs on."""
+    into: dict[str, str] = {}
+    for theirs, ours in renames.items():
+        if ours == theirs:
+            raise ValueError(f"args.{theirs}: renamed to itself")
+        if ours in renames:
+            raise ValueError(
+                f"args.{theirs}: {ours!r} is itself renamed (args.{ours}): renames are one "
+                "step, none the target of another"
+            )
+        if ours in into:
+            raise ValueError(f"args: {into[ours]!r} and {theirs!r} are both renamed to {ours!r}")
+        into[ours] = theirs
+        try:
+            ArgPath.parse(ours)
+        except ValueError as exc:
+            raise ValueError(f"args.{theirs}: {ours!r} is not an argument name: {exc}") from None
+        if "." in ours or ours == "*":
+            raise ValueError(f"args.{theirs}: {ours!r} is a path, not one argument's name")
 
 
 def _arg_path(text: str) -> str:

@@ -79,10 +79,14 @@ def _cut_followed(before: Any, after: Any, cut: Cut) -> Cut:
     """The cut paths of `before` as paths of the reshaped `after`: a renamed argument's
     path follows it to its new key (found by identity: the value itself moved). One that
     cannot be followed makes the whole args cut, so that no condition is decided on a
-    value the client had to cut (a rule in `match` then holds; docs/policy.md)."""
+    value the client had to cut (a rule in `match` then holds; docs/policy.md).
+
+    Identity is not unique: a small int or a one-character string is one object wherever
+    it appears, so two renamed arguments may hold the same one. The path then follows to
+    every new key holding it: a stricter reading of one, never a cut value read as sent."""
     if not isinstance(before, Mapping) or not isinstance(after, Mapping):
         return ((),)
-    followed = []
+    followed: list[tuple[str, ...]] = []
     for steps in cut:
         if not steps or steps[0] not in before:
             followed.append(steps)
@@ -91,10 +95,10 @@ def _cut_followed(before: Any, after: Any, cut: Cut) -> Cut:
         if steps[0] in after and after[steps[0]] is value:
             followed.append(steps)
             continue
-        moved = next((k for k, v in after.items() if v is value and k not in before), None)
-        if moved is None:
+        moved = [k for k, v in after.items() if v is value and k not in before]
+        if not moved:
             return ((),)
-        followed.append((moved, *steps[1:]))
+        followed.extend((key, *steps[1:]) for key in moved)
     return tuple(followed)
 
 
