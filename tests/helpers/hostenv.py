@@ -161,13 +161,18 @@ def _build_venv_locked(name: str, requirements: list[str]) -> Path:
         "requirements": requirements,
         "pyproject": hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest(),
         "python": sys.version,
+        # The checkout the editable install points at: a venv another checkout (a git
+        # worktree sharing .hosts) installed into would run that checkout's code, or none.
+        "source": str(ROOT),
     }
     python = venv / "bin" / "python"
-    if stamp.exists() and json.loads(stamp.read_text()) == wanted and python.exists():
+    built = json.loads(stamp.read_text()) if stamp.exists() and python.exists() else None
+    if built == wanted:
         return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    _pip(name, [*pip, *requirements])  # the host alone: the long part, run side by side
+    if built is None or {**built, "source": None} != {**wanted, "source": None}:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        _pip(name, [*pip, *requirements])  # the host alone: the long part, run side by side
     # Then ratewarden with its dependencies, resolved against the host's pins: the base
     # package (the client, adapters and hooks: no daemon), plus the extra the host runs.
     # One at a time: an editable install writes its build metadata into this checkout.
