@@ -180,6 +180,9 @@ async def test_eleventh_terminal_call_in_a_minute_is_denied(
                 "retry_after": 47.4,
                 "message": message,
                 **NOT_A_BUDGET,
+                "scope": {"user": "u"},  # the refusal's detail (docs/api.md)
+                "used": 10,
+                "condition": None,
             }
         ],
         "shadow": [],
@@ -274,6 +277,9 @@ async def test_shadow_rule_reports_but_allows(client: httpx.AsyncClient) -> None
             "retry_after": 60.0,
             "message": "Rate limit: max 1 browser calls per minute (retry in 1m)",
             **NOT_A_BUDGET,
+            "scope": {"user": "u"},
+            "used": 1,
+            "condition": None,
         }
     ]
 

@@ -38,6 +38,7 @@ from tests.helpers.daemon import clean_environment, running_daemon
 from tests.helpers.redis_server import RedisServer, free_port
 
 FIELDS = {
+    "violations",  # each verdict's detail: tests/service/test_refusal_detail.py
     "id",
     "time",
     "event",
@@ -175,7 +176,8 @@ class FlakyStore(MemoryStore):
 
 
 def without_volatile(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k not in ("id", "time")}
+    """`entry` without what changes per run, nor the verdicts' detail (tested on its own)."""
+    return {k: v for k, v in entry.items() if k not in ("id", "time", "violations")}
 
 
 # -- one line per notable decision -------------------------------------------------------

@@ -182,6 +182,9 @@ async def test_denial_and_soft_limit_over_http(store: Store, clock: FakeClock) -
                 "reserved": 3.99,
                 "currency": "USD",
                 "period": "day",
+                "scope": {"user": "alice"},
+                "used": 2.0,  # spent; what calls in flight hold is `reserved`
+                "condition": None,
             }
         ]
         assert denied["warnings"] == []

@@ -40,6 +40,11 @@ rules:
   - {name: slots, per: [team], concurrency: 1}
   - {name: asks, per: [session], rate: 1/minute, on_exceed: ask}
   - {name: watch, per: [], rate: 2/minute, mode: shadow}
+  - {name: loop, match: {tool: browser}, per: [user, tool, args], rate: 1/minute}
+  - name: no-key-a
+    match: {tool: terminal, args: {a: {exists: true}}}
+    deny: "not with an argument a"
+  - {name: no-bots, match: {tool: "*-bot", destructive: true}, deny: "{tool}: never"}
 """
 GENERATED = re.compile(r"rw-[0-9a-f]{32}")
 JSON = {"content-type": "application/json"}
@@ -71,7 +76,7 @@ def normalised(response: httpx.Response) -> tuple[int, str, Any]:
 
 
 subjects = st.one_of(
-    st.sampled_from(["alice", "bob", "team-a", "s1", "terminal", "browser"]),
+    st.sampled_from(["alice", "bob", "team-a", "s1", "terminal", "browser", "x-bot"]),
     st.text(max_size=4),
     st.text(min_size=255, max_size=258),
     st.integers(),

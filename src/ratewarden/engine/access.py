@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ratewarden.calls import Call
-from ratewarden.engine.decision import Decision, Verdict
+from ratewarden.engine.decision import Decision, Verdict, scope_of
 from ratewarden.policy.model import AccessLimit, Applied, Mode, OnExceed, Policy
 from ratewarden.vocabulary import APPROVED_PAST, RuleKind
 
@@ -125,4 +125,6 @@ def _verdict(policy: Policy, applied: Applied, limit: AccessLimit, call: Call) -
         reset_after=0.0,
         message=rule.template.render(fields, None),
         on_exceed=limit.answer.value,
+        scope=scope_of(rule, call),  # nothing counted: `used` stays None
+        condition=rule.condition,
     )

@@ -10,7 +10,14 @@ from ratewarden.calls import Call
 from ratewarden.limiter.ops import OpResult
 from ratewarden.policy.durations import MICROS, format_amount
 from ratewarden.policy.messages import default_template, retry_text
-from ratewarden.policy.model import Applied, BudgetLimit, ConcurrencyLimit, Policy, RateLimit
+from ratewarden.policy.model import (
+    Applied,
+    BudgetLimit,
+    ConcurrencyLimit,
+    Policy,
+    RateLimit,
+    Rule,
+)
 from ratewarden.vocabulary import DecisionName, SettleOutcome
 
 Number = int | float
@@ -35,6 +42,13 @@ class Verdict:
     currency: str | None = None
     period: str | None = None
     soft_limited: bool = False  # a budget past its soft limit after this call
+    # A refusal's detail (None on an admitting verdict: only refusals pay for it). What
+    # was counted, each `per` dimension with the call's value (an `args` one as the
+    # counter's digest); what was used (calls in the window, slots, money spent); and,
+    # for an access rule or one on `args`, what its `match` asks (the policy's words).
+    scope: dict[str, str | None] | None = None
+    used: Number | None = None
+    condition: str | None = None
 
 
 @dataclass(slots=True)  # built per call: not frozen, whose __init__ costs 5x; never mutated
@@ -144,10 +158,20 @@ def verdict(
             period=budget.budget.period,
             soft_limited=soft and admitted,
         )
-    return found if admitted else _with_message(found, policy, applied, call)
+    if admitted:
+        return found
+    used = result.used if budget is None else found.spent
+    return _with_message(found, policy, applied, call, used)
 
 
-def _with_message(found: Verdict, policy: Policy, applied: Applied, call: Call) -> Verdict:
+def scope_of(rule: Rule, call: Call) -> dict[str, str | None]:
+    """The counter's scope: each of the rule's `per` dimensions with the call's value."""
+    return {dim: call.dimension(dim) for dim in rule.per}
+
+
+def _with_message(
+    found: Verdict, policy: Policy, applied: Applied, call: Call, used: Number | None
+) -> Verdict:
     rule = applied.rule
     fields: dict[str, object] = {
         "limit": found.limit,
@@ -173,7 +197,13 @@ def _with_message(found: Verdict, policy: Policy, applied: Applied, call: Call) 
     template = rule.template
     if found.reserved and not template.custom:
         template = _BUDGET_HELD  # the default budget sentence, saying what is held
-    return replace(found, message=template.render(fields, found.retry_after))
+    return replace(
+        found,
+        message=template.render(fields, found.retry_after),
+        scope=scope_of(rule, call),
+        used=used,
+        condition=rule.condition,
+    )
 
 
 _BUDGET_HELD = default_template(vocabulary.BUDGET_HELD)

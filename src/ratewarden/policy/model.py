@@ -343,6 +343,24 @@ class Match:
             )
         return found
 
+    def stated(self) -> str | None:
+        """What this match asks, in `conditions`' words and order, with no call: the
+        `condition` a refusal by its rule carries (worked out once, at load). None: it
+        asks nothing (every call is covered)."""
+        found: list[str] = []
+        if self.tools is not None:
+            found.append(f"tool in {list(self.tools.source)}")
+        for name, names in (("user", self.users), ("session", self.sessions), ("team", self.teams)):
+            if names is not None:
+                found.append(f"{name} in {list(names.source)}")
+        if self.groups is not None:
+            found.append(f"group in {sorted(self.groups)}")
+        found.extend(f"{name} is {wanted}" for name, wanted in self.metadata)
+        if self.tags is not None:
+            found.append(f"tags include one of {sorted(self.tags)}")
+        found.extend(f"args.{c.path.text} {c.condition.describe()}" for c in self.args)
+        return " and ".join(found) or None
+
     def call_mismatch(self, call: Call) -> str | None:
         """Why the rule does not apply given the call's session, team and metadata."""
         if self.sessions is not None and call.session not in self.sessions:
@@ -425,6 +443,13 @@ class Rule:
     template: Template
     overrides: Overrides = field(default_factory=Overrides)
     unless: Match | None = None  # calls it matches are not covered
+    # What its `match` asks of a call (`Match.stated`), for an access rule or one on
+    # `args`: the `condition` its refusals carry. None for any other.
+    condition: str | None = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:  # frozen: worked out once, here
+        said = self.match.stated() if self.match.args or self.kind is RuleKind.ACCESS else None
+        object.__setattr__(self, "condition", said)
 
     @property
     def kind(self) -> RuleKind:

@@ -21,10 +21,11 @@ from typing import Any
 
 from ratewarden.calls import Call
 from ratewarden.clock import Clock, SystemClock
-from ratewarden.engine import Decision
+from ratewarden.engine import Decision, Verdict
 from ratewarden.service.stopping import Stopping
 from ratewarden.store import Store, StoreError
 from ratewarden.store.breaker import CircuitOpenError
+from ratewarden.vocabulary import Dimension
 
 log = logging.getLogger("ratewarden.audit")
 RECENT_LIMIT = 1000  # entries kept in the recent-denials list
@@ -69,10 +70,33 @@ def audit_entry(
         "message": decision.message or (first.message if first else ""),
         "retry_after": decision.retry_after,
         "degraded": decision.degraded,
+        "violations": [_detail(v, args is not None) for v in verdicts],
     }
     if args is not None:
         entry["args"] = args
     return entry
+
+
+# What the audit keeps of each verdict: the wire `Violation`'s fields (wire/bodies.py).
+_DETAIL = (
+    "rule", "kind", "scope", "limit", "used", "remaining", "retry_after", "window",
+    "condition", "spent", "reserved", "currency", "period", "message",
+)  # fmt: skip
+HIDDEN = "(args not audited)"
+
+
+def _detail(found: Verdict, with_args: bool) -> dict[str, Any]:
+    """A verdict's structured detail, as the response carries it. A scope's `args`
+    dimensions hold a digest of the call's arguments: an unsalted hash of a short value
+    can be guessed, so it is written only where the operator audits arguments."""
+    detail = {name: getattr(found, name) for name in _DETAIL}
+    scope = found.scope
+    if scope and not with_args:
+        detail["scope"] = {
+            dim: HIDDEN if dim.startswith(Dimension.ARGS) and value is not None else value
+            for dim, value in scope.items()
+        }
+    return detail
 
 
 def _names(entry: dict[str, Any], tool: str) -> bool:

@@ -228,6 +228,12 @@ class Violation(BaseModel):
     reserved: float | None = None
     currency: str | None = None
     period: str | None = None
+    # The refusal's detail (docs/api.md): the counter's scope (each `per` dimension with
+    # the call's value; an `args` one as a digest), what was used (calls in the window,
+    # slots in use, money spent), and what an access or `args` rule's `match` asks.
+    scope: dict[str, str | None] | None = None
+    used: Number | None = None
+    condition: str | None = None
 
 
 class LimitState(BaseModel):
@@ -414,8 +420,9 @@ class ResetResponse(BaseModel):
 class DenialsResponse(BaseModel):
     """Audit entries: id, time, event (deny, ask, shadow_deny, approved), decision, user,
     tool (canonical), host_tool (the host's own name, or null), session, team, call_id,
-    rule, rules, reason, message, retry_after, degraded (and args, when the operator
-    enabled them)."""
+    rule, rules, reason, message, retry_after, degraded, violations (each rule's detail,
+    as a check's answer carries it: docs/api.md) (and args, when the operator enabled
+    them)."""
 
     denials: list[dict[str, Any]]
 
