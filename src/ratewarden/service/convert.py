@@ -69,36 +69,26 @@ def _canonical(
     """The request's tool, the host's own name for it, its args and their cut paths, in
     canonical terms. A tool no table knows keeps its name (and the `host_tool` sent)."""
     found = names.canonical(request.host, request.tool, args)
-    if cut and found.args is not args:
-        cut = _cut_followed(args, found.args, cut)
+    if cut and found.moved:
+        cut = _cut_followed(cut, found.moved)
     host_tool = found.host_tool if found.host_tool is not None else request.host_tool
     return found.tool, host_tool, found.args, cut
 
 
-def _cut_followed(before: Any, after: Any, cut: Cut) -> Cut:
-    """The cut paths of `before` as paths of the reshaped `after`: a renamed argument's
-    path follows it to its new key (found by identity: the value itself moved). One that
-    cannot be followed makes the whole args cut, so that no condition is decided on a
-    value the client had to cut (a rule in `match` then holds; docs/policy.md).
-
-    Identity is not unique: a small int or a one-character string is one object wherever
-    it appears, so two renamed arguments may hold the same one. The path then follows to
-    every new key holding it: a stricter reading of one, never a cut value read as sent."""
-    if not isinstance(before, Mapping) or not isinstance(after, Mapping):
-        return ((),)
+def _cut_followed(cut: Cut, moved: Mapping[str, str | None]) -> Cut:
+    """The cut paths as paths of the reshaped args: a renamed argument's path follows it
+    to its new key. One whose value no longer stands as sent (a decoy replaced, a command
+    joined) makes the whole args cut, so that no condition is decided on a value the
+    client had to cut (a rule in `match` then holds; docs/policy.md)."""
     followed: list[tuple[str, ...]] = []
     for steps in cut:
-        if not steps or steps[0] not in before:
+        if not steps or steps[0] not in moved:
             followed.append(steps)
             continue
-        value = before[steps[0]]
-        if steps[0] in after and after[steps[0]] is value:
-            followed.append(steps)
-            continue
-        moved = [k for k, v in after.items() if v is value and k not in before]
-        if not moved:
+        to = moved[steps[0]]
+        if to is None:
             return ((),)
-        followed.extend((key, *steps[1:]) for key in moved)
+        followed.append((to, *steps[1:]))
     return tuple(followed)
 
 

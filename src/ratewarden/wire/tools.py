@@ -156,11 +156,15 @@ _MCP_SINGLE = frozenset({"gemini"})
 
 class Canonical(NamedTuple):
     """A call as a policy sees it: the canonical tool, its reshaped arguments, and the
-    host's own tool name when that differs (else None)."""
+    host's own tool name when that differs (else None). `moved` says where each sent
+    argument the reshaping touched now stands: its new key, or None where its value no
+    longer stands as sent (a decoy replaced, a command joined); a client's cut paths
+    follow it (service/convert.py)."""
 
     tool: str
     args: Any
     host_tool: str | None = None
+    moved: Mapping[str, str | None] = {}  # a default never mutated
 
 
 def canonical(host: str | None, tool: str, args: Any = None) -> Canonical:
@@ -176,12 +180,23 @@ def canonical(host: str | None, tool: str, args: Any = None) -> Canonical:
 def as_known(known: HostTool, tool: str, args: Any) -> Canonical:
     """The call of `tool` that a table row (the built-in one or a policy's `same_as`
     line) says is `known`: its canonical name, and its args renamed and shaped."""
+    moved: dict[str, str | None] = {}
     if isinstance(args, Mapping):
         if known.args:
+            for theirs, ours in known.args.items():
+                if theirs in args:
+                    moved[theirs] = ours
+                    if ours in args:
+                        moved[ours] = None  # a decoy the host's own value replaces
             args = renamed_args(args, known.args)
         if known.canonical == "terminal":
-            args = _one_command(args)
-    return Canonical(known.canonical, args, tool if tool != known.canonical else None)
+            shaped = _one_command(args)
+            if shaped is not args:  # the command now one line: not the value sent
+                moved.update({k: None for k, to in moved.items() if to == "command"})
+                moved.setdefault("command", None)
+            args = shaped
+    host_tool = tool if tool != known.canonical else None
+    return Canonical(known.canonical, args, host_tool, moved)
 
 
 def mcp_tool(host: str | None, tool: str) -> str | None:
