@@ -310,43 +310,35 @@ class Match:
     def conditions(self, call: Call, groups: frozenset[str]) -> list[tuple[str, bool]]:
         """Each condition this match states, described, and whether it holds for `call`
         (all of them, for `policy explain`; deciding stops at the first that fails)."""
-        found: list[tuple[str, bool]] = []
+        held: list[bool] = []
         if self.tools is not None:
-            named = call.tool in self.tools or (
-                call.host_tool is not None and call.host_tool in self.tools
+            host_tool = call.host_tool
+            held.append(
+                call.tool in self.tools or (host_tool is not None and host_tool in self.tools)
             )
-            found.append((f"tool in {list(self.tools.source)}", named))
-        for name, names, value in (
-            ("user", self.users, call.user),
-            ("session", self.sessions, call.session),
-            ("team", self.teams, call.team),
+        for names, value in (
+            (self.users, call.user),
+            (self.sessions, call.session),
+            (self.teams, call.team),
         ):
             if names is not None:
-                found.append((f"{name} in {list(names.source)}", value in names))
+                held.append(value in names)
         if self.groups is not None:
-            found.append((f"group in {sorted(self.groups)}", bool(self.groups & groups)))
-        for name, wanted in self.metadata:
-            found.append((f"{name} is {wanted}", call.facts.effective(name) is wanted))
+            held.append(bool(self.groups & groups))
+        held.extend(call.facts.effective(name) is wanted for name, wanted in self.metadata)
         if self.tags is not None:
-            found.append(
-                (f"tags include one of {sorted(self.tags)}", bool(self.tags & call.facts.tags))
-            )
-        for condition in self.args:
-            cut = bool(call.args_cut) and cut_overlaps(condition.path.steps, call.args_cut)
-            said = " (cut to send: read as " + ("holding)" if self.cut_holds else "failing)")
-            found.append(
-                (
-                    f"args.{condition.path.text} {condition.condition.describe()}"
-                    + (said if cut else ""),
-                    self._arg_holds(condition, call),
-                )
-            )
-        return found
+            held.append(bool(self.tags & call.facts.tags))
+        said = " (cut to send: read as " + ("holding)" if self.cut_holds else "failing)")
+        texts = self.stated_parts()
+        first_arg = len(texts) - len(self.args)
+        for condition, index in zip(self.args, range(first_arg, len(texts)), strict=True):
+            held.append(self._arg_holds(condition, call))
+            if call.args_cut and cut_overlaps(condition.path.steps, call.args_cut):
+                texts[index] += said
+        return list(zip(texts, held, strict=True))
 
-    def stated(self) -> str | None:
-        """What this match asks, in `conditions`' words and order, with no call: the
-        `condition` a refusal by its rule carries (worked out once, at load). None: it
-        asks nothing (every call is covered)."""
+    def stated_parts(self) -> list[str]:
+        """Each condition this match states, in `policy explain`'s words and order."""
         found: list[str] = []
         if self.tools is not None:
             found.append(f"tool in {list(self.tools.source)}")
@@ -359,7 +351,12 @@ class Match:
         if self.tags is not None:
             found.append(f"tags include one of {sorted(self.tags)}")
         found.extend(f"args.{c.path.text} {c.condition.describe()}" for c in self.args)
-        return " and ".join(found) or None
+        return found
+
+    def stated(self) -> str | None:
+        """What this match asks, with no call: the `condition` a refusal by its rule
+        carries (worked out once, at load). None: it asks nothing (every call is covered)."""
+        return " and ".join(self.stated_parts()) or None
 
     def call_mismatch(self, call: Call) -> str | None:
         """Why the rule does not apply given the call's session, team and metadata."""
