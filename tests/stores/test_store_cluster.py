@@ -568,3 +568,25 @@ async def store(
 
 
 globals().update(store_tests("cluster"))
+
+
+async def test_close_stops_a_give_back_that_outlives_its_wait(
+    make_cluster_store: Callable[..., ClusterStore], clock: FakeClock
+) -> None:
+    """A give-back still running when the store closes is cancelled, not left to reopen
+    connections after the close (they leaked when the event loop ended)."""
+    store = make_cluster_store(clock)
+    await store.start()
+    reached: list[str] = []
+
+    async def slow_give_back() -> None:
+        await asyncio.sleep(60)
+        reached.append("after the close")  # would reconnect here
+        await store._client.get("rw:after-close")
+
+    store._spawn(slow_give_back())
+    (task,) = store._background
+    await store.close()
+    assert task.cancelled()
+    assert not store._background
+    assert reached == []

@@ -472,6 +472,12 @@ class ClusterStore(RedisKeyspace):
     async def close(self) -> None:
         if self._background:  # let interrupted calls finish giving back, briefly
             await asyncio.wait(self._background, timeout=max(1.0, 10 * self._timeout_s))
+        # then stop the rest: one still running would reopen connections after the
+        # close, and they would leak when the event loop ends
+        late = list(self._background)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
         await self._client.aclose()
 
     # -- plumbing ------------------------------------------------------------------
