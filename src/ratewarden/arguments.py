@@ -27,6 +27,7 @@ __all__ = [
     "cut_overlaps",
     "digest",
     "read_json",
+    "result_digest",
 ]
 
 MAX_PATH_SEGMENTS: Final = 32
@@ -70,6 +71,17 @@ def digest(value: Any) -> str:
     """
     data = _ENCODER.encode(value).encode("utf-8", "surrogatepass")
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def result_digest(result: Any) -> str:
+    """The digest of a tool's result that a settle carries for loop rules keyed on
+    results (docs/policy.md, "Loops"): `digest` of its canonical JSON, as an argument's;
+    a value JSON cannot carry (a host's own object) is hashed by its text. Computed where
+    the result is seen, so the result itself never travels."""
+    try:
+        return digest(result)
+    except (TypeError, ValueError):  # not JSON: a set, a host's object, a NaN
+        return digest(str(result))
 
 
 @dataclass(frozen=True, slots=True)

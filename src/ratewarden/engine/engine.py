@@ -285,8 +285,12 @@ class Engine:
         call_id: str,
         cost: float | None = None,
         may_settle: Callable[[str], bool] | None = None,
+        result_digest: str | None = None,
     ) -> Settlement:
         """Charge the call's actual cost (default: its estimate) and release its slots, once.
+
+        `result_digest` (arguments.result_digest of what the tool returned) is what loop
+        rules keyed on results compare; None counts the call as an identical one.
 
         `may_settle(user)` says whether the caller may settle a call of that user (None:
         any); a call it may not settle is "unknown", as if it did not exist, and the store

@@ -267,6 +267,7 @@ def _event(event: PreCall | PostCall, options: HookOptions, settings: Any) -> di
             status=event.status,
             duration_ms=event.duration_ms,
             cost=event.cost,
+            result_digest=event.result_digest,
         )
     else:
         body.update(tool=event.tool, session=event.session, call_id=event.call_id)

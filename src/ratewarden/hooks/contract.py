@@ -43,6 +43,7 @@ class PostCall(NamedTuple):
     status: str | None = None
     duration_ms: float | None = None
     cost: float | None = None
+    result_digest: str | None = None  # arguments.result_digest of what the tool returned
 
 
 Event = PreCall | PostCall | None  # None: an event this hook has nothing to do for

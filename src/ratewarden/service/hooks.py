@@ -70,7 +70,7 @@ async def decision(host: str, body: HookEvent, request: Request) -> HookDecision
             return _missing("call_id", "a finished call names its call_id")
         if body.user is not None and not caller.may_act_for(body.user):
             return vouch.forbidden(caller, "user")  # as a check naming them would be
-        done = PostCall(body.call_id, body.status, body.duration_ms, body.cost)
+        done = PostCall(body.call_id, body.status, body.duration_ms, body.cost, body.result_digest)
         return await settle(request.app, done, vouch.may_settle(caller))
     if body.tool is None:
         return _missing("tool", "a call about to run names its tool")
@@ -222,7 +222,7 @@ async def settle(
     engine = routes.engine_of(app)
     call_id = usable_call_id(call.call_id)
     try:
-        found = await engine.settle(call_id, call.cost, may_settle)
+        found = await engine.settle(call_id, call.cost, may_settle, call.result_digest)
     except StoreError as exc:
         return HookDecision(decision="allow", notes=[f"could not settle {call_id}: {exc}"])
     routes.observer_of(app).settled(found, engine.policy)

@@ -217,10 +217,11 @@ async def settle(
     the call does not exist (404).
     """
     cost = body.cost if body else None
+    result = body.result_digest if body else None
     engine = engine_of(request.app)
     owner = vouch.may_settle(vouch.caller_of(request.scope))
     try:
-        found = await engine.settle(call_id, cost, owner)
+        found = await engine.settle(call_id, cost, owner, result)
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
     observer_of(request.app).settled(found, engine.policy)

@@ -307,11 +307,21 @@ class UsageResponse(BaseModel):
 SETTLE_PATH = "/v1/calls/{call_id}/settle"
 
 
+# A tool result's digest (arguments.result_digest), never the result: what a loop rule
+# keyed on results compares (docs/policy.md, "Loops").
+ResultDigest = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+_RESULT_DIGEST = (
+    "32 lowercase hex digits: the digest of the tool's result (ratewarden.arguments."
+    "result_digest), for loop rules keyed on results; never the result itself"
+)
+
+
 class SettleRequest(_Body):
     cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)] | None = None
     # How the call ended: free text (a host may pass its own); ours: vocabulary.CallStatus.
     status: Annotated[str, Field(min_length=1, max_length=32)] | None = None
     duration_ms: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)] | None = None
+    result_digest: ResultDigest | None = Field(None, description=_RESULT_DIGEST)
 
 
 class SettleResponse(BaseModel):
@@ -351,6 +361,7 @@ class HookEvent(_Body):
     status: Annotated[str, Field(min_length=1, max_length=32)] | None = None
     duration_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = None
+    result_digest: ResultDigest | None = Field(None, description=_RESULT_DIGEST)
 
 
 class HookDecision(BaseModel):
