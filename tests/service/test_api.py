@@ -142,6 +142,7 @@ async def test_check_allows_and_echoes_the_call_id(client: httpx.AsyncClient) ->
         "limits": [TERMINAL_LIMIT_AFTER_FIRST],
         "replayed": False,
         "send_args": False,
+        "send_result": False,
     }
 
 
@@ -200,6 +201,7 @@ async def test_eleventh_terminal_call_in_a_minute_is_denied(
         ],
         "replayed": False,
         "send_args": False,
+        "send_result": False,
     }
     # Another user has a counter of their own.
     assert (await check(client, user="v", tool="terminal"))["decision"] == "allow"

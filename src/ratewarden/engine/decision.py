@@ -66,6 +66,7 @@ class Decision:
     approved: bool = False
     replayed: bool = False  # a repeated check, answered from the call's record
     send_args: bool = False  # the policy in force reads `args`: clients send them
+    send_result: bool = False  # a loop rule keyed on results counts it: settle with one
 
     @property
     def allowed(self) -> bool:

@@ -264,14 +264,20 @@ class CheckResponse(BaseModel):
     replayed: bool = False  # a repeated check with this call_id: the original answer
     # The policy in force reads calls' `args` (SPEC 2.1): send them with every check.
     send_args: bool = False
+    # A loop rule keyed on results counts this call (docs/policy.md, "Loops"): settle it
+    # with the `result_digest` of what the tool returned.
+    send_result: bool = False
 
     @property
     def holds(self) -> bool:
-        """Whether this allowed call holds a concurrency slot or budget money until it is
-        settled. A degraded answer may: the daemon counts fail-open rules in its own
-        process while the store is down, and frees the slot at the settle. A client's own
-        fail-open answer (no daemon) lists no limits, so it holds nothing."""
-        return self.allowed and any(limit.kind in HOLDING_KINDS for limit in self.limits)
+        """Whether this allowed call holds something until it is settled: a concurrency
+        slot, budget money, or a loop count waiting for the tool's result (`send_result`).
+        A degraded answer may: the daemon counts fail-open rules in its own process while
+        the store is down, and frees the slot at the settle. A client's own fail-open
+        answer (no daemon) lists no limits, so it holds nothing."""
+        return self.allowed and (
+            self.send_result or any(limit.kind in HOLDING_KINDS for limit in self.limits)
+        )
 
 
 class BatchResponse(BaseModel):
