@@ -198,6 +198,14 @@ SOFT_LIMIT_WARNING = (
     "{period} ({rule})"
 )
 APPROVED_PAST = "approved past {rule}: {message}"  # a warning on an approved call
+# A refusal's detail on one line, for a host that shows its user more than the model
+# reads (a hook's `systemMessage`): which rule, counting what, how much was used, what
+# its `match` asks, and when to retry. Each part is left out when the rule has none.
+REFUSAL_DETAIL = "ratewarden: rule {rule} ({kind}) refused the call{scope}{used}{condition}{retry}"
+DETAIL_SCOPE = " for {scope}"  # "user=alice, tool=terminal"
+DETAIL_USED = ": {used} of {limit} used"
+DETAIL_CONDITION = "; it applies when {condition}"
+DETAIL_RETRY = "; retry in {wait}"
 # The adapters' and hooks' own: a refusal that came without a message...
 REFUSED = "ratewarden refused this {tool} call"
 REFUSED_BY = "{decision} by ratewarden"  # agent-code: "deny by ratewarden"
@@ -225,6 +233,7 @@ NOT_VOUCHED = (
 SENTENCES: dict[str, str] = {
     **{f"template {kind}": text for kind, text in TEMPLATES.items()},
     "retry suffix": RETRY_SUFFIX,
+    "refusal detail": REFUSAL_DETAIL,
     "soft limit warning": SOFT_LIMIT_WARNING,
     "approved past": APPROVED_PAST,
     "refused": REFUSED,

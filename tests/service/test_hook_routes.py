@@ -201,7 +201,14 @@ async def test_the_decision_route_checks_and_settles_what_the_command_hook_read(
     url = "/v1/hooks/claude-code/decision"
     for n in range(3):
         answer = await client.post(url, json={"user": "d", "tool": "Bash", "call_id": f"k{n}"})
-        assert answer.json() == {"decision": "allow", "message": "", "notes": []}
+        assert answer.json() == {
+            "decision": "allow",
+            "message": "",
+            "notes": [],
+            "retry_after": None,
+            "violations": [],
+            "detail": "",
+        }
         done = await client.post(url, json={"user": "d", "call_id": f"k{n}", "finished": True})
         assert done.json()["notes"] == []
     refused = (await client.post(url, json={"user": "d", "tool": "Bash"})).json()

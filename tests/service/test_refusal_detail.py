@@ -176,3 +176,69 @@ async def test_a_remembered_refusal_carries_the_same_detail(store: Store) -> Non
         again = await client.post("/v1/check", json={"user": "alice", "call_id": "c9"} | call)
     [found] = again.json()["violations"]
     assert (found["scope"], found["used"], found["limit"]) == (first["scope"], 1, 1)
+
+
+@pytest.mark.parametrize("kind", ["rate", "concurrency", "args", "loop"])
+async def test_a_hook_refusal_carries_the_detail_and_its_line(store: Store, kind: str) -> None:
+    """`/v1/hooks/HOST/decision` answers a refusal as a check does (`retry_after`,
+    `violations`) and words it in one line for the host's user (`detail`)."""
+    call, wanted = CASES[kind]
+    event = {name: value for name, value in call.items() if name != "metadata"}
+    async with serving(build_app(POLICY, store)) as client:
+        for n in range(2):
+            answer = await client.post(
+                "/v1/hooks/claude-code/decision",
+                json={"user": "alice", "call_id": f"{kind}-{n}"} | event,
+            )
+            assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["decision"] == "deny"
+    [found] = body["violations"]
+    assert found["message"] == body["message"]
+    for name, value in wanted.items():
+        assert found[name] == value, (name, found)
+    assert body["retry_after"] == found["retry_after"]
+    line = body["detail"]
+    assert line.startswith(f"ratewarden: rule {found['rule']} ({found['kind']}) refused the call")
+    assert ("user=alice" in line) is ("user" in found["scope"])
+    assert (f"{found['used']} of {found['limit']} used" in line) is (found["used"] is not None)
+    assert (found["condition"] or "") in line
+    assert "\n" not in line
+    assert SECRET not in json.dumps(body)
+
+
+async def test_an_allowed_hook_call_carries_no_detail() -> None:
+    async with serving(build_app(POLICY)) as client:
+        answer = await client.post(
+            "/v1/hooks/claude-code/decision", json={"user": "alice", "tool": "rate-t"}
+        )
+    assert answer.json() == {
+        "decision": "allow",
+        "message": "",
+        "notes": [],
+        "retry_after": None,
+        "violations": [],
+        "detail": "",
+    }
+
+
+async def test_claude_codes_http_hook_shows_the_detail_to_the_user_only() -> None:
+    """Claude Code's own answer: the sentence is the model's reason, the detail its
+    `systemMessage` (shown to the user)."""
+    payload = {
+        "session_id": "s-1",
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": SECRET},
+        "tool_use_id": "toolu_1",
+    }
+    async with serving(build_app(POLICY)) as client:
+        answer = await client.post("/v1/hooks/claude-code?user=alice", content=json.dumps(payload))
+    body = answer.json()
+    reason = body["hookSpecificOutput"]["permissionDecisionReason"]
+    assert reason == "Refusing to delete the root directory"
+    assert body["systemMessage"] == (
+        "ratewarden: rule no-root-delete (access) refused the call; it applies when "
+        "tool in ['terminal'] and args.command starts with 'rm -rf /'"
+    )
+    assert SECRET not in answer.text

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from ratewarden import vocabulary
 from ratewarden.calls import Call
 from ratewarden.limiter.ops import OpResult
-from ratewarden.policy.durations import MICROS, format_amount
+from ratewarden.policy.durations import MICROS, format_amount, humanize_seconds
 from ratewarden.policy.messages import default_template, retry_text
 from ratewarden.policy.model import (
     Applied,
@@ -231,3 +231,29 @@ def binding(verdicts: Sequence[Verdict]) -> Verdict:
 
 def _seconds(ms: int | None) -> float | None:
     return None if ms is None else ms / 1000
+
+
+def detail_line(verdict: Verdict) -> str:
+    """A refusal's detail in one line (vocabulary.REFUSAL_DETAIL), for a host's user: the
+    sentence stays the model's; this says which rule counted what. Built only for a
+    refusal a hook answers, from what the verdict already holds."""
+    counted = (verdict.scope or {}).items()
+    scope = ", ".join(f"{name}={value if value is not None else '-'}" for name, value in counted)
+    used = ""
+    if verdict.used is not None:
+        used = vocabulary.DETAIL_USED.format(used=verdict.used, limit=verdict.limit)
+    retry = ""
+    if verdict.retry_after:
+        retry = vocabulary.DETAIL_RETRY.format(wait=humanize_seconds(verdict.retry_after))
+    return vocabulary.REFUSAL_DETAIL.format(
+        rule=verdict.rule,
+        kind=verdict.kind,
+        scope=vocabulary.DETAIL_SCOPE.format(scope=scope) if scope else "",
+        used=used,
+        condition=(
+            vocabulary.DETAIL_CONDITION.format(condition=verdict.condition)
+            if verdict.condition
+            else ""
+        ),
+        retry=retry,
+    )

@@ -50,8 +50,9 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
     return PreCall(tool=tool, args=payload)
 
 
-def refuse(decision: DecisionName, message: str) -> HookOutput:
+def refuse(decision: DecisionName, message: str, detail: str = "") -> HookOutput:
     # agent-code has no one to ask: an `ask` is a veto, saying a human must approve.
+    # It reads the first line only, the model's: no room for the detail.
     line = one_line(message) or vocabulary.REFUSED_BY.format(decision=decision)
     if decision == "ask":
         line = vocabulary.needs_approval(line)

@@ -56,8 +56,11 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
     return None
 
 
-def refuse(decision: DecisionName, message: str) -> HookOutput:
-    return HookOutput(stdout=json.dumps(_decision(decision, message)))
+def refuse(decision: DecisionName, message: str, detail: str = "") -> HookOutput:
+    answer = _decision(decision, message)
+    if detail:  # shown to the user; the reason stays what the model reads
+        answer["systemMessage"] = detail
+    return HookOutput(stdout=json.dumps(answer))
 
 
 def refuse_unreadable(message: str) -> HookOutput:

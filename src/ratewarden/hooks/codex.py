@@ -142,17 +142,19 @@ def call_id(data: dict[str, Any]) -> str | None:
     return vocabulary.call_id("codex", call, unique=f"{session}\x00{turn}")
 
 
-def refuse(decision: DecisionName, message: str) -> HookOutput:
+def refuse(decision: DecisionName, message: str, detail: str = "") -> HookOutput:
     reason = message or vocabulary.REFUSED_BY.format(decision=decision)  # Codex wants one
     if decision == "ask":  # unsupported by Codex, which would run the call
         reason = vocabulary.needs_approval(reason)
-    output = {
+    output: dict[str, object] = {
         "hookSpecificOutput": {
             "hookEventName": "PreToolUse",
             "permissionDecision": "deny",
             "permissionDecisionReason": reason,
         }
     }
+    if detail:  # shown to the user; the reason stays what the model reads
+        output["systemMessage"] = detail
     return HookOutput(stdout=json.dumps(output))
 
 

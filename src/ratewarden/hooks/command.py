@@ -231,7 +231,7 @@ def run(host: Host, options: HookOptions, payload: bytes, environ: Mapping[str, 
     decision = answer.get("decision")
     if decision not in ("deny", "ask"):
         return host.allow._replace(stderr=(*notes, *_opened(host, event, environ)))
-    refusal = host.refuse(decision, str(answer.get("message", "")))
+    refusal = host.refuse(decision, str(answer.get("message", "")), str(answer.get("detail", "")))
     return refusal._replace(stderr=(*refusal.stderr, *notes))
 
 
@@ -384,7 +384,7 @@ def _unanswered(
     note = one_line(f"ratewarden: {reason}; failing {options.fail}")
     if options.fail == "open":
         return host.allow._replace(stderr=(note,))
-    refusal = host.refuse("deny", vocabulary.unavailable(event.tool))
+    refusal = host.refuse("deny", vocabulary.unavailable(event.tool), "")
     return refusal._replace(stderr=(*refusal.stderr, note))
 
 
@@ -392,7 +392,7 @@ def _not_vouched(host: Host, event: PreCall | PostCall, reason: str) -> HookOutp
     note = one_line(f"ratewarden: the daemon refused the hook's user: {reason}")
     if isinstance(event, PostCall):
         return HookOutput(stderr=(note,))
-    refusal = host.refuse("deny", vocabulary.NOT_VOUCHED.format(field="--user"))
+    refusal = host.refuse("deny", vocabulary.NOT_VOUCHED.format(field="--user"), "")
     return refusal._replace(stderr=(*refusal.stderr, note))
 
 

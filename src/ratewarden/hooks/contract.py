@@ -77,7 +77,9 @@ class Host(NamedTuple):
 
     - `read`: its payload (and `context`: the environment of a command hook, or the query
       of an HTTP hook) into an event; BadInput when it cannot.
-    - `refuse`: a refusal (`deny` or `ask`) and its message, as the host reads one.
+    - `refuse`: a refusal (`deny` or `ask`), its message and its one-line detail
+      (docs/api.md, "A refusal's detail"), as the host reads one; a host with a place
+      its user sees (a `systemMessage`) puts the detail there, others leave it out.
     - `refuse_unreadable`: the answer when the payload cannot be read, failing closed.
     - `unreadable_open_code`: the exit status for that, failing open (a hook error the
       host does not take as a veto).
@@ -95,7 +97,7 @@ class Host(NamedTuple):
 
     name: str
     read: Reader
-    refuse: Callable[[DecisionName, str], HookOutput]
+    refuse: Callable[[DecisionName, str, str], HookOutput]
     refuse_unreadable: Callable[[str], HookOutput]
     unreadable_open_code: int
     context: Mapping[str, str] = {}  # a default never mutated

@@ -104,9 +104,9 @@ def call_id(data: dict[str, Any]) -> str | None:
     return vocabulary.call_id("cursor", call, unique=found)
 
 
-def refuse(decision: DecisionName, message: str) -> HookOutput:
+def refuse(decision: DecisionName, message: str, detail: str = "") -> HookOutput:
     message = message or vocabulary.REFUSED_BY.format(decision=decision)
-    return HookOutput(stdout=_permission(decision, message))
+    return HookOutput(stdout=_permission(decision, message, detail))
 
 
 def refuse_unreadable(message: str) -> HookOutput:
@@ -114,8 +114,11 @@ def refuse_unreadable(message: str) -> HookOutput:
     return HookOutput(stdout=_permission("deny", message))
 
 
-def _permission(decision: DecisionName, message: str) -> str:
-    answer = {"permission": decision, "user_message": message, "agent_message": message}
+def _permission(decision: DecisionName, message: str, detail: str = "") -> str:
+    # The user's message says which rule counted what (the detail) after the sentence;
+    # the agent's is the sentence alone.
+    shown = f"{message}\n{detail}" if detail else message
+    answer = {"permission": decision, "user_message": shown, "agent_message": message}
     return json.dumps(answer)
 
 

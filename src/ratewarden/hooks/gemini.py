@@ -53,11 +53,14 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
     )
 
 
-def refuse(decision: DecisionName, message: str) -> HookOutput:
+def refuse(decision: DecisionName, message: str, detail: str = "") -> HookOutput:
     reason = message or vocabulary.REFUSED_BY.format(decision=decision)
     if decision == "ask":
         reason = vocabulary.needs_approval(reason)
-    return HookOutput(stdout=json.dumps({"decision": "deny", "reason": reason}))
+    answer = {"decision": "deny", "reason": reason}
+    if detail:  # shown to the user; the reason stays what the model reads
+        answer["systemMessage"] = detail
+    return HookOutput(stdout=json.dumps(answer))
 
 
 def refuse_unreadable(message: str) -> HookOutput:

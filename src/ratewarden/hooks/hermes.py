@@ -78,8 +78,9 @@ def block(message: str) -> HookOutput:
     return HookOutput(stdout=json.dumps({"action": "block", "message": message}))
 
 
-def refuse(decision: DecisionName, message: str) -> HookOutput:
-    # A shell hook can only block; hermes has no way to ask a human from one.
+def refuse(decision: DecisionName, message: str, detail: str = "") -> HookOutput:
+    # A shell hook can only block; hermes has no way to ask a human from one. Its one
+    # message goes to the model: no room for the detail.
     return block(message or vocabulary.BLOCKED)
 
 

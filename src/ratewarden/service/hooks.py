@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import Scope
 
 from ratewarden.engine import CallIdConflict, Decision
+from ratewarden.engine.decision import detail_line
 from ratewarden.hooks.contract import BadInput, HookOutput, Host, PostCall, PreCall
 from ratewarden.hooks.hosts import HOSTS
 from ratewarden.http.limits import HOOK_PATHS
@@ -39,7 +40,13 @@ from ratewarden.service.auth import Caller
 from ratewarden.service.errors import error_response
 from ratewarden.store import StoreError
 from ratewarden.vocabulary import NOT_VOUCHED, TOO_LARGE, UNREADABLE, FailMode
-from ratewarden.wire.bodies import ErrorResponse, FieldError, HookDecision, HookEvent
+from ratewarden.wire.bodies import (
+    ErrorResponse,
+    FieldError,
+    HookDecision,
+    HookEvent,
+    Violation,
+)
 from ratewarden.wire.bounded import TooManyItems, too_many_items
 from ratewarden.wire.names import check_request, usable_call_id
 
@@ -211,7 +218,22 @@ async def check(
     if decided is None or decided.replayed:
         notes.append(f"call id {request.call_id} was already used; checked as a new call")
         decided = await routes.decide(app, request.model_copy(update={"call_id": None}))
-    return HookDecision(decision=decided.decision, message=decided.message, notes=notes)
+    return _answer(decided, notes)
+
+
+def _answer(decided: Decision, notes: list[str]) -> HookDecision:
+    """A decision as a hook's answer; a refusal with its detail (docs/api.md)."""
+    if decided.allowed or not decided.violations:
+        return HookDecision(decision=decided.decision, message=decided.message, notes=notes)
+    worded = next((v for v in decided.violations if v.message == decided.message), None)
+    return HookDecision(
+        decision=decided.decision,
+        message=decided.message,
+        notes=notes,
+        retry_after=decided.retry_after,
+        violations=[Violation.model_validate(v, from_attributes=True) for v in decided.violations],
+        detail=detail_line(worded or decided.violations[0]),
+    )
 
 
 async def settle(
@@ -239,7 +261,7 @@ def refuse_too_large(path: str, problem: str) -> tuple[int, str, bytes] | None:
     host = HOSTS.get(path.removeprefix(HOOK_PATHS))
     if host is None or host.http is None:
         return None
-    sent = host.http(host.refuse("deny", TOO_LARGE.format(reason=f"body {problem}")))
+    sent = host.http(host.refuse("deny", TOO_LARGE.format(reason=f"body {problem}"), ""))
     return sent.status, sent.media_type, sent.body.encode()
 
 
@@ -258,7 +280,7 @@ def _http(host: Host, answer: HookDecision | str | None) -> Response:
     elif answer is None or answer.decision == "allow":
         output = host.allow
     else:
-        output = host.refuse(answer.decision, answer.message)
+        output = host.refuse(answer.decision, answer.message, answer.detail)
     sent = host.http(output)
     return Response(sent.body, status_code=sent.status, media_type=sent.media_type)
 

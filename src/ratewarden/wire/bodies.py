@@ -371,11 +371,16 @@ class HookEvent(_Body):
 
 
 class HookDecision(BaseModel):
-    """The answer to a hook: the decision, ratewarden's message, and notes for the log."""
+    """The answer to a hook: the decision, ratewarden's message, and notes for the log;
+    for a refusal, its detail as a check answer carries it (`retry_after`, `violations`)
+    and in one line for a host that shows its user more than the model reads (`detail`)."""
 
     decision: DecisionName
     message: str = ""
     notes: list[str] = []
+    retry_after: float | None = None
+    violations: list[Violation] = []
+    detail: str = ""
 
 
 # -- what an admin names -------------------------------------------------------------------
