@@ -73,7 +73,11 @@ def test_cursor_hook_stops_the_11th_shell_call_of_the_signed_in_user(
     assert answers[10].permission == "deny"
     results = list(carol.results.values())
     assert MESSAGE in results[10]  # what the model reads
-    assert answers[10].agent_message == answers[10].user_message
+    # The user reads the sentence, then which rule counted what (the refusal's detail).
+    sentence, detail = answers[10].user_message.split("\n")
+    assert sentence == answers[10].agent_message
+    assert detail.startswith("ratewarden: rule terminal-per-minute (rate) refused the call")
+    assert "user=carol@example.com" in detail
     # Counted for the e-mail Cursor sent; each call settled by postToolUse, or the
     # concurrency cap of 1 would have refused the second.
     assert usage_of(daemon, "carol@example.com", "Shell") == {
