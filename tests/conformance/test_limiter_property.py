@@ -698,14 +698,23 @@ def test_memory_and_lua_agree_on_every_field(
 ) -> None:
     """The Python twin and the Lua script, op for op and field for field, on every kind:
     roles, limit 0, all or nothing, budget reservations across period rollovers,
-    concurrency leases, call records (replays, conflicts), dry runs and settles.
+    concurrency leases, call records (replays, conflicts), dry runs and settles."""
+    counters, steps = case
+    on_memory, on_redis = run_twins(redis_server, counters, steps)
+    for i, (mine, theirs) in enumerate(zip(on_memory, on_redis, strict=True)):
+        assert mine == theirs, f"step {i}: {steps[i]}"
+
+
+def run_twins(
+    redis_server: RedisServer, counters: list[Counter], steps: list[Step]
+) -> tuple[list[object], list[object]]:
+    """Every step's answer on the memory store, then on the real Redis.
 
     On the fake clock the memory store expires keys and the real Redis keeps them. An
     expired counter answers as a fresh one either way, except when a settle reaches a
     budget whose key is gone (memory: nothing left to charge; Redis: the stale counter
     is charged). The memory run notes such settles and both runs leave them out.
     """
-    counters, steps = case
     namespace = f"twin{next(_keys)}"  # keys and call_ids no earlier example used
     keys = [f"rw:{{{namespace}-{i}}}:{c.kind.value}" for i, c in enumerate(counters)]
     skipped: list[bool] = []  # per settle step; decided by the memory run
@@ -757,10 +766,7 @@ def test_memory_and_lua_agree_on_every_field(
         runner(body)
         return out
 
-    on_memory = run(run_on_memory)
-    on_redis = run(redis_runner(redis_server))
-    for i, (mine, theirs) in enumerate(zip(on_memory, on_redis, strict=True)):
-        assert mine == theirs, f"step {i}: {steps[i]}"
+    return run(run_on_memory), run(redis_runner(redis_server))
 
 
 @pytest.mark.redis
