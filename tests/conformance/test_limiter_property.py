@@ -43,6 +43,7 @@ from ratewarden.limiter.ops import (
     OpResult,
     Role,
 )
+from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
 from ratewarden.store import MemoryStore, Store
 from ratewarden.store.base import StoreError
@@ -767,6 +768,43 @@ def run_twins(
         return out
 
     return run(run_on_memory), run(redis_runner(redis_server))
+
+
+@pytest.mark.redis
+def test_a_reservation_made_twice_under_one_call_id_leaves_nothing_behind(
+    redis_server: RedisServer,
+) -> None:
+    """Found by the parity test above: a call_id checked twice (a generated id is not read
+    back, so both checks commit) used to add both estimates to `reserved` but keep one
+    `h:` entry, so one estimate was held for good, charged by no expiry, released by no
+    settle. The memory store's counter expired on the fake clock at the period's end and
+    answered 0; the real Redis kept it and carried the stray 0.25 into the next period.
+    A repeated check now replaces the call's reservation: both stores answer 0."""
+    counters = [
+        Counter(Kind.SLIDING_WINDOW, 0, 7_750, 1),
+        Counter(Kind.BUDGET, 2_500_000, 7_750, period_ms=600_000),
+    ]
+    reserve = CheckStep(0, ((1, Role.SHADOW, 250_000),), 0, 0, False, False, 0)
+    forgotten = SettleStep(0, 0, None, forgotten=True)  # the budget rule is gone: (0, 0, 0)
+    # The first step is 420 s before the end of its clock-aligned 10-minute budget period.
+    look = CheckStep(420_000, ((0, Role.SHADOW, 0), (1, Role.SHADOW, 0)), 1, 0, False, True, 0)
+    steps: list[Step] = [reserve, reserve, forgotten, forgotten, look]
+    on_memory, on_redis = run_twins(redis_server, counters, steps)
+    for name, out in (("memory", on_memory), ("redis", on_redis)):
+        first, again, settled, twice, after = out
+        assert isinstance(first, Evaluation), name
+        assert isinstance(again, Evaluation), name
+        assert (first.results[0].reserved, again.results[0].reserved) == (250_000, 250_000), name
+        assert isinstance(settled, tuple), name
+        assert settled[1] == (SettleStatus.SETTLED, [250_000]), name
+        assert isinstance(twice, tuple), name
+        assert twice[1] == (SettleStatus.ALREADY_SETTLED, []), name
+        assert isinstance(after, Evaluation), name
+        window, spend = after.results
+        assert (window.admitted, window.remaining) == (False, 0), name  # limit 0, shadow
+        assert (spend.used, spend.reserved, spend.remaining) == (0, 0, 2_500_000), name
+        assert spend.reset_after_ms == 600_000, name  # at the next period's start
+    assert on_memory == on_redis
 
 
 @pytest.mark.redis

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import CallIdConflict, Engine
+from ratewarden.limiter.ops import CallRecord, CounterOp, Kind, Role
 from ratewarden.limiter.reference import Budget
 from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
@@ -340,3 +342,39 @@ async def test_a_settle_applies_only_to_the_record_it_read(store: Store, clock: 
     assert status == SettleStatus.UNKNOWN
     status, _ = await store.settle(record_key("c1"), "c1", None, found.holds, found.fingerprint)
     assert status == SettleStatus.SETTLED
+
+
+@pytest.mark.parametrize("ends", ["expires", "settles"])
+async def test_a_call_checked_twice_holds_one_reservation(
+    store: Store, clock: FakeClock, ends: str
+) -> None:
+    """A call_id that is not read back (a generated one, or a cluster check retried after
+    its record was lost) commits again: the second reservation replaces the first, so the
+    counter's `reserved` is always the sum of the reservations it lists, and the call is
+    charged once, at its estimate when it expires, or at its actual cost when settled."""
+    now = clock.now_ms()
+    start = now - now % 600_000
+    op = CounterOp(
+        "rw:{twice}:bg", Kind.BUDGET, Role.SHADOW, 2_500_000, 7_750,
+        cost=250_000, period=(start, start + 600_000, start + 1_200_000), rule="spend",
+    )  # fmt: skip
+    record = CallRecord(record_key("twice"), "twice", "u|t", 3_600_000, named=False)
+    for _ in range(2):
+        [reserved] = (await store.evaluate([op], record)).results
+        assert (reserved.admitted, reserved.used, reserved.reserved) == (True, 0, 250_000)
+    assert await budget_fields(store, op.key) == (0, 250_000)
+    if ends == "expires":
+        clock.advance(7_750)  # unsettled: charged once, at its estimate
+        spent = 250_000
+    else:
+        found = await store.read_holds(record.key)
+        assert found is not None
+        holds = [replace(h, period=op.period) for h in found.holds]
+        assert await store.settle(record.key, "twice", 100_000, holds) == (
+            SettleStatus.SETTLED,
+            [100_000],
+        )
+        spent = 100_000
+    [after] = (await store.evaluate([replace(op, cost=0)], dry_run=True)).results
+    assert (after.used, after.reserved, after.remaining) == (spent, 0, 2_500_000 - spent)
+    assert await budget_fields(store, op.key) == (spent, 0)
