@@ -378,3 +378,43 @@ async def test_a_call_checked_twice_holds_one_reservation(
     [after] = (await store.evaluate([replace(op, cost=0)], dry_run=True)).results
     assert (after.used, after.reserved, after.remaining) == (spent, 0, 2_500_000 - spent)
     assert await budget_fields(store, op.key) == (spent, 0)
+
+
+async def test_a_settle_for_a_removed_budget_rule_creates_and_moves_nothing(
+    store: Store, clock: FakeClock
+) -> None:
+    """A hold whose rule left the policy is settled with no period, (0, 0, 0): its counter
+    keeps its own period. Once that counter has expired nothing is charged and no counter
+    is made again; while it lives, the settle swaps the reservation as any settle does."""
+    now = clock.now_ms()
+    start = now - now % 600_000
+    op = CounterOp(
+        "rw:{removed}:bg", Kind.BUDGET, Role.ENFORCE, 2_500_000, 7_750,
+        cost=250_000, period=(start, start + 600_000, start + 1_200_000), rule="gone",
+    )  # fmt: skip
+    for call_id in ("kept", "late"):
+        record = CallRecord(record_key(call_id), call_id, "u|t", 36_000_000, named=True)
+        assert (await store.evaluate([op], record)).results[0].admitted
+    found = await store.read_holds(record_key("kept"))
+    assert found is not None
+    assert found.holds[0].period == (0, 0, 0)
+    assert await store.settle(record_key("kept"), "kept", None, found.holds) == (
+        SettleStatus.SETTLED,
+        [250_000],
+    )
+    assert await budget_fields(store, op.key) == (250_000, 250_000)  # "late" still held
+
+    clock.set(start + 600_000 + 7_750)  # past the period and the reservation: expired
+    if isinstance(store, RedisStore):  # Redis expires keys on its own clock, not this one
+        await store._client.delete(op.key)
+    assert op.key not in await raw_state(store)
+    found = await store.read_holds(record_key("late"))
+    assert found is not None
+    before = await raw_state(store)
+    assert await store.settle(record_key("late"), "late", 900_000, found.holds) == (
+        SettleStatus.SETTLED,
+        [0],
+    )
+    after = await raw_state(store)
+    assert op.key not in after  # no counter made again, nothing charged
+    assert set(after) == set(before)
