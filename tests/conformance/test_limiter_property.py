@@ -43,6 +43,7 @@ from ratewarden.limiter.ops import (
     OpResult,
     Role,
 )
+from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
 from ratewarden.store import MemoryStore, Store
 from ratewarden.store.base import StoreError
@@ -698,14 +699,23 @@ def test_memory_and_lua_agree_on_every_field(
 ) -> None:
     """The Python twin and the Lua script, op for op and field for field, on every kind:
     roles, limit 0, all or nothing, budget reservations across period rollovers,
-    concurrency leases, call records (replays, conflicts), dry runs and settles.
+    concurrency leases, call records (replays, conflicts), dry runs and settles."""
+    counters, steps = case
+    on_memory, on_redis = run_twins(redis_server, counters, steps)
+    for i, (mine, theirs) in enumerate(zip(on_memory, on_redis, strict=True)):
+        assert mine == theirs, f"step {i}: {steps[i]}"
+
+
+def run_twins(
+    redis_server: RedisServer, counters: list[Counter], steps: list[Step]
+) -> tuple[list[object], list[object]]:
+    """Every step's answer on the memory store, then on the real Redis.
 
     On the fake clock the memory store expires keys and the real Redis keeps them. An
     expired counter answers as a fresh one either way, except when a settle reaches a
     budget whose key is gone (memory: nothing left to charge; Redis: the stale counter
     is charged). The memory run notes such settles and both runs leave them out.
     """
-    counters, steps = case
     namespace = f"twin{next(_keys)}"  # keys and call_ids no earlier example used
     keys = [f"rw:{{{namespace}-{i}}}:{c.kind.value}" for i, c in enumerate(counters)]
     skipped: list[bool] = []  # per settle step; decided by the memory run
@@ -757,10 +767,44 @@ def test_memory_and_lua_agree_on_every_field(
         runner(body)
         return out
 
-    on_memory = run(run_on_memory)
-    on_redis = run(redis_runner(redis_server))
-    for i, (mine, theirs) in enumerate(zip(on_memory, on_redis, strict=True)):
-        assert mine == theirs, f"step {i}: {steps[i]}"
+    return run(run_on_memory), run(redis_runner(redis_server))
+
+
+@pytest.mark.redis
+def test_a_reservation_made_twice_under_one_call_id_leaves_nothing_behind(
+    redis_server: RedisServer,
+) -> None:
+    """Found by the parity test above: a call_id checked twice (a generated id is not read
+    back, so both checks commit) used to add both estimates to `reserved` but keep one
+    `h:` entry, so one estimate was held for good, charged by no expiry, released by no
+    settle. The memory store's counter expired on the fake clock at the period's end and
+    answered 0; the real Redis kept it and carried the stray 0.25 into the next period.
+    A repeated check now replaces the call's reservation: both stores answer 0."""
+    counters = [
+        Counter(Kind.SLIDING_WINDOW, 0, 7_750, 1),
+        Counter(Kind.BUDGET, 2_500_000, 7_750, period_ms=600_000),
+    ]
+    reserve = CheckStep(0, ((1, Role.SHADOW, 250_000),), 0, 0, False, False, 0)
+    forgotten = SettleStep(0, 0, None, forgotten=True)  # the budget rule is gone: (0, 0, 0)
+    # The first step is 420 s before the end of its clock-aligned 10-minute budget period.
+    look = CheckStep(420_000, ((0, Role.SHADOW, 0), (1, Role.SHADOW, 0)), 1, 0, False, True, 0)
+    steps: list[Step] = [reserve, reserve, forgotten, forgotten, look]
+    on_memory, on_redis = run_twins(redis_server, counters, steps)
+    for name, out in (("memory", on_memory), ("redis", on_redis)):
+        first, again, settled, twice, after = out
+        assert isinstance(first, Evaluation), name
+        assert isinstance(again, Evaluation), name
+        assert (first.results[0].reserved, again.results[0].reserved) == (250_000, 250_000), name
+        assert isinstance(settled, tuple), name
+        assert settled[1] == (SettleStatus.SETTLED, [250_000]), name
+        assert isinstance(twice, tuple), name
+        assert twice[1] == (SettleStatus.ALREADY_SETTLED, []), name
+        assert isinstance(after, Evaluation), name
+        window, spend = after.results
+        assert (window.admitted, window.remaining) == (False, 0), name  # limit 0, shadow
+        assert (spend.used, spend.reserved, spend.remaining) == (0, 0, 2_500_000), name
+        assert spend.reset_after_ms == 600_000, name  # at the next period's start
+    assert on_memory == on_redis
 
 
 @pytest.mark.redis

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import CallIdConflict, Engine
+from ratewarden.limiter.ops import CallRecord, CounterOp, Kind, Role
 from ratewarden.limiter.reference import Budget
 from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
@@ -340,3 +342,79 @@ async def test_a_settle_applies_only_to_the_record_it_read(store: Store, clock: 
     assert status == SettleStatus.UNKNOWN
     status, _ = await store.settle(record_key("c1"), "c1", None, found.holds, found.fingerprint)
     assert status == SettleStatus.SETTLED
+
+
+@pytest.mark.parametrize("ends", ["expires", "settles"])
+async def test_a_call_checked_twice_holds_one_reservation(
+    store: Store, clock: FakeClock, ends: str
+) -> None:
+    """A call_id that is not read back (a generated one, or a cluster check retried after
+    its record was lost) commits again: the second reservation replaces the first, so the
+    counter's `reserved` is always the sum of the reservations it lists, and the call is
+    charged once, at its estimate when it expires, or at its actual cost when settled."""
+    now = clock.now_ms()
+    start = now - now % 600_000
+    op = CounterOp(
+        "rw:{twice}:bg", Kind.BUDGET, Role.SHADOW, 2_500_000, 7_750,
+        cost=250_000, period=(start, start + 600_000, start + 1_200_000), rule="spend",
+    )  # fmt: skip
+    record = CallRecord(record_key("twice"), "twice", "u|t", 3_600_000, named=False)
+    for _ in range(2):
+        [reserved] = (await store.evaluate([op], record)).results
+        assert (reserved.admitted, reserved.used, reserved.reserved) == (True, 0, 250_000)
+    assert await budget_fields(store, op.key) == (0, 250_000)
+    if ends == "expires":
+        clock.advance(7_750)  # unsettled: charged once, at its estimate
+        spent = 250_000
+    else:
+        found = await store.read_holds(record.key)
+        assert found is not None
+        holds = [replace(h, period=op.period) for h in found.holds]
+        assert await store.settle(record.key, "twice", 100_000, holds) == (
+            SettleStatus.SETTLED,
+            [100_000],
+        )
+        spent = 100_000
+    [after] = (await store.evaluate([replace(op, cost=0)], dry_run=True)).results
+    assert (after.used, after.reserved, after.remaining) == (spent, 0, 2_500_000 - spent)
+    assert await budget_fields(store, op.key) == (spent, 0)
+
+
+async def test_a_settle_for_a_removed_budget_rule_creates_and_moves_nothing(
+    store: Store, clock: FakeClock
+) -> None:
+    """A hold whose rule left the policy is settled with no period, (0, 0, 0): its counter
+    keeps its own period. Once that counter has expired nothing is charged and no counter
+    is made again; while it lives, the settle swaps the reservation as any settle does."""
+    now = clock.now_ms()
+    start = now - now % 600_000
+    op = CounterOp(
+        "rw:{removed}:bg", Kind.BUDGET, Role.ENFORCE, 2_500_000, 7_750,
+        cost=250_000, period=(start, start + 600_000, start + 1_200_000), rule="gone",
+    )  # fmt: skip
+    for call_id in ("kept", "late"):
+        record = CallRecord(record_key(call_id), call_id, "u|t", 36_000_000, named=True)
+        assert (await store.evaluate([op], record)).results[0].admitted
+    found = await store.read_holds(record_key("kept"))
+    assert found is not None
+    assert found.holds[0].period == (0, 0, 0)
+    assert await store.settle(record_key("kept"), "kept", None, found.holds) == (
+        SettleStatus.SETTLED,
+        [250_000],
+    )
+    assert await budget_fields(store, op.key) == (250_000, 250_000)  # "late" still held
+
+    clock.set(start + 600_000 + 7_750)  # past the period and the reservation: expired
+    if isinstance(store, RedisStore):  # Redis expires keys on its own clock, not this one
+        await store._client.delete(op.key)
+    assert op.key not in await raw_state(store)
+    found = await store.read_holds(record_key("late"))
+    assert found is not None
+    before = await raw_state(store)
+    assert await store.settle(record_key("late"), "late", 900_000, found.holds) == (
+        SettleStatus.SETTLED,
+        [0],
+    )
+    after = await raw_state(store)
+    assert op.key not in after  # no counter made again, nothing charged
+    assert set(after) == set(before)

@@ -138,6 +138,10 @@ local function bg_release(key, op, call_id)
     b.r = b.r - tonumber(string.match(held, '^(%d+):'))
     redis.call('HDEL', key, 'h:' .. call_id)
     b.dirty = true
+    if op.undo2 > 0 then  -- the commit replaced the call's earlier reservation: put it back
+      redis.call('HSET', key, 'h:' .. call_id, int(op.undo) .. ':' .. int(op.undo2))
+      b.r = b.r + op.undo
+    end
   end
   if b.s == 0 and b.r == 0 then  -- nothing spent or reserved: as if never created
     redis.call('DEL', key)

@@ -1,7 +1,8 @@
 -- Twin: budget.py (same name, same shape).
 
 -- Budget: one hash per counter: p (period start), s (spent), r (reserved), n (earliest
--- reservation expiry), h:<call_id> = "amount:expiry" per reservation not yet settled, and
+-- reservation expiry), h:<call_id> = "amount:expiry" per reservation not yet settled (one
+-- per call: a call checked again replaces its own, so r is always the sum of the h:), and
 -- x:<call_id> = amount per reservation charged at its estimate in this period because it
 -- expired unsettled (so its late settle can correct this period, and no other).
 -- Reservations left unsettled past their expiry are charged at their estimate. A
@@ -85,6 +86,15 @@ local function budget(key, op, call_id)
   c.admitted = held < op.limit and held + op.cost <= op.limit
   if c.admitted then c.retry = 0 elseif op.cost > op.limit then c.retry = -1 else c.retry = b.finish - now end
   c.commit = function()
+    if b.r > 0 then  -- one reservation per call: checked again, it replaces its last one
+      local held = redis.call('HGET', key, 'h:' .. call_id)
+      if held then
+        local amount, expiry = string.match(held, '^(%d+):(%d+)$')
+        b.r, b.dirty = b.r - tonumber(amount), true
+        redis.call('HDEL', key, 'h:' .. call_id)
+        c.undo, c.undo2 = tonumber(amount), tonumber(expiry)  -- what 'release' puts back
+      end
+    end
     if op.cost > 0 then
       local expiry, amount = now + op.window, math.min(op.cost, CEILING - b.r)
       redis.call('HSET', key, 'h:' .. call_id, int(amount) .. ':' .. int(expiry))

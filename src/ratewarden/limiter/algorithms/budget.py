@@ -26,7 +26,8 @@ class Budget:
     period: int | None = None
     spent: int = 0
     reserved: int = 0
-    holds: dict[str, tuple[int, int]] = field(default_factory=dict)  # call_id -> (amount, expiry)
+    # call_id -> (amount, expiry): one per call, so `reserved` is always their sum
+    holds: dict[str, tuple[int, int]] = field(default_factory=dict)
     # call_id -> amount charged in this period when its reservation expired unsettled
     charged: dict[str, int] = field(default_factory=dict)
     finish: int = 0  # end of the current period (not stored in Redis; recomputed)
@@ -79,6 +80,11 @@ def budget(table: Table, op: CounterOp, now: int, call_id: str) -> Check:
     check = Check(admitted, state.spent, retry, state.finish - now, noop, reserved=state.reserved)
 
     def commit() -> None:
+        if state.reserved > 0:  # one reservation per call: checked again, it replaces its last one
+            held = state.holds.pop(call_id, None)
+            if held is not None:
+                state.reserved -= held[0]
+                state.dirty = True
         if op.cost > 0:
             expiry, amount = now + op.window_ms, min(op.cost, MONEY_CEILING - state.reserved)
             state.holds[call_id] = (amount, expiry)
