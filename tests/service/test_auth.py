@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from ratewarden.cli import main
 from ratewarden.clock import FakeClock
@@ -64,7 +65,7 @@ ENDPOINTS: dict[str, dict[str, Any]] = {
             "rate": "5/minute",
             "ttl": "10m",
             "reason": "auth table",
-        }  # fmt: skip
+        }
     },
     "DELETE /v1/admin/overrides/ovr_none": {},
     "GET /v1/capabilities": {},
@@ -345,9 +346,9 @@ def test_a_token_in_two_roles_is_refused_naming_both(first: str, second: str) ->
     """One credential, one role: which one was meant cannot be guessed (the wrong guess
     grants too much), so the settings are refused, naming both lists and not the token."""
     values = {first: ["other-token", "same-token-0123"], second: ["same-token-0123"]}
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(ValidationError, match="a token is in both") as refused:
         Settings(**values)
-    message = refused.value.errors()[0]["msg"]  # type: ignore[attr-defined]
+    message = refused.value.errors()[0]["msg"]
     assert f"RATEWARDEN_{first.upper()}" in message
     assert f"RATEWARDEN_{second.upper()}" in message
     assert "same-token-0123" not in message
