@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from ratewarden.cli import main
 from ratewarden.clock import FakeClock
@@ -32,6 +33,7 @@ from tests.helpers.redis_server import RedisServer, free_port
 
 CHECK_TOKEN = "chk-0123456789abcdef"
 ADMIN_TOKEN = "adm-fedcba9876543210"
+VIEWER_TOKEN = "vwr-5a4b3c2d1e0f9a8b"
 BAD_TOKEN = "chk-0123456789abcdeX"  # one character off a real one
 
 POLICY = """\
@@ -56,7 +58,18 @@ ENDPOINTS: dict[str, dict[str, Any]] = {
     "POST /v1/admin/reload": {},
     "GET /v1/admin/stats": {},
     "GET /v1/admin/overrides": {},
+    "POST /v1/admin/overrides": {
+        "json": {
+            "users": ["nobody"],
+            "rule": "terminal-per-minute",
+            "rate": "5/minute",
+            "ttl": "10m",
+            "reason": "auth table",
+        }
+    },
     "DELETE /v1/admin/overrides/ovr_none": {},
+    "GET /v1/capabilities": {},
+    "GET /v1/whoami": {},
     "GET /console": {},
     "GET /healthz": {},
     "GET /readyz": {},
@@ -67,30 +80,34 @@ ENDPOINTS: dict[str, dict[str, Any]] = {
 }
 # The expected status of each endpoint for each caller.
 EXPECTED = """
-endpoint                    none  bad   check  admin
-POST /v1/check              401   401   200    200
-POST /v1/check/batch        401   401   200    200
-POST /v1/calls/c-1/settle   401   401   200    200
-GET /v1/usage               401   401   200    200
-GET /v1/denials             401   401   403    200
-GET /v1/policy              401   401   403    200
-POST /v1/admin/reset        401   401   403    200
-POST /v1/admin/reload       401   401   403    200
-GET /v1/admin/stats         401   401   403    200
-GET /v1/admin/overrides     401   401   403    200
-DELETE /v1/admin/overrides/ovr_none  401   401   403    404
-GET /console                200   200   200    200
-GET /healthz                200   200   200    200
-GET /readyz                 200   200   200    200
-GET /metrics                200   200   200    200
-GET /docs                   200   200   200    200
-GET /redoc                  307   307   307    307
-GET /openapi.json           200   200   200    200
+endpoint                    none  bad   check  viewer  admin
+POST /v1/check              401   401   200    403     200
+POST /v1/check/batch        401   401   200    403     200
+POST /v1/calls/c-1/settle   401   401   200    403     200
+GET /v1/usage               401   401   200    200     200
+GET /v1/denials             401   401   403    200     200
+GET /v1/policy              401   401   403    200     200
+POST /v1/admin/reset        401   401   403    403     200
+POST /v1/admin/reload       401   401   403    403     200
+GET /v1/admin/stats         401   401   403    200     200
+GET /v1/admin/overrides     401   401   403    200     200
+POST /v1/admin/overrides    401   401   403    403     201
+DELETE /v1/admin/overrides/ovr_none  401   401   403    403     404
+GET /v1/capabilities        401   401   200    403     200
+GET /v1/whoami              401   401   200    200     200
+GET /console                200   200   200    200     200
+GET /healthz                200   200   200    200     200
+GET /readyz                 200   200   200    200     200
+GET /metrics                200   200   200    200     200
+GET /docs                   200   200   200    200     200
+GET /redoc                  307   307   307    307     307
+GET /openapi.json           200   200   200    200     200
 """
 CALLERS = {
     "none": {},
     "bad": {"authorization": f"Bearer {BAD_TOKEN}"},
     "check": {"authorization": f"Bearer {CHECK_TOKEN}"},
+    "viewer": {"authorization": f"Bearer {VIEWER_TOKEN}"},
     "admin": {"authorization": f"Bearer {ADMIN_TOKEN}"},
 }
 
@@ -115,8 +132,13 @@ def policy_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def guarded(policy_file: Path) -> AsyncIterator[httpx.AsyncClient]:
-    """The app with one check token and one admin token."""
-    settings = settings_for(policy_file, api_tokens=[CHECK_TOKEN], admin_tokens=[ADMIN_TOKEN])
+    """The app with one check token, one viewer token and one admin token."""
+    settings = settings_for(
+        policy_file,
+        api_tokens=[CHECK_TOKEN],
+        admin_tokens=[ADMIN_TOKEN],
+        viewer_tokens=[VIEWER_TOKEN],
+    )
     app = create_app(settings, store=MemoryStore(FakeClock()))
     async with serving(app) as client:
         yield client
@@ -156,8 +178,50 @@ async def test_every_endpoint_for_every_caller(guarded: httpx.AsyncClient) -> No
             elif response.status_code == 403:
                 assert_error_shape(response.json())
                 assert response.json()["error"] == "forbidden"
-                assert "admin token" in response.json()["message"]
+                message = response.json()["message"]
+                assert "admin token" in message  # what the endpoint needs, admin always
+                assert f"a {caller} token" in message  # and what this role may do
     assert actual == expected_table()
+
+
+async def test_a_viewer_is_told_what_it_may_do(guarded: httpx.AsyncClient) -> None:
+    """The 403 names the role, what the endpoint needs and what the role may do."""
+    viewer = CALLERS["viewer"]
+    reset = await guarded.post("/v1/admin/reset", json={"user": "u"}, headers=viewer)
+    assert reset.json()["message"] == (
+        "this endpoint needs an admin token; a viewer token may only read (stats, usage, "
+        "refusals, the policy and runtime overrides): it cannot check, settle, reset, "
+        "override or reload"
+    )
+    assert reset.headers["www-authenticate"] == (
+        'Bearer realm="ratewarden", error="insufficient_scope"'
+    )
+    check = await guarded.post("/v1/check", json={"user": "u", "tool": "t"}, headers=viewer)
+    assert check.json()["message"].startswith("this endpoint needs a check or admin token; ")
+    denials = await guarded.get("/v1/denials", headers=CALLERS["check"])
+    assert denials.json()["message"].startswith("this endpoint needs a viewer or admin token; ")
+    # A method the path does not list asks for admin, as an unlisted path does.
+    put = await guarded.put("/v1/admin/overrides", json={}, headers=viewer)
+    assert put.status_code == 403
+    assert (await guarded.head("/v1/admin/overrides", headers=viewer)).status_code != 403
+    # Reading a user's usage names the user, as for a service token.
+    usage = await guarded.get("/v1/usage", params={"user": "u"}, headers=viewer)
+    assert usage.json()["user"] == "u"
+    assert (await guarded.get("/v1/usage", headers=viewer)).status_code == 422
+
+
+async def test_whoami_names_the_role(guarded: httpx.AsyncClient, policy_file: Path) -> None:
+    roles = {}
+    for caller in ("check", "viewer", "admin"):
+        roles[caller] = (await guarded.get("/v1/whoami", headers=CALLERS[caller])).json()
+    assert roles == {
+        "check": {"role": "check", "name": None},
+        "viewer": {"role": "viewer", "name": None},
+        "admin": {"role": "admin", "name": "admin token 1"},
+    }
+    # Auth off (loopback only): whoever asks may do everything.
+    async with serving(create_app(settings_for(policy_file), store=MemoryStore(FakeClock()))) as c:
+        assert (await c.get("/v1/whoami")).json() == {"role": "admin", "name": None}
 
 
 async def test_missing_and_invalid_tokens_are_told_apart(guarded: httpx.AsyncClient) -> None:
@@ -255,20 +319,52 @@ def test_openapi_documents_the_bearer_scheme(policy_file: Path) -> None:
     check = paths["/v1/check"]["post"]
     assert check["security"] == [{"bearer": []}]
     assert {"401", "403"} <= set(check["responses"])
-    assert "Needs a check token." in check["description"]
-    assert "Needs an admin token." in paths["/v1/policy"]["get"]["description"]
-    assert "Needs a check token." in paths["/v1/calls/{call_id}/settle"]["post"]["description"]
+    assert "Needs a check or admin token." in check["description"]
+    assert "Needs a viewer or admin token." in paths["/v1/policy"]["get"]["description"]
+    settle = paths["/v1/calls/{call_id}/settle"]["post"]
+    assert "Needs a check or admin token." in settle["description"]
+    assert "Needs a check, viewer or admin token." in paths["/v1/usage"]["get"]["description"]
+    assert "Needs an admin token." in paths["/v1/admin/reset"]["post"]["description"]
+    overrides = paths["/v1/admin/overrides"]
+    assert "Needs a viewer or admin token." in overrides["get"]["description"]
+    assert "Needs an admin token." in overrides["post"]["description"]
     assert "security" not in paths["/healthz"]["get"]
     assert {
         path for path, ops in paths.items() if all("security" not in op for op in ops.values())
     } == {"/healthz", "/readyz", "/metrics", "/console", "/console/assets/{name}"}
 
 
-async def test_a_token_in_both_lists_is_admin_and_admin_only_daemons(policy_file: Path) -> None:
-    both = settings_for(policy_file, api_tokens=["same-token"], admin_tokens=["same-token"])
-    async with serving(create_app(both, store=MemoryStore(FakeClock()))) as client:
-        headers = {"authorization": "Bearer same-token"}
-        assert (await client.get("/v1/policy", headers=headers)).status_code == 200
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("api_tokens", "admin_tokens"),
+        ("api_tokens", "viewer_tokens"),
+        ("viewer_tokens", "admin_tokens"),
+    ],
+)
+def test_a_token_in_two_roles_is_refused_naming_both(first: str, second: str) -> None:
+    """One credential, one role: which one was meant cannot be guessed (the wrong guess
+    grants too much), so the settings are refused, naming both lists and not the token."""
+    values = {first: ["other-token", "same-token-0123"], second: ["same-token-0123"]}
+    with pytest.raises(ValidationError, match="a token is in both") as refused:
+        Settings(**values)
+    message = refused.value.errors()[0]["msg"]
+    assert f"RATEWARDEN_{first.upper()}" in message
+    assert f"RATEWARDEN_{second.upper()}" in message
+    assert "same-token-0123" not in message
+
+
+def test_serve_refuses_a_token_in_two_roles(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["serve", "--port", str(free_port()), "--viewer-token", "same-token-0123",
+                 "--admin-token", "same-token-0123"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "RATEWARDEN_VIEWER_TOKENS" in err
+    assert "RATEWARDEN_ADMIN_TOKENS" in err
+    assert "same-token-0123" not in err
+
+
+async def test_admin_only_and_viewer_only_daemons(policy_file: Path) -> None:
     # Only admin tokens: check endpoints need one of them.
     admin_only = settings_for(policy_file, admin_tokens=[ADMIN_TOKEN])
     async with serving(create_app(admin_only, store=MemoryStore(FakeClock()))) as client:
@@ -276,6 +372,14 @@ async def test_a_token_in_both_lists_is_admin_and_admin_only_daemons(policy_file
         assert (await client.post("/v1/check", **check)).status_code == 401
         admin = await client.post("/v1/check", headers=CALLERS["admin"], **check)
         assert admin.status_code == 200
+    # Only viewer tokens: auth is on, and nobody may change anything.
+    viewer_only = settings_for(policy_file, viewer_tokens=[VIEWER_TOKEN])
+    assert auth.describe(viewer_only) == "auth on (0 check, 0 admin, 1 viewer tokens)"
+    async with serving(create_app(viewer_only, store=MemoryStore(FakeClock()))) as client:
+        assert (await client.get("/v1/denials")).status_code == 401
+        assert (await client.get("/v1/denials", headers=CALLERS["viewer"])).status_code == 200
+        reload = await client.post("/v1/admin/reload", headers=CALLERS["viewer"])
+        assert reload.status_code == 403
 
 
 def test_every_token_is_compared_and_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -289,12 +393,13 @@ def test_every_token_is_compared_and_in_constant_time(monkeypatch: pytest.Monkey
         return real(a, b)
 
     monkeypatch.setattr(hmac, "compare_digest", counting)  # the module auth compares with
-    tokens = auth.Tokens(check=["c1", "c2-longer-token"], admin=["a1", "a2"])
+    tokens = auth.Tokens(check=["c1", "c2-longer-token"], admin=["a1", "a2"], viewer=["v1"])
     cases = {
         b"a1": auth.ApiRole.ADMIN,
         b"a2": auth.ApiRole.ADMIN,
         b"c1": auth.ApiRole.CHECK,
         b"c2-longer-token": auth.ApiRole.CHECK,
+        b"v1": auth.ApiRole.VIEWER,
         b"nope": auth.ApiRole.NONE,
         b"": auth.ApiRole.NONE,
         b"x" * 10_000: auth.ApiRole.NONE,
@@ -302,25 +407,32 @@ def test_every_token_is_compared_and_in_constant_time(monkeypatch: pytest.Monkey
     for presented, role in cases.items():
         compared.clear()
         assert tokens.role_of(presented) is role
-        assert compared == [(32, 32)] * 4, presented
+        assert compared == [(32, 32)] * 5, presented
 
 
 def test_tokens_from_the_environment_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RATEWARDEN_API_TOKENS", " c-one, c-two ,,")
     monkeypatch.setenv("RATEWARDEN_ADMIN_TOKENS", "a-one")
+    assert auth.describe(Settings()) == "auth on (2 check, 1 admin tokens)"
+    monkeypatch.setenv("RATEWARDEN_VIEWER_TOKENS", "v-one,v-two")
     settings = Settings()
     assert settings.api_tokens == ["c-one", "c-two"]
     assert settings.admin_tokens == ["a-one"]
+    assert settings.viewer_tokens == ["v-one", "v-two"]
     tokens = auth.Tokens.from_settings(settings)
     assert tokens.counts() == (2, 1)
+    assert tokens.viewers == 2
     assert tokens.role_of(b"c-two") is auth.ApiRole.CHECK
-    assert auth.describe(settings) == "auth on (2 check, 1 admin tokens)"
+    assert tokens.role_of(b"v-two") is auth.ApiRole.VIEWER
+    assert auth.describe(settings) == "auth on (2 check, 1 admin, 2 viewer tokens)"
 
 
 @pytest.mark.parametrize("token", ["has space", "tab\tinside", "caf\u00e9", "new\nline"])
 def test_tokens_that_cannot_travel_in_a_header_are_refused(token: str) -> None:
     with pytest.raises(ValueError, match="printable ASCII without spaces"):
         Settings(admin_tokens=[token])
+    with pytest.raises(ValueError, match="printable ASCII without spaces"):
+        Settings(viewer_tokens=[token])
 
 
 @pytest.mark.parametrize(
@@ -413,13 +525,18 @@ def ratewarden(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_serve_with_tokens_from_flags(tmp_path: Path, policy_file: Path) -> None:
     flags = ["--policy", str(policy_file), "--api-token", CHECK_TOKEN,
-             "--admin-token", ADMIN_TOKEN, "--admin-token", "second-admin"]  # fmt: skip
+             "--admin-token", ADMIN_TOKEN, "--admin-token", "second-admin",
+             "--viewer-token", VIEWER_TOKEN]  # fmt: skip
     with running(tmp_path, *flags) as daemon:
-        assert " | auth on (1 check, 2 admin tokens) | " in ready_line(daemon)
+        assert " | auth on (1 check, 2 admin, 1 viewer tokens) | " in ready_line(daemon)
         assert CHECK_TOKEN not in daemon.log_text()  # tokens are never logged
+        assert VIEWER_TOKEN not in daemon.log_text()
         with httpx.Client(base_url=daemon.url, trust_env=False) as http:
             assert http.get("/v1/policy").status_code == 401
             assert http.get("/v1/policy", headers=CALLERS["check"]).status_code == 403
+            assert http.get("/v1/policy", headers=CALLERS["viewer"]).status_code == 200
+            reload = http.post("/v1/admin/reload", headers=CALLERS["viewer"])
+            assert reload.status_code == 403
             for admin in (ADMIN_TOKEN, "second-admin"):
                 answer = http.get("/v1/policy", headers={"authorization": f"Bearer {admin}"})
                 assert answer.status_code == 200

@@ -372,7 +372,7 @@ def test_the_client_the_route_and_the_auth_table_share_it() -> None:
     from ratewarden.wire.bodies import SETTLE_PATH
 
     assert _settle_path("a/b~1") == "/v1/calls/a%2Fb~1/settle"
-    assert ROLES[SETTLE_PATH.format(call_id="{call_id:path}")] is ApiRole.CHECK
+    assert ROLES[SETTLE_PATH.format(call_id="{call_id:path}")] is ApiRole.DECIDE
     paths = {getattr(route, "path", "") for route in router.routes}
     assert SETTLE_PATH.format(call_id="{call_id:anytext}") in paths
 

@@ -62,7 +62,11 @@ def add_parser(commands: Any) -> None:
         serve.add_argument(
             flag, dest=name, type=kind, choices=choices, metavar=metavar, help=text + shown
         )
-    for name, role in (("api_tokens", "check"), ("admin_tokens", "admin")):
+    for name, role in (
+        ("api_tokens", "check"),
+        ("admin_tokens", "admin"),
+        ("viewer_tokens", "viewer (read-only)"),
+    ):
         serve.add_argument(
             f"--{name.removesuffix('s').replace('_', '-')}",
             dest=name,
@@ -104,7 +108,7 @@ def _serve(args: argparse.Namespace) -> int:
     from ratewarden.service.logs import configure_audit, configure_logging
 
     chosen = flags_given(args, *FLAGS, "insecure_no_auth")
-    for name, tokens in flags_given(args, "api_tokens", "admin_tokens").items():
+    for name, tokens in flags_given(args, "api_tokens", "admin_tokens", "viewer_tokens").items():
         chosen[name] = ",".join(tokens)  # split like the environment's comma-separated lists
     settings = _settings(**chosen)
     problem = bind_problem(settings)

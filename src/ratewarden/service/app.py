@@ -88,10 +88,12 @@ def create_app(
     app.state.overrides = runtime
     app.state.fleet = fleet
     app.state.console_stats = console_stats
+    app.state.tokens = tokens  # GET /v1/whoami
     app.include_router(router)
     app.include_router(hooks.router)
     app.include_router(overrides.router)
     app.include_router(console.router)
+    app.include_router(auth.router)
     app.include_router(apidocs.router)
     install_error_handlers(app)
     # Every request: auth outermost (a request without the role its route needs is

@@ -1,5 +1,5 @@
-"""Bearer-token auth: two roles, `check` and `admin`, checked before a request is read,
-and who a token vouches for (its `Caller`).
+"""Bearer-token auth: three roles, `check`, `viewer` and `admin`, checked before a request
+is read, and who a token vouches for (its `Caller`).
 
 - `check` tokens may decide, settle and read usage. There are two kinds. A service token
   (`API_TOKENS`) belongs to a gateway that authenticated its users itself and vouches for
@@ -7,11 +7,16 @@ and who a token vouches for (its `Caller`).
   (`API_TOKEN_USERS`). A user token (`USER_TOKENS`, a file in the MCP gateway's tokens
   format, ratewarden/tokens.py) is bound to one user: a request with it acts as that user
   and no other (service/vouch.py holds that rule for every route).
+- `viewer` tokens (`VIEWER_TOKENS`) read what an operator reads, for anyone: the console,
+  its stats, usage, refusals, the policy and the runtime overrides; they neither decide
+  nor change anything (no check, settle, reset, override or reload).
 - `admin` tokens (`ADMIN_TOKENS`) may do everything, check endpoints included, for anyone.
 - Health, readiness, metrics and the API documentation are open (`OPEN`).
 - A path missing from `ROLES` needs an admin token: a new endpoint is closed until
   someone decides otherwise (and a stranger gets 401, not 404, for a path that does
-  not exist).
+  not exist). So does a method a path does not list, where its entry is by method.
+
+A token in two of the lists is refused at start (settings.py): one credential, one role.
 
 With no token configured, auth is off: `ratewarden serve` then refuses to listen on
 anything but loopback (unless told `--insecure-no-auth`), and, as a second guard for
@@ -34,9 +39,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from pydantic import BaseModel, Field
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -49,31 +55,50 @@ log = logging.getLogger("ratewarden.auth")
 
 
 class ApiRole(enum.IntFlag):
-    """What a token may do; ADMIN includes CHECK."""
+    """What a token may do, and what a route asks for. A token has one of three roles,
+    CHECK, VIEWER or ADMIN, each a set of the permissions below; a request passes when its
+    token holds every permission its route asks for (`ROLES`)."""
 
     NONE = 0
-    CHECK = 1
-    ADMIN = 3
+    TOKEN = 1  # any valid token: who it is (GET /v1/whoami)
+    DECIDE = 2  # check and settle
+    USAGE = 4  # read a user's counters (a check token: the users it vouches for)
+    READ = 8  # read the fleet's figures: stats, refusals, the policy, runtime overrides
+    CHANGE = 16  # reset, reload, grant and remove runtime overrides
+    CHECK = TOKEN | DECIDE | USAGE
+    VIEWER = TOKEN | USAGE | READ
+    ADMIN = TOKEN | DECIDE | USAGE | READ | CHANGE
 
 
-# Every endpoint's role, by route path. OPEN needs no token.
+TOKEN_ROLES = (ApiRole.CHECK, ApiRole.VIEWER, ApiRole.ADMIN)
+# The setting that lists each role's tokens (user tokens, a file, are check tokens too).
+SETTINGS = {
+    ApiRole.CHECK: "RATEWARDEN_API_TOKENS",
+    ApiRole.VIEWER: "RATEWARDEN_VIEWER_TOKENS",
+    ApiRole.ADMIN: "RATEWARDEN_ADMIN_TOKENS",
+}
+
+# What each endpoint asks for, by route path; by method where its methods differ (a
+# method not listed then asks for ADMIN). OPEN needs no token.
 OPEN = ApiRole.NONE
-ROLES: dict[str, ApiRole] = {
-    "/v1/check": ApiRole.CHECK,
-    "/v1/check/batch": ApiRole.CHECK,
-    SETTLE_PATH.format(call_id="{call_id:path}"): ApiRole.CHECK,
-    "/v1/usage": ApiRole.CHECK,
-    "/v1/capabilities": ApiRole.CHECK,
-    "/v1/hooks/{host}": ApiRole.CHECK,
-    "/v1/hooks/{host}/decision": ApiRole.CHECK,
-    # Who was denied (user identities) and the whole policy (groups name users): admin.
-    "/v1/denials": ApiRole.ADMIN,
-    "/v1/policy": ApiRole.ADMIN,
-    "/v1/admin/reset": ApiRole.ADMIN,
-    "/v1/admin/reload": ApiRole.ADMIN,
-    "/v1/admin/overrides": ApiRole.ADMIN,
-    "/v1/admin/overrides/{override_id}": ApiRole.ADMIN,
-    "/v1/admin/stats": ApiRole.ADMIN,  # the console's overview
+ROLES: dict[str, ApiRole | dict[str, ApiRole]] = {
+    "/v1/check": ApiRole.DECIDE,
+    "/v1/check/batch": ApiRole.DECIDE,
+    SETTLE_PATH.format(call_id="{call_id:path}"): ApiRole.DECIDE,
+    "/v1/usage": ApiRole.USAGE,
+    "/v1/capabilities": ApiRole.DECIDE,
+    "/v1/hooks/{host}": ApiRole.DECIDE,
+    "/v1/hooks/{host}/decision": ApiRole.DECIDE,
+    "/v1/whoami": ApiRole.TOKEN,
+    # Who was denied (user identities) and the whole policy (groups name users): an
+    # operator's reads, for viewer and admin tokens.
+    "/v1/denials": ApiRole.READ,
+    "/v1/policy": ApiRole.READ,
+    "/v1/admin/stats": ApiRole.READ,  # the console's overview
+    "/v1/admin/overrides": {"GET": ApiRole.READ, "POST": ApiRole.CHANGE},
+    "/v1/admin/overrides/{override_id}": {"DELETE": ApiRole.CHANGE},
+    "/v1/admin/reset": ApiRole.CHANGE,
+    "/v1/admin/reload": ApiRole.CHANGE,
     # Liveness and readiness for orchestrators, metrics for Prometheus (no user identity
     # is ever a label), and the API documentation.
     "/healthz": OPEN,
@@ -85,8 +110,8 @@ ROLES: dict[str, ApiRole] = {
     "/redoc": OPEN,
     "/openapi.json": OPEN,
     # The console's page and its packaged assets hold no data and no secret: every
-    # figure comes from the admin API above, called by the page with the admin token
-    # (service/console.py), so the shell is open like the API documentation.
+    # figure comes from the API above, called by the page with the viewer's or admin's
+    # token (service/console.py), so the shell is open like the API documentation.
     "/console": OPEN,
     "/console/assets/{name}": OPEN,
 }
@@ -99,14 +124,28 @@ _PATTERNS = [
 ]
 
 
-def role_needed(path: str) -> ApiRole:
-    """The role a request for `path` needs: its route's, else admin."""
+def role_needed(path: str, method: str = "GET") -> ApiRole:
+    """What a `method` request for `path` asks for: its route's, else ADMIN."""
     if len(path) > 1:
         path = path.rstrip("/")  # `/v1/check/` is redirected to `/v1/check`: same role
     for pattern, role in _PATTERNS:
         if pattern.match(path):
+            if isinstance(role, dict):  # HEAD is answered as GET
+                return role.get("GET" if method == "HEAD" else method, ApiRole.ADMIN)
             return role
     return ApiRole.ADMIN
+
+
+def allows(role: ApiRole, needed: ApiRole) -> bool:
+    """Whether a token of `role` may make a request that asks for `needed`."""
+    return (role & needed) == needed
+
+
+def roles_for(needed: ApiRole) -> str:
+    """The token roles a request asking for `needed` takes: `a viewer or admin token`."""
+    names = [role.name.lower() for role in TOKEN_ROLES if role.name and allows(role, needed)]
+    words = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+    return ("an " if words[0] in "aeiou" else "a ") + words + " token"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,12 +179,13 @@ ANYONE = Caller()
 class Tokens:
     """The configured tokens, kept as SHA-256 digests.
 
-    `identify` compares the presented token with every admin and service token, in
+    `identify` compares the presented token with every admin, viewer and service token, in
     constant time (equal-length digests through `hmac.compare_digest`) and without
     stopping at a match, so the time taken says neither whether nor which token matched.
     User tokens, which may be thousands, are looked up by digest (a dict of SHA-256
     digests: the time says nothing of the token). The user tokens file is read again by
-    `reload_users` (on each policy reload); the admin and service tokens are settings.
+    `reload_users` (on each policy reload); the admin, viewer and service tokens are
+    settings.
     """
 
     def __init__(
@@ -154,17 +194,21 @@ class Tokens:
         admin: Iterable[str],
         admin_names: Iterable[str] = (),
         *,
+        viewer: Iterable[str] = (),
         service_globs: Sequence[tuple[str, ...] | None] = (),
         users_file: Path | None = None,
     ) -> None:
         admin, check, names = list(admin), list(check), list(admin_names)
+        viewers = list(viewer)
         names += [f"admin token {n}" for n in range(len(names) + 1, len(admin) + 1)]
         globs = [*service_globs, *[None] * (len(check) - len(service_globs))]
         self._known = [(digest(t), ApiRole.ADMIN) for t in admin]
         self._known += [(digest(t), ApiRole.CHECK) for t in check]
+        self._known += [(digest(t), ApiRole.VIEWER) for t in viewers]
         self._callers = [ANYONE] * len(admin) + [
             ANYONE if g is None else Caller(globs=g) for g in globs
         ]
+        self._callers += [ANYONE] * len(viewers)  # a viewer reads anyone's figures
         self._names = names  # of the admin tokens, in their order: who changed what
         self._users_file = users_file
         self._users: dict[bytes, str] = {}
@@ -181,14 +225,21 @@ class Tokens:
             settings.api_tokens,
             settings.admin_tokens,
             settings.admin_names,
+            viewer=settings.viewer_tokens,
             service_globs=settings.service_globs(),
             users_file=settings.user_tokens,
         )
 
     def counts(self) -> tuple[int, int]:
         """(check tokens, admin tokens)."""
+        check = sum(1 for _, role in self._known if role is ApiRole.CHECK)
         admin = sum(1 for _, role in self._known if role is ApiRole.ADMIN)
-        return len(self._known) - admin, admin
+        return check, admin
+
+    @property
+    def viewers(self) -> int:
+        """How many viewer tokens."""
+        return sum(1 for _, role in self._known if role is ApiRole.VIEWER)
 
     @property
     def users(self) -> int:
@@ -230,27 +281,30 @@ class Tokens:
         return None
 
     def _read_users(self, path: Path) -> dict[bytes, str]:
-        """The file's tokens by digest. A token that is also an admin or service token
-        is refused: one credential, one identity."""
+        """The file's tokens by digest. A token that is also an admin, viewer or service
+        token is refused: one credential, one identity."""
         users = {digest(token): user for token, user in read_tokens(path).items()}
         for known, role in self._known:
             if known in users:
-                setting = (
-                    "RATEWARDEN_ADMIN_TOKENS" if role is ApiRole.ADMIN else "RATEWARDEN_API_TOKENS"
-                )
                 raise ValueError(
                     f"tokens file {path}: user {users[known]!r}: a token that is also one of "
-                    f"{setting} (a token is bound to one user, or is a service or admin token)"
+                    f"{SETTINGS[role]} (a token is bound to one user, or is a service, viewer "
+                    "or admin token)"
                 )
         return users
 
 
 def needs(role: ApiRole) -> str:
-    return {
-        ApiRole.NONE: "",
-        ApiRole.CHECK: "Needs a check token.",
-        ApiRole.ADMIN: "Needs an admin token.",
-    }[role]
+    """What the API documentation says an operation takes: `Needs an admin token.`"""
+    return "" if role is OPEN else f"Needs {roles_for(role)}."
+
+
+# What a token that lacks a route's permissions may do, for its 403.
+MAY_ONLY = {
+    ApiRole.CHECK: "a check token (service or user) may only check, settle and read usage",
+    ApiRole.VIEWER: "a viewer token may only read (stats, usage, refusals, the policy and "
+    "runtime overrides): it cannot check, settle, reset, override or reload",
+}
 
 
 def admin_name(request: Any) -> str:
@@ -298,7 +352,8 @@ def describe(settings: Settings) -> str:
     if tokens.enabled:
         check, admin = tokens.counts()
         users = f", {tokens.users} users' tokens" if settings.user_tokens is not None else ""
-        return f"auth on ({check} check, {admin} admin tokens{users})"
+        viewers = f", {tokens.viewers} viewer" if tokens.viewers else ""
+        return f"auth on ({check} check, {admin} admin{viewers} tokens{users})"
     if settings.insecure_no_auth and not is_loopback(settings.host):
         return "auth OFF, not on loopback (--insecure-no-auth)"
     return "auth off (no tokens: loopback clients only)"
@@ -316,7 +371,7 @@ class AuthMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        needed = role_needed(_route_path(scope))
+        needed = role_needed(_route_path(scope), scope["method"])
         if needed is OPEN:
             await self.app(scope, receive, send)
             return
@@ -346,12 +401,12 @@ class AuthMiddleware:
                 "invalid bearer token",
                 f'Bearer realm="{REALM}", error="invalid_token"',
             )
-        if (role & needed) != needed:
+        if (role & needed) != needed:  # allows(), inline: every request passes here
             return _Refusal(
                 403,
                 "forbidden",
-                "this endpoint needs an admin token; a check token (service or user) may only "
-                "check, settle and read usage",
+                f"this endpoint needs {roles_for(needed)}; "
+                + MAY_ONLY.get(role, "this token may not"),
                 f'Bearer realm="{REALM}", error="insufficient_scope"',
             )
         state = scope.setdefault("state", {})
@@ -393,6 +448,30 @@ def _non_loopback_refusal(scope: Scope) -> _Refusal | None:
     )
 
 
+class WhoAmI(BaseModel):
+    role: Literal["check", "viewer", "admin"] = Field(
+        description="what the token may do; `admin` for anyone when auth is off (loopback)"
+    )
+    name: str | None = Field(
+        None, description="an admin token's name (RATEWARDEN_ADMIN_NAMES), else null"
+    )
+
+
+router = APIRouter()
+
+
+@router.get("/v1/whoami", response_model=WhoAmI, tags=["inspect"])
+async def whoami(request: Request) -> WhoAmI:
+    """The role of the token that asks: the console hides what a viewer may not do."""
+    tokens: Tokens = request.app.state.tokens
+    presented = _bearer(request.scope)
+    if not tokens.enabled or presented is None:  # auth off: this loopback peer may do all
+        return WhoAmI(role="admin")
+    role, name, _ = tokens.identify(presented)  # a valid token: the middleware let it in
+    shown = "admin" if role is ApiRole.ADMIN else "viewer" if role is ApiRole.VIEWER else "check"
+    return WhoAmI(role=shown, name=name)
+
+
 def document(app: FastAPI) -> None:
     """Show the bearer scheme in the OpenAPI schema: each operation's role, 401 and 403."""
     build = app.openapi
@@ -406,16 +485,17 @@ def document(app: FastAPI) -> None:
             "type": "http",
             "scheme": "bearer",
             "description": "API_TOKENS (service tokens, check role: check, settle, usage, "
-            "for the users they vouch for), USER_TOKENS (check role, as their own user only) "
-            "or ADMIN_TOKENS (admin role: everything). Not needed when the daemon runs "
-            "without tokens.",
+            "for the users they vouch for), USER_TOKENS (check role, as their own user only), "
+            "VIEWER_TOKENS (viewer role: read stats, usage, refusals, the policy and runtime "
+            "overrides; no check, settle or change) or ADMIN_TOKENS (admin role: everything). "
+            "Not needed when the daemon runs without tokens.",
         }
         error = {"$ref": "#/components/schemas/ErrorResponse"}
         for path, operations in schema.get("paths", {}).items():
-            role = role_needed(path)
-            if role is OPEN:
-                continue
-            for operation in operations.values():
+            for method, operation in operations.items():
+                role = role_needed(path, method.upper())
+                if role is OPEN:
+                    continue
                 operation["security"] = [{"bearer": []}]
                 operation["description"] = (
                     operation.get("description", "") + "\n\n" + needs(role)

@@ -32,12 +32,15 @@ class Settings(ConnectionSettings):
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     workers: int = Field(1, ge=1, le=64)
-    # Bearer tokens: `check` role (check, settle, usage) and `admin` role (everything).
+    # Bearer tokens: `check` role (check, settle, usage), `viewer` role (read the console's
+    # figures: stats, usage, refusals, the policy, runtime overrides) and `admin` role
+    # (everything). A token is in one list only.
     # None configured: auth is off and `serve` listens on loopback only. A check token is
     # a service token: it vouches for the users it names (a gateway that authenticated
     # them), any user unless API_TOKEN_USERS limits it.
     api_tokens: TokenList = Field(default_factory=list)
     admin_tokens: TokenList = Field(default_factory=list)
+    viewer_tokens: TokenList = Field(default_factory=list)
     # The users each API token may name, one entry per token in their order: globs
     # separated by spaces (`team-a-* bot-7`); `*`, or no entry, is any user.
     api_token_users: TokenList = Field(default_factory=list)
@@ -94,14 +97,17 @@ class Settings(ConnectionSettings):
     # cap bounds what one hook request can cost. The command hook has no such cap.
     max_hook_body_bytes: int = Field(128 * 1024, ge=1024, le=64 * 1024 * 1024)
 
-    @field_validator("api_tokens", "admin_tokens", "admin_names", "api_token_users", mode="before")
+    @field_validator(
+        "api_tokens", "admin_tokens", "viewer_tokens", "admin_names", "api_token_users",
+        mode="before",
+    )  # fmt: skip
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("api_tokens", "admin_tokens")
+    @field_validator("api_tokens", "admin_tokens", "viewer_tokens")
     @classmethod
     def _header_safe(cls, value: list[str]) -> list[str]:
         for token in value:
@@ -133,6 +139,25 @@ class Settings(ConnectionSettings):
                 f"api_token_users: {len(self.api_token_users)} entries for "
                 f"{len(self.api_tokens)} API tokens (one entry per token, in their order)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_role_per_token(self) -> Settings:
+        """A token in two lists is refused, naming both (never the token): which role
+        the operator meant cannot be guessed, and the wrong guess grants too much."""
+        lists = {
+            "RATEWARDEN_API_TOKENS": self.api_tokens,
+            "RATEWARDEN_VIEWER_TOKENS": self.viewer_tokens,
+            "RATEWARDEN_ADMIN_TOKENS": self.admin_tokens,
+        }
+        names = list(lists)
+        for n, first in enumerate(names):
+            for second in names[n + 1 :]:
+                if set(lists[first]) & set(lists[second]):
+                    raise ValueError(
+                        f"a token is in both {first} and {second}: a token has one role "
+                        "(check, viewer or admin); keep it in one list"
+                    )
         return self
 
     def service_globs(self) -> list[tuple[str, ...] | None]:

@@ -1,7 +1,7 @@
 // The ratewarden console: the page's only script (the CSP allows no other).
 //
-// Every figure comes from the daemon's admin API, called with the admin token typed into
-// the sign-in form. The token lives in this tab's sessionStorage, goes out only in an
+// Every figure comes from the daemon's admin API, called with the admin (or viewer) token
+// typed into the sign-in form. The token lives in this tab's sessionStorage, goes out only in an
 // Authorization header to this origin, never in a URL or a cookie; fetch is told to send
 // no credentials of the browser's own, so no request carries an ambient credential.
 // Every value from the API is put into the page as text (textContent, DOM nodes), never
@@ -145,12 +145,12 @@
     error.hidden = true;
     if (!typed) return;
     try {
-      await request("GET", "v1/admin/stats", undefined, typed); // proves the token is an admin's
+      await request("GET", "v1/admin/stats", undefined, typed); // an admin's or a viewer's
     } catch (failure) {
       const status = failure instanceof ApiError ? failure.status : 0;
       let message = `Could not sign in: ${failure.message}`;
       if (status === 401) message = "Token refused: the daemon does not know this token.";
-      if (status === 403) message = "Token refused: this is a check token; the console needs an admin token.";
+      if (status === 403) message = "Token refused: this is a check token; the console needs an admin token or a viewer token.";
       show(error, message);
       input.select();
       return;
@@ -169,6 +169,7 @@
     for (const name of VIEWS) $(`view-${name}`).hidden = true;
     $("nav").hidden = true;
     $("sign-out").hidden = true;
+    showRole(null);
     $("sign-in").hidden = false;
     const error = $("sign-in-error");
     if (message) show(error, message);
@@ -180,7 +181,30 @@
     $("sign-in").hidden = true;
     $("nav").hidden = false;
     $("sign-out").hidden = false;
+    showRole(null);
+    learnRole();
     route();
+  }
+
+  // What the token may do (GET /v1/whoami). A viewer token reads only: the controls that
+  // reset, override or reload are not shown to it (the daemon would answer them 403).
+  // They stay hidden until the daemon says "admin"; one without /v1/whoami (404) has no
+  // viewer role, so any token it let in is an admin's.
+  async function learnRole() {
+    let role = null;
+    try {
+      role = (await api("GET", "v1/whoami")).role;
+    } catch (failure) {
+      if (failure instanceof ApiError && failure.status === 404) role = "admin";
+    }
+    if (token) showRole(role);
+  }
+
+  function showRole(role) {
+    document.body.classList.toggle("read-only", role !== "admin");
+    const badge = $("role");
+    badge.textContent = role === "viewer" ? "viewer: read only" : "";
+    badge.hidden = role !== "viewer";
   }
 
   // -- views -----------------------------------------------------------------------------
