@@ -772,3 +772,33 @@ async def test_an_audit_line_takes_its_time_and_id_from_what_it_is_given() -> No
     first, second = (json.loads(line) for line in trail._pending)
     assert (first["id"], first["time"]) == ("first", "2023-11-14T22:13:37.345+00:00")
     assert (second["id"], second["time"]) == ("second", "2023-11-14T22:13:38.845+00:00")
+
+
+async def test_a_refusal_record_names_the_rule_whose_message_it_carries() -> None:
+    """Two rules refuse; the decision is worded by the one that holds longest (the hour),
+    listed second: the record names that rule, with its message and kind, not the first."""
+    from ratewarden.calls import Call
+    from ratewarden.engine import Engine
+    from ratewarden.service.audit import audit_entry
+
+    clock = FakeClock(1_700_000_017_345)
+    policy = parse_policy(
+        b"version: 1\nrules:\n"
+        b"  - {name: per-minute, match: {tool: terminal}, rate: 1/minute}\n"
+        b"  - {name: per-hour, match: {tool: terminal}, rate: 1/hour}\n"
+    )
+    engine = Engine(policy, MemoryStore(clock))
+    assert (await engine.check(Call("alice", "terminal", "c1"))).decision == "allow"
+    decision = await engine.check(Call("alice", "terminal", "c2"))
+    assert decision.decision == "deny"
+    assert [v.rule for v in decision.violations] == ["per-minute", "per-hour"]
+    entry = audit_entry(
+        decision, Call("alice", "terminal", "c2"), None, now_ms=clock.now_ms(), entry_id="x"
+    )
+    assert entry is not None
+    [worded] = [v for v in decision.violations if v.message == decision.message]
+    assert worded.rule == "per-hour"
+    assert entry["rule"] == "per-hour"
+    assert entry["message"] == worded.message
+    assert entry["reason"] == worded.kind
+    assert entry["rules"] == ["per-minute", "per-hour"]  # every refusing rule, still listed

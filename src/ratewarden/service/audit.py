@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,7 +52,7 @@ def audit_entry(
     # An approval is named after the rules it was let past; anything else after its refusals.
     approved = event == "approved"
     verdicts = decision.approvals if approved else decision.violations or decision.shadow
-    first = verdicts[0] if verdicts else None
+    first = _worded(decision, verdicts)
     entry: dict[str, Any] = {
         "id": entry_id,
         "time": datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="milliseconds"),
@@ -75,6 +75,17 @@ def audit_entry(
     if args is not None:
         entry["args"] = args
     return entry
+
+
+def _worded(decision: Decision, verdicts: Sequence[Verdict]) -> Verdict | None:
+    """The verdict a record is named after: the one whose sentence the decision carries
+    (the binding refusal, which need not be the first to refuse), else the first. So a
+    record's `rule`, `reason` and `message` are one rule's, as the hook's detail line is."""
+    if decision.message:
+        for found in verdicts:
+            if found.message == decision.message:
+                return found
+    return verdicts[0] if verdicts else None
 
 
 # What the audit keeps of each verdict: the wire `Violation`'s fields (wire/bodies.py).

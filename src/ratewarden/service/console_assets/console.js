@@ -20,6 +20,8 @@
   let current = null; // the view shown
   let timer = null; // the view's refresh timer
   let currentUser = null; // the user the user view shows
+  let formUser = null; // the user the override form was last set up for
+  let ruleKinds = {}; // the user's counted rules: name -> kind (rate, budget, concurrency)
 
   // -- small DOM helpers -----------------------------------------------------------------
 
@@ -45,6 +47,19 @@
       tbody.replaceChildren(el("tr", {}, el("td", { class: "empty", colspan: String(columns) }, emptyText)));
     } else {
       tbody.replaceChildren(...rows);
+      labelCells(tbody);
+    }
+  }
+
+  // Each cell named after its column (data-label): on a phone a row is shown as a card of
+  // "column: value" lines (console.css), so long messages wrap instead of running off.
+  function labelCells(tbody) {
+    const table = tbody.closest("table");
+    const heads = table && table.tHead ? [...table.tHead.rows[0].cells].map((th) => th.textContent) : [];
+    for (const row of tbody.rows) {
+      [...row.cells].forEach((td, index) => {
+        if (heads[index]) td.setAttribute("data-label", heads[index]);
+      });
     }
   }
 
@@ -69,6 +84,69 @@
   function cell(value, className) {
     const text = value === null || value === undefined ? "-" : String(value);
     return el("td", className ? { class: className } : {}, text);
+  }
+
+  // A duration as the model's messages word it (policy/durations.py humanize_seconds):
+  // rounded up to whole seconds, `12s`, `3m20s`, `2h5m`, `19h57m`.
+  function humanizeSeconds(seconds) {
+    const total = Math.max(1, Math.ceil(Number(seconds)));
+    const hours = Math.floor(total / 3600);
+    const minutes = Math.floor((total % 3600) / 60);
+    const secs = total % 60;
+    if (hours) return minutes ? `${hours}h${minutes}m` : `${hours}h`;
+    if (minutes) return secs ? `${minutes}m${secs}s` : `${minutes}m`;
+    return `${secs}s`;
+  }
+
+  // -- YAML, for the policy view -----------------------------------------------------------
+
+  const YAML_WORD = /^[A-Za-z_/][A-Za-z0-9_./%-]*( [A-Za-z0-9_./%-]+)*$/;
+  const YAML_FIGURE = /^[0-9]+(\.[0-9]+)?(\/[A-Za-z0-9]+( [A-Za-z0-9]+)*|%|[smhd])$/;
+  const YAML_RESERVED = /^(true|false|null|yes|no|on|off|y|n)$/i;
+
+  // A scalar as YAML reads it back: plain when nothing in it means something to YAML, else
+  // single-quoted (a regex's backslashes stay as typed), double-quoted for control characters.
+  function yamlScalar(value) {
+    if (value === null || value === undefined) return "null";
+    if (typeof value === "number" || typeof value === "boolean") return String(value);
+    const text = String(value);
+    if ((YAML_WORD.test(text) || YAML_FIGURE.test(text)) && !YAML_RESERVED.test(text)) return text;
+    if (/[\u0000-\u001f\u007f]/.test(text)) return JSON.stringify(text);
+    return `'${text.replace(/'/g, "''")}'`;
+  }
+
+  function isCollection(value) {
+    return value !== null && typeof value === "object" && Object.keys(value).length > 0;
+  }
+
+  // `prefix` ("key:" or "-") with `value`: on its line when a scalar, else indented below.
+  function yamlEntry(prefix, value, pad) {
+    if (!isCollection(value)) {
+      const empty = Array.isArray(value) ? "[]" : value !== null && typeof value === "object" ? "{}" : null;
+      return [`${pad}${prefix} ${empty || yamlScalar(value)}`];
+    }
+    const inner = yamlLines(value, `${pad}  `);
+    if (prefix !== "-") return [`${pad}${prefix}`, ...inner];
+    inner[0] = `${pad}- ${inner[0].slice(pad.length + 2)}`; // the item's first line after "- "
+    return inner;
+  }
+
+  function yamlLines(value, pad) {
+    if (Array.isArray(value)) return value.flatMap((item) => yamlEntry("-", item, pad));
+    return Object.entries(value).flatMap(([key, item]) => yamlEntry(`${yamlScalar(key)}:`, item, pad));
+  }
+
+  // A JSON document (the policy as /v1/policy gives it) as block YAML.
+  function toYaml(value) {
+    return isCollection(value) ? `${yamlLines(value, "").join("\n")}\n` : `${yamlEntry("", value, "")[0].trim()}\n`;
+  }
+
+  // A mapping in one line, YAML's flow style: `tool: terminal, args: {command: ...}`.
+  function yamlFlow(value) {
+    if (!isCollection(value)) return yamlScalar(value);
+    if (Array.isArray(value)) return `[${value.map(yamlFlow).join(", ")}]`;
+    const nested = (item) => (isCollection(item) && !Array.isArray(item) ? `{${yamlFlow(item)}}` : yamlFlow(item));
+    return Object.entries(value).map(([key, item]) => `${yamlScalar(key)}: ${nested(item)}`).join(", ");
   }
 
   // -- the API ---------------------------------------------------------------------------
@@ -299,7 +377,7 @@
         cell(reload, state),
         cell(p.totals.decisions),
         cell(p.totals.refusals),
-        cell(`${Math.round(p.uptime_s)} s`),
+        cell(humanizeSeconds(p.uptime_s)),
       );
     });
     fillRows($("overview-processes").tBodies[0], rows, 7, "no process has reported");
@@ -377,7 +455,7 @@
     error.hidden = true;
     $("user-title").textContent = user;
     fillUsage(user, usage.limits);
-    fillOverrideRules(usage.limits);
+    fillOverrideRules(user, usage.limits);
     fillDenials($("user-denials"), denials.denials, false, "no recent refusals");
     $("user-result").hidden = false;
     await loadOverrides(user);
@@ -404,7 +482,7 @@
     if (counted) {
       used = budget ? money(item.used) + (item.reserved ? ` (+${money(item.reserved)} reserved)` : "") : String(item.used);
       remaining = budget ? money(item.remaining) : String(item.remaining);
-      if (item.kind !== "concurrency" && (item.used || item.reserved)) resets = `${Math.round(item.reset_after)}s`;
+      if (item.kind !== "concurrency" && (item.used || item.reserved)) resets = humanizeSeconds(item.reset_after);
     }
     const name = el("td", {}, item.rule, atLimit ? el("span", { class: "badge" }, "at limit") : null);
     const action = el("td", {});
@@ -467,22 +545,55 @@
     if (currentUser === user) await showUser(user);
   }
 
-  function fillOverrideRules(limits) {
+  // The form follows the user shown: another user starts it afresh (on the rule at its
+  // limit, else the first); the same user, read again after a change, keeps what is typed.
+  function fillOverrideRules(user, limits) {
     const select = $("override-rule");
     const chosen = select.value;
+    const before = ruleKinds[chosen];
     const counted = limits.filter((item) => item.kind !== "access");
     const full = counted.find((item) => item.limit !== null && Number(item.remaining) <= 0);
+    ruleKinds = Object.fromEntries(counted.map((item) => [item.rule, item]));
     select.replaceChildren(...counted.map((item) => el("option", { value: item.rule }, item.rule)));
-    if (counted.some((item) => item.rule === chosen)) select.value = chosen;
-    else if (full) select.value = full.rule;
+    const fresh = formUser !== user;
+    formUser = user;
+    if (!fresh && ruleKinds[chosen]) {
+      select.value = chosen;
+      if (before && before.kind === ruleKinds[chosen].kind) return;
+    } else if (full) {
+      select.value = full.rule;
+    }
+    if (fresh) resetOverrideForm();
+    ruleChanged();
   }
 
-  const VALUE_HINTS = { rate: "20/minute", budget: "5/day", concurrency: "3", unlimited: "" };
+  function resetOverrideForm() {
+    $("override-value").value = "";
+    $("override-ttl").value = "10m";
+    $("override-reason").value = "";
+    $("override-message").hidden = true;
+  }
+
+  // A rule offers the limit of its own kind, or none (unlimited): a budget rule a budget.
+  function ruleChanged() {
+    const item = ruleKinds[$("override-rule").value];
+    const kinds = item ? [item.kind, "unlimited"] : ["unlimited"];
+    $("override-kind").replaceChildren(...kinds.map((kind) => el("option", { value: kind }, kind)));
+    $("override-value").value = "";
+    kindChanged();
+  }
+
+  function valueHint(kind, item) {
+    if (kind === "rate") return `20/${(item && item.window) || "minute"}`;
+    if (kind === "budget") return `5.00/${(item && item.period) || "day"}`;
+    if (kind === "concurrency") return "3";
+    return "";
+  }
 
   function kindChanged() {
     const kind = $("override-kind").value;
     const value = $("override-value");
-    value.placeholder = VALUE_HINTS[kind];
+    value.placeholder = valueHint(kind, ruleKinds[$("override-rule").value]);
     value.disabled = kind === "unlimited";
     value.required = kind !== "unlimited";
   }
@@ -605,12 +716,30 @@
     const rules = Array.isArray(policy.policy.rules) ? policy.policy.rules : [];
     const rows = rules.map((rule) => el("tr", {}, cell(rule.name), cell(matchText(rule), "long"), cell(Array.isArray(rule.per) ? rule.per.join(", ") : "-"), cell(ruleLimit(rule)), cell(modeText(rule, defaults))));
     fillRows($("policy-rules").tBodies[0], rows, 5, "no rules");
+    $("policy-yaml").textContent = toYaml(policy.policy);
+    await showRuntimeOverrides();
+  }
+
+  // The runtime overrides (set through the API, kept in the store) in the file's words.
+  async function showRuntimeOverrides() {
+    const node = $("policy-runtime");
+    let listed;
+    try {
+      listed = await api("GET", "v1/admin/overrides");
+    } catch (failure) {
+      node.textContent = failure.status === 404 ? "# this daemon has no overrides API\n" : `# could not list them: ${failure.message}\n`;
+      return;
+    }
+    const overrides = (listed.overrides || []).map((item) =>
+      Object.fromEntries(Object.entries(item).filter(([key, value]) => value !== null && value !== undefined && !(key === "unlimited" && value === false))),
+    );
+    node.textContent = overrides.length ? toYaml({ runtime_overrides: overrides }) : "runtime_overrides: []\n";
   }
 
   function matchText(rule) {
     const parts = [];
-    if (rule.match && Object.keys(rule.match).length) parts.push(JSON.stringify(rule.match));
-    if (rule.unless && Object.keys(rule.unless).length) parts.push(`unless ${JSON.stringify(rule.unless)}`);
+    if (rule.match && Object.keys(rule.match).length) parts.push(yamlFlow(rule.match));
+    if (rule.unless && Object.keys(rule.unless).length) parts.push(`unless ${yamlFlow(rule.unless)}`);
     return parts.length ? parts.join(" ") : "every call";
   }
 
@@ -648,6 +777,9 @@
     policy: () => loadPolicy().catch(() => {}),
   };
 
+  // What the browser tests compare with the daemon's own wording (tests/browser/).
+  window.ratewardenConsole = Object.freeze({ humanizeSeconds, toYaml });
+
   // -- start -----------------------------------------------------------------------------
 
   function start() {
@@ -656,13 +788,14 @@
     $("user-form").addEventListener("submit", searchUser);
     $("override-form").addEventListener("submit", grantOverride);
     $("override-kind").addEventListener("change", kindChanged);
+    $("override-rule").addEventListener("change", ruleChanged);
     $("reload-button").addEventListener("click", reloadPolicy);
     $("refusals-filter").addEventListener("submit", (event) => event.preventDefault());
     for (const id of ["filter-user", "filter-tool", "filter-rule"]) {
       $(id).addEventListener("input", () => current === "refusals" && route());
     }
     window.addEventListener("hashchange", route);
-    kindChanged();
+    ruleChanged();
     if (token) enter();
     else signOut(null);
   }
