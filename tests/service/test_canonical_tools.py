@@ -80,11 +80,11 @@ async def test_a_terminal_args_rule_refuses_claude_codes_bash() -> None:
     async with serving(build_app(CANONICAL)) as client:
         for host, tool in [("claude-code", "Bash"), ("gemini", "run_shell_command")]:
             refused = await decide(client, host, user="u", tool=tool, args={"command": "rm -rf /"})
-            assert refused == {
-                "decision": "deny",
-                "message": "Refusing to delete the root directory",
-                "notes": [],
-            }
+            assert (refused["decision"], refused["message"]) == (
+                "deny",
+                "Refusing to delete the root directory",
+            )
+            assert [v["rule"] for v in refused["violations"]] == ["no-root-delete"]
         # Claude Code's HTTP hook too, with its own payload.
         payload = {
             "hook_event_name": "PreToolUse",
