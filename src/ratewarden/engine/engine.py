@@ -133,9 +133,12 @@ class _Plan:
     limit: int  # calls per window, slots, or budget in micro-units
     window_ms: int  # rate window or lease timeout (a budget's comes from the policy)
     burst: int
-    holder: str  # the rule's name on ops that hold something (budget, concurrency)
+    # The rule's name on ops a settle must reach: holds (budget, concurrency) and a loop
+    # rule keyed on results (`same_result`), whose allowed calls are told to settle.
+    holder: str
     shape: Shape  # its budget, if it is one, too
     denies: bool  # past its limit it denies (an `ask` rule's refusal an approval lifts)
+    same_result: bool  # a loop rule keyed on results: an allowed call sends its result
 
     @classmethod
     def of(cls, applied: Applied) -> _Plan:
@@ -146,19 +149,21 @@ class _Plan:
             role = Role.ENFORCE
             approved = Role.FORCED if rule.on_exceed is OnExceed.ASK else Role.ENFORCE
         window_ms = burst = 0
+        same_result = False
         if isinstance(limit, RateLimit):
             kind = KIND_OF[limit.algorithm]
             window_ms, burst = limit.rate.window_ms, limit.burst or limit.limit
+            same_result = limit.same_result
         elif isinstance(limit, ConcurrencyLimit):
             kind, window_ms = Kind.CONCURRENCY, limit.lease_ms
         else:
             assert isinstance(limit, BudgetLimit)
             kind = Kind.BUDGET
-        holder = rule.name if kind in HOLDING else ""
+        holder = rule.name if kind in HOLDING or same_result else ""
         keys = CounterKeys.of(rule.name, kind, rule.per)
         return cls(
             applied, keys, kind, role, approved, limit.limit, window_ms, burst, holder,
-            Shape.of(applied), rule.on_exceed is OnExceed.DENY,
+            Shape.of(applied), rule.on_exceed is OnExceed.DENY, same_result,
         )  # fmt: skip
 
 
@@ -290,7 +295,8 @@ class Engine:
         """Charge the call's actual cost (default: its estimate) and release its slots, once.
 
         `result_digest` (arguments.result_digest of what the tool returned) is what loop
-        rules keyed on results compare; None counts the call as an identical one.
+        rules keyed on results compare (docs/policy.md, loops): a result other than the
+        last one restarts their count; None counts the call as an identical one.
 
         `may_settle(user)` says whether the caller may settle a call of that user (None:
         any); a call it may not settle is "unknown", as if it did not exist, and the store
@@ -305,11 +311,15 @@ class Engine:
                 raise
             found = None
         if found is not None:
-            return await self._settled_in(self.store, key, call_id, cost, may_settle, found)
+            return await self._settled_in(
+                self.store, key, call_id, cost, may_settle, found, result_digest
+            )
         if local.used:  # a call decided while the store was down is settled where counted
             found = await local.read_holds(key)
             if found is not None:
-                return await self._settled_in(local, key, call_id, cost, may_settle, found)
+                return await self._settled_in(
+                    local, key, call_id, cost, may_settle, found, result_digest
+                )
         return Settlement(call_id, "unknown")
 
     async def _settled_in(
@@ -320,13 +330,16 @@ class Engine:
         cost: float | None,
         may_settle: Callable[[str], bool] | None,
         found: Recorded,
+        result_digest: str | None,
     ) -> Settlement:
         """Settle the call recorded as `found` in `store` (the real one, or the local count)."""
         if may_settle is not None and not may_settle(owner_of(found.fingerprint)):
             return Settlement(call_id, "unknown")
-        holds = [self._with_period(h) for h in found.holds]
+        holds = [self._with_rule(h) for h in found.holds]
         actual = None if cost is None else to_micros(cost)
-        status, charged = await store.settle(key, call_id, actual, holds, found.fingerprint)
+        status, charged = await store.settle(
+            key, call_id, actual, holds, found.fingerprint, result_digest
+        )
         if status is SettleStatus.UNKNOWN:
             return Settlement(call_id, "unknown")
         if status is SettleStatus.ALREADY_SETTLED:
@@ -406,12 +419,24 @@ class Engine:
             rule=plan.holder,
         )
 
-    def _with_period(self, hold: Hold) -> Hold:
-        """A budget hold with its rule's current period, so a settle rolls periods over too."""
+    def _with_rule(self, hold: Hold) -> Hold:
+        """A hold with what its rule in force says: a budget's current period (so a settle
+        rolls periods over too); a loop hold's limit, window and burst. A rule gone or
+        changed leaves zeros: a budget keeps the counter's period, a loop is left alone."""
         rule = next((r for r in self.policy.rules if r.name == hold.rule), None)
-        if hold.kind is not Kind.BUDGET or rule is None or not isinstance(rule.limit, BudgetLimit):
+        if rule is None:
+            return hold
+        limit = rule.limit
+        if hold.loop:
+            if not isinstance(limit, RateLimit) or not limit.same_result:
+                return hold
+            if KIND_OF[limit.algorithm] is not hold.kind:
+                return hold  # a reload changed its algorithm: another counter now
+            numbers = (limit.limit, limit.rate.window_ms, limit.burst or limit.limit)
+            return replace(hold, period=numbers)
+        if hold.kind is not Kind.BUDGET or not isinstance(limit, BudgetLimit):
             return hold  # period (0, 0, 0): keep whatever period the counter is in
-        bounds = self.policy.period(rule.limit.budget.period, self.clock.now_ms())
+        bounds = self.policy.period(limit.budget.period, self.clock.now_ms())
         return Hold(
             hold.kind,
             hold.key,
@@ -434,7 +459,10 @@ class Engine:
         approvals: list[Verdict] = []  # `ask` rules an approved call goes past
         soft: list[str] = []  # budgets past their soft limit: flagged on allowed calls
         limits = []
+        send_result = False  # a loop rule keyed on results counted the call
         for plan, op, result in zip(plans, ops, results, strict=True):
+            if plan.same_result and op.consumes(result.admitted):
+                send_result = True
             found = verdict(policy, plan.applied, plan.shape, call, result)
             limits.append(found)
             if found.soft_limited:
@@ -458,6 +486,7 @@ class Engine:
             warnings=(*soft, *notes),
             approved=call.approved,
             replayed=replayed,
+            send_result=send_result,
         )
         if not violations or replayed:  # only allowed calls are recorded, so a replay allows
             return decided
@@ -471,6 +500,7 @@ class Engine:
             violations=tuple(violations),
             warnings=tuple(notes),  # what the approval would have let past; nothing was
             approved=False,  # consumed, so metrics and the audit look at the refusal only
+            send_result=False,  # refused: nothing was counted, nothing to settle
         )
 
     def _unavailable(
@@ -505,8 +535,9 @@ class Engine:
             return Decision("allow", call.call_id, degraded=True, approved=call.approved)
         counted = [plan for plan, _ in enforcing]
         local_ops = [op for _, op in enforcing]
-        # A record only for calls that hold a slot or money (their settle needs it).
-        holding = any(op.kind in HOLDING for op in local_ops)
+        # A record only for calls whose settle reaches a counter (a slot, money, a loop
+        # rule keyed on results).
+        holding = any(op.rule for op in local_ops)
         found = self.local.decide(local_ops, record if holding else None)
         if found is None:  # no room left for another counter: refuse rather than guess
             return self._paused(policy, call, counted[0])

@@ -137,6 +137,9 @@ class RateLimit:
     rate: Rate
     algorithm: Algorithm
     burst: int | None = None
+    # A loop rule keyed on results: a settle whose result differs from the last restarts
+    # the count (docs/policy.md, loops).
+    same_result: bool = False
 
     @property
     def limit(self) -> int:

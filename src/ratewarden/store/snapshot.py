@@ -91,6 +91,8 @@ def encode_value(value: Any) -> dict[str, Any]:
         return {"slots": dict(value)}
     if isinstance(value, int | float) and not isinstance(value, bool):
         return {"tat": value}
+    if isinstance(value, str):  # a loop rule's last result (a digest)
+        return {"result": value}
     raise TypeError(f"a memory-store cell of type {type(value).__name__} cannot be saved")
 
 
@@ -178,6 +180,8 @@ def decode_value(tagged: Any, what: str) -> Any:
         )
     if tag == "tat":
         return _number(body, where)
+    if tag == "result":
+        return _str(body, where)
     if tag == "window":
         start, count = _list(body, where, 2)
         return (_int(start, f"{where} start"), _int(count, f"{where} count"))
