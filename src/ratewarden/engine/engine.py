@@ -184,6 +184,7 @@ class Engine:
         self.clock = clock or store.clock  # only to pick budget periods; Redis has the time
         self._plans_policy: Policy | None = None
         self._plan_of: dict[int, _Plan] = {}  # by id() of the policy's Applied
+        self._keyed_on_results = False  # the policy has a loop rule keyed on results
         # Rate refusals, until their wait ends (room for none: every call asks the store).
         self.refusals = RefusalCache(self.clock, MAX_ENTRIES if remember_refusals else 0)
         # Fail-open rules' counts while the store is down (fallback.py): bounded, not free.
@@ -390,6 +391,10 @@ class Engine:
         if self._plans_policy is not policy:  # a reload: the old plans go with the old policy
             self._plans_policy, self._plan_of = policy, {}
             self.refusals.clear()  # and what the old limits refused
+            self._keyed_on_results = any(
+                isinstance(rule.limit, RateLimit) and rule.limit.same_result
+                for rule in policy.rules
+            )
         plan_of = self._plan_of
         # By identity: a policy shares one Applied per distinct rule and limit, for its life.
         return [plan_of.get(id(a)) or self._new_plan(a) for a in applied]
@@ -459,10 +464,7 @@ class Engine:
         approvals: list[Verdict] = []  # `ask` rules an approved call goes past
         soft: list[str] = []  # budgets past their soft limit: flagged on allowed calls
         limits = []
-        send_result = False  # a loop rule keyed on results counted the call
         for plan, op, result in zip(plans, ops, results, strict=True):
-            if plan.same_result and op.consumes(result.admitted):
-                send_result = True
             found = verdict(policy, plan.applied, plan.shape, call, result)
             limits.append(found)
             if found.soft_limited:
@@ -486,7 +488,7 @@ class Engine:
             warnings=(*soft, *notes),
             approved=call.approved,
             replayed=replayed,
-            send_result=send_result,
+            send_result=self._keyed_on_results and _sends_result(plans, ops, results),
         )
         if not violations or replayed:  # only allowed calls are recorded, so a replay allows
             return decided
@@ -552,6 +554,17 @@ class Engine:
         message = default_template(UNAVAILABLE).render({"label": label}, None)
         refusal = Verdict(rule.name, UNAVAILABLE, False, 0, 0, None, 0.0, message)
         return Decision("deny", call.call_id, message, None, (refusal,), degraded=True)
+
+
+def _sends_result(
+    plans: Sequence[_Plan], ops: Sequence[CounterOp], results: Sequence[OpResult]
+) -> bool:
+    """Whether a loop rule keyed on results counted the call (if it is allowed): its
+    settle must then bring the result's digest."""
+    return any(
+        plan.same_result and op.consumes(result.admitted)
+        for plan, op, result in zip(plans, ops, results, strict=True)
+    )
 
 
 def _usage(applied: Applied, call: Call, result: OpResult | None) -> Usage:
