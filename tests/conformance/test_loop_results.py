@@ -229,3 +229,22 @@ async def test_a_settle_after_the_rule_is_gone_leaves_the_counter_alone(
     settled = await engine.settle(call.call_id, result_digest=answered("b"))
     assert settled.outcome == "settled"
     assert await used(engine) == 3  # no restart: the rule in force is not keyed on results
+
+
+async def test_a_refusal_is_not_remembered_past_a_new_result(
+    store: Store, clock: FakeClock
+) -> None:
+    """The daemon remembers rate refusals until their wait ends (engine/refusals.py); a
+    loop rule keyed on results is lifted sooner, by any call's settle that brings a new
+    result, so its refusals are not remembered."""
+    engine = Engine(parse_policy(policy("sliding_window").encode()), store, clock=clock)
+    calls = [ci_call() for _ in range(3)]
+    for call in calls:
+        assert (await engine.check(call)).allowed
+    assert (await engine.check(ci_call())).message == SAME_RESULT_3
+    assert len(engine.refusals) == 0
+    settled = await engine.settle(calls[0].call_id, result_digest=answered("a"))
+    assert settled.outcome == "settled"
+    assert not (await engine.check(ci_call())).allowed  # a was the first result kept
+    await engine.settle(calls[1].call_id, result_digest=answered("b"))  # restarts
+    assert (await engine.check(ci_call())).allowed

@@ -137,7 +137,10 @@ class _Plan:
     # rule keyed on results (`same_result`), whose allowed calls are told to settle.
     holder: str
     shape: Shape  # its budget, if it is one, too
-    denies: bool  # past its limit it denies (an `ask` rule's refusal an approval lifts)
+    # Its refusals may be remembered (refusals.py): past its limit it denies (an `ask`
+    # rule's refusal an approval lifts) and only waiting lifts it (a loop rule keyed on
+    # results restarts when any call's settle brings a new result).
+    rememberable: bool
     same_result: bool  # a loop rule keyed on results: an allowed call sends its result
 
     @classmethod
@@ -163,7 +166,7 @@ class _Plan:
         keys = CounterKeys.of(rule.name, kind, rule.per)
         return cls(
             applied, keys, kind, role, approved, limit.limit, window_ms, burst, holder,
-            Shape.of(applied), rule.on_exceed is OnExceed.DENY, same_result,
+            Shape.of(applied), rule.on_exceed is OnExceed.DENY and not same_result, same_result,
         )  # fmt: skip
 
 
@@ -217,7 +220,7 @@ class Engine:
             return self._unavailable(policy, call, plans, ops, record, exc)
         decided = self._counted(policy, call, plans, ops, found)
         if decided.violations:  # a refusal (a replay is an allow)
-            refusals.remember(ops, found.results, [p.denies for p in plans], asked_at)
+            refusals.remember(ops, found.results, [p.rememberable for p in plans], asked_at)
         return decided if gate is None else gate.joined(decided)
 
     @staticmethod
@@ -261,7 +264,7 @@ class Engine:
         self, policy: Policy, call: Call, plans: Sequence[_Plan], ops: list[CounterOp]
     ) -> Decision | None:
         """A refusal this daemon still remembers (refusals.py): answered without the store."""
-        found = self.refusals.refusals(ops, [plan.denies for plan in plans])
+        found = self.refusals.refusals(ops, [plan.rememberable for plan in plans])
         if not found:
             return None
         self.refusals.hits += 1
