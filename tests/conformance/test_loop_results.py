@@ -248,3 +248,14 @@ async def test_a_refusal_is_not_remembered_past_a_new_result(
     assert not (await engine.check(ci_call())).allowed  # a was the first result kept
     await engine.settle(calls[1].call_id, result_digest=answered("b"))  # restarts
     assert (await engine.check(ci_call())).allowed
+
+
+async def test_a_restart_counts_at_the_users_own_limit(store: Store, clock: FakeClock) -> None:
+    """An override's limit is the user's: a token bucket restarted at the rule's own rate
+    would space its units twice as far apart as alice's, and admit one call fewer."""
+    extra = "overrides:\n  - {users: [alice], rule: poll-loop, rate: 6/10min}\n"
+    engine = engine_on(policy("token_bucket", extra=extra), store, clock)
+    assert (await poll(engine, clock, "a")).allowed
+    assert (await poll(engine, clock, "b")).allowed  # restarts: one unit of alice's six
+    allowed = [(await poll(engine, clock, "b")).allowed for _ in range(6)]
+    assert allowed == [True] * 5 + [False]

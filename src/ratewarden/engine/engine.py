@@ -339,7 +339,8 @@ class Engine:
         """Settle the call recorded as `found` in `store` (the real one, or the local count)."""
         if may_settle is not None and not may_settle(owner_of(found.fingerprint)):
             return Settlement(call_id, "unknown")
-        holds = [self._with_rule(h) for h in found.holds]
+        owner = owner_of(found.fingerprint)
+        holds = [self._with_rule(h, owner) for h in found.holds]
         actual = None if cost is None else to_micros(cost)
         status, charged = await store.settle(
             key, call_id, actual, holds, found.fingerprint, result_digest
@@ -427,21 +428,23 @@ class Engine:
             rule=plan.holder,
         )
 
-    def _with_rule(self, hold: Hold) -> Hold:
+    def _with_rule(self, hold: Hold, user: str) -> Hold:
         """A hold with what its rule in force says: a budget's current period (so a settle
-        rolls periods over too); a loop hold's limit, window and burst. A rule gone or
-        changed leaves zeros: a budget keeps the counter's period, a loop is left alone."""
+        rolls periods over too); a loop hold's limit, window and burst for `user` (whose
+        call it is: an override's limit counts). A rule gone or changed leaves zeros: a
+        budget keeps the counter's period, a loop is left alone."""
         rule = next((r for r in self.policy.rules if r.name == hold.rule), None)
         if rule is None:
             return hold
-        limit = rule.limit
         if hold.loop:
-            if not isinstance(limit, RateLimit) or not limit.same_result:
+            mine = self.policy.limit_for(rule, user)
+            if not isinstance(mine, RateLimit) or not mine.same_result:
                 return hold
-            if KIND_OF[limit.algorithm] is not hold.kind:
+            if KIND_OF[mine.algorithm] is not hold.kind:
                 return hold  # a reload changed its algorithm: another counter now
-            numbers = (limit.limit, limit.rate.window_ms, limit.burst or limit.limit)
+            numbers = (mine.limit, mine.rate.window_ms, mine.burst or mine.limit)
             return replace(hold, period=numbers)
+        limit = rule.limit
         if hold.kind is not Kind.BUDGET or not isinstance(limit, BudgetLimit):
             return hold  # period (0, 0, 0): keep whatever period the counter is in
         bounds = self.policy.period(limit.budget.period, self.clock.now_ms())

@@ -734,6 +734,10 @@ class Policy:
             shared = self._shared_candidates[key] = tuple(Applied(*f) for f in found)
         return shared
 
+    def limit_for(self, rule: Rule, user: str) -> Limit:
+        """The limit of `rule` in force for `user`: an override's, else the rule's own."""
+        return self._effective_limit(rule, user, self.groups_of(user))[0]
+
     @staticmethod
     def _effective_limit(rule: Rule, user: str, groups: frozenset[str]) -> tuple[Limit, str]:
         override = rule.overrides.find(user, groups)
