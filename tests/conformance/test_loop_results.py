@@ -259,3 +259,17 @@ async def test_a_restart_counts_at_the_users_own_limit(store: Store, clock: Fake
     assert (await poll(engine, clock, "b")).allowed  # restarts: one unit of alice's six
     allowed = [(await poll(engine, clock, "b")).allowed for _ in range(6)]
     assert allowed == [True] * 5 + [False]
+
+
+async def test_a_reset_forgets_the_kept_result_with_the_counter(
+    store: Store, clock: FakeClock
+) -> None:
+    engine = engine_on(policy("sliding_window"), store, clock)
+    for answer in ("a", "a"):
+        assert (await poll(engine, clock, answer)).allowed
+    digest = result_digest({"run": 7})
+    key = f"rw:{{poll-loop|user=alice|tool=ci_status|args={digest}}}:sw"
+    assert await kept_result_ttl(store, key + ":r") is not None
+    assert await engine.reset(user="alice") == 2  # the counter and its kept result
+    assert await kept_result_ttl(store, key + ":r") is None
+    assert await used(engine) == 0
