@@ -56,6 +56,8 @@ UNAVAILABLE = "unavailable"
 BUDGET_HELD = "budget_held"
 # The default refusal of a rate rule counted per identical call (`per: [..., args]`).
 REPEATED = "repeated"
+# ...and of one keyed on results (`same_result: true`): the same call got the same result.
+SAME_RESULT = "same_result"
 
 
 class Algorithm(StrEnum):
@@ -180,8 +182,12 @@ TEMPLATES: dict[str, str] = {
         "Repeated call: {label} was called with the same arguments {limit} times in the "
         "last {window}; change the arguments or the approach"
     ),
+    SAME_RESULT: (
+        "Repeated call: {label} returned the same result {limit} times in a row; change the "
+        "arguments or the approach"
+    ),
 }
-NO_RETRY_SUFFIX = frozenset({REPEATED})
+NO_RETRY_SUFFIX = frozenset({REPEATED, SAME_RESULT})
 # Fields a `message:` template may use, by the kind of rule it belongs to.
 _COMMON = frozenset({"limit", "label", "retry_after", "remaining", "user", "tool", "rule"})
 TEMPLATE_FIELDS: dict[str, frozenset[str]] = {

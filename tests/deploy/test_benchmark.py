@@ -175,3 +175,25 @@ def test_instruction_counts_repeat_for_the_same_code() -> None:
     assert abs(a.daemon / b.daemon - 1) < 0.02, counted
     assert abs(a.redis / b.redis - 1) < 0.02, counted
     assert "| a |" in instructions.report(counted)
+
+
+def test_the_loop_benchmark_counts_one_more_write_for_a_digest(redis_url: str) -> None:
+    """bench/loop.py on a little load: its command counts are exact, whatever the
+    machine; a settle carrying a digest costs the kept result's read and write, and no
+    more (issue 29: "at most one more store write")."""
+    import asyncio
+
+    from bench import loop
+
+    figures = asyncio.run(loop.measure(redis_url, calls=200, rounds=1))
+    commands = {name: total for name, (_, _, total) in figures.items()}
+    scripts = {name: runs for name, (_, runs, _) in figures.items()}
+    assert commands == {
+        "one rule (check)": 5,
+        "identical-call loop (check)": 5,
+        "result-keyed loop, same result (check + settle)": 14,
+        "result-keyed loop, new result (check + settle)": 19,
+        "result-keyed loop, no digest (check + settle)": 12,
+    }
+    assert set(scripts.values()) == {1, 2}
+    assert "| one rule (check) |" in "\n".join(loop.report(figures))

@@ -290,6 +290,7 @@ STORE_SUITES = (
     "tests.conformance.test_budgets",
     "tests.conformance.test_budget_periods",
     "tests.conformance.test_concurrency_caps",
+    "tests.conformance.test_loop_results",
 )
 
 

@@ -34,6 +34,7 @@ import httpx
 import pytest
 import redis
 
+from ratewarden.arguments import result_digest
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import Engine
@@ -62,8 +63,13 @@ rules:
   - {name: inflight, match: {tool: terminal}, concurrency: 50}
   - {name: spend, budget: 100.00/day}
   - {name: banned, match: {tool: rm}, rate: 0/minute}
+  - name: loop
+    match: {tool: terminal}
+    per: [user, tool, args]
+    rate: 1000/day
+    same_result: true
 """
-EVERY_TAG = {"ring", "tat", "window", "slots", "budget", "record"}
+EVERY_TAG = {"ring", "tat", "window", "slots", "budget", "record", "result"}
 # For a stream of calls that are all allowed.
 ROOMY = """\
 version: 1
@@ -116,7 +122,8 @@ async def spend_everything(engine: Engine) -> None:
         )
         assert decision.allowed
     await engine.check(Call(user="bob", tool="terminal", call_id="b0", cost=1.5, named=False))
-    assert (await engine.settle("a0", 0.1)).outcome == "settled"
+    settled = await engine.settle("a0", 0.1, result_digest=result_digest("a loop's result"))
+    assert settled.outcome == "settled"
     assert not (await engine.check(Call(user="alice", tool="rm", call_id="r1"))).allowed
 
 
@@ -459,7 +466,8 @@ def test_a_clean_restart_keeps_every_counter_budget_record_and_denial(tmp_path: 
             body = {"user": "alice", "tool": "terminal", "call_id": f"a{n}", "cost": 0.25}
             assert http.post(f"{url}/v1/check", json=body).json()["allowed"]
         http.post(f"{url}/v1/check", json={"user": "bob", "tool": "terminal", "cost": 1.5})
-        http.post(f"{url}/v1/calls/a0/settle", json={"cost": 0.1}).raise_for_status()
+        settle = {"cost": 0.1, "result_digest": result_digest("a loop's result")}
+        http.post(f"{url}/v1/calls/a0/settle", json=settle).raise_for_status()
         assert not http.post(f"{url}/v1/check", json={"user": "bob", "tool": "rm"}).json()[
             "allowed"
         ]
@@ -469,7 +477,8 @@ def test_a_clean_restart_keeps_every_counter_budget_record_and_denial(tmp_path: 
     state = tmp_path / "ratewarden-state.json"
     assert tags_in(state) == EVERY_TAG
     saved = len(json.loads(state.read_text())["cells"])
-    assert saved == 15  # 5 counters each for alice and bob, 5 call records
+    # 6 counters each for alice and bob, alice's loop result, 5 call records
+    assert saved == 18
 
     with serve(tmp_path) as again, httpx.Client(trust_env=False, timeout=10) as http:
         assert everything(http, again.url) == before

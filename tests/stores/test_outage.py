@@ -252,9 +252,10 @@ class HangingStore(MemoryStore):
         actual: int | None,
         holds: Sequence[Hold],
         fingerprint: str = "",
+        result_digest: str | None = None,
     ) -> tuple[SettleStatus, list[int]]:
         await self._trouble()
-        return await super().settle(record_key, call_id, actual, holds, fingerprint)
+        return await super().settle(record_key, call_id, actual, holds, fingerprint, result_digest)
 
     async def reset(self, pattern: str) -> int:
         await self._trouble()

@@ -77,9 +77,10 @@ class FlakyStore(MemoryStore):
         actual: int | None,
         holds: Sequence[Hold],
         fingerprint: str = "",
+        result_digest: str | None = None,
     ) -> tuple[SettleStatus, list[int]]:
         self._trouble()
-        return await super().settle(record_key, call_id, actual, holds, fingerprint)
+        return await super().settle(record_key, call_id, actual, holds, fingerprint, result_digest)
 
     async def reset(self, pattern: str) -> int:
         self._trouble()
@@ -215,3 +216,35 @@ async def test_the_local_count_holds_at_most_its_cap_of_keys(
 def test_a_cap_below_one_key_is_refused(store: FlakyStore, clock: FakeClock) -> None:
     with pytest.raises(ValueError, match="local_keys"):
         engine_on(store, clock, local_keys=0)
+
+
+LOOP_POLICY = """\
+version: 1
+defaults: {fail: open}
+rules:
+  - {name: ci-loop, per: [user, tool, args], rate: 3/10 minutes, same_result: true}
+"""
+
+
+async def test_a_loop_rule_keyed_on_results_restarts_in_the_local_count(
+    store: FlakyStore, clock: FakeClock
+) -> None:
+    """Counted in this process while the store is down, a loop hold is recorded there
+    too, and its settle (also while down) compares the result there."""
+    from ratewarden.arguments import result_digest
+
+    engine = engine_on(store, clock, LOOP_POLICY)
+
+    async def poll(i: int, answer: str) -> Decision:
+        call = Call("alice", "ci_status", f"loop-{i}", args={"run": 7})
+        decided = await engine.check(call)
+        if decided.allowed:
+            digest = result_digest({"state": answer})
+            assert (await engine.settle(call.call_id, result_digest=digest)).outcome == "settled"
+        return decided
+
+    answers = ["queued", "queued", "running", "running", "done", "done", "done", "done"]
+    found = [await poll(i, answer) for i, answer in enumerate(answers)]
+    assert outcomes(found) == [("allow", True)] * 7 + [("deny", True)]
+    assert all(d.send_result for d in found[:7])
+    assert found[-1].message.startswith("Repeated call: ci_status returned the same result")

@@ -76,6 +76,10 @@ def test_default_templates_are_the_documented_ones() -> None:
             "Repeated call: {label} was called with the same arguments {limit} times in the "
             "last {window}; change the arguments or the approach"
         ),
+        "same_result": (
+            "Repeated call: {label} returned the same result {limit} times in a row; change "
+            "the arguments or the approach"
+        ),
     }
     fields = {"limit": 2, "label": "browser", "window": "minute"}
     money = {"spent": "4.98", "budget": "5.00", "currency": "USD", "period": "day"}
@@ -90,6 +94,11 @@ def test_default_templates_are_the_documented_ones() -> None:
     )
     assert default_template("budget").render(fields | money, 3_600) == (
         "Budget exceeded for browser tools: spent 4.98 of 5.00 USD this day (retry in 1h)"
+    )
+    # A loop's advice is to change course, not to wait: no retry suffix.
+    assert default_template("same_result").render({**fields, "label": "terminal"}, 30) == (
+        "Repeated call: terminal returned the same result 2 times in a row; change the "
+        "arguments or the approach"
     )
     assert default_template("unavailable").render(fields, None) == (
         "Tool guard unavailable; browser calls are paused"

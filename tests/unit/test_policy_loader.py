@@ -107,6 +107,18 @@ BAD_FILES: dict[str, list[tuple[int, str, str]]] = {
     "burst_without_token_bucket.yaml": [
         (3, "rules[0]", "burst only applies to algorithm: token_bucket")
     ],
+    # issue 29: a loop rule keyed on results is a rate rule counted per identical call
+    "same_result_on_budget.yaml": [(3, "rules[0]", "same_result only applies to rate rules")],
+    "same_result_on_concurrency.yaml": [(3, "rules[0]", "same_result only applies to rate rules")],
+    "same_result_on_access_rule.yaml": [
+        (3, "rules[0]", "same_result does not apply to an access rule (deny/ask)")
+    ],
+    "same_result_without_args.yaml": [
+        (3, "rules[0]", "same_result needs per to name args or args.PATH")
+    ],
+    "same_result_not_a_boolean.yaml": [
+        (6, "rules[0].same_result", "Input should be a valid boolean")
+    ],
     "two_limits_in_one_rule.yaml": [
         (
             3,
@@ -768,3 +780,34 @@ def test_users_with_the_same_rules_and_limits_share_one_cached_answer() -> None:
     assert vip[0].limit != applied[0][0].limit
     other = policy.applicable(Call(user="u7", tool="browser", call_id="c"))
     assert all(a is b for a, b in zip(other, browser, strict=True))
+
+
+def test_same_result_keys_a_loop_rule_on_results_and_overrides_keep_it() -> None:
+    """issue 29: `same_result: true` on a rate rule per `args` or `args.PATH`; an override
+    of its rate keeps it, and explain shows it."""
+    from ratewarden.cli.policy import explain_text
+    from ratewarden.vocabulary import SAME_RESULT, TEMPLATES
+
+    policy = parse_policy(
+        b"""
+version: 1
+rules:
+  - {name: poll, per: [user, args.run], rate: 3/10min, same_result: true}
+  - {name: plain, per: [user, args], rate: 3/10min}
+overrides:
+  - {users: [alice], rule: poll, rate: 5/10min}
+"""
+    )
+    poll, plain = policy.rules
+    assert isinstance(poll.limit, RateLimit)
+    assert poll.limit.same_result
+    assert isinstance(plain.limit, RateLimit)
+    assert not plain.limit.same_result
+    assert poll.template.text == TEMPLATES[SAME_RESULT]
+    call = Call("alice", "terminal", "c", args={"run": 1})
+    applied = {a.rule.name: a.limit for a in policy.applicable(call)}
+    overridden = applied["poll"]
+    assert isinstance(overridden, RateLimit)
+    assert (overridden.limit, overridden.same_result) == (5, True)
+    text = explain_text(policy, call)
+    assert "poll: rate 5/10 minutes, same_result (overrides[0])" in text

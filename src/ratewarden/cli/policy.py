@@ -164,7 +164,7 @@ def explain_text(policy: Any, call: Any, mapping: str | None = None) -> str:
             continue
         limit = item.limit
         if isinstance(limit, RateLimit):
-            what = f"rate {limit.rate}"
+            what = f"rate {limit.rate}" + (", same_result" if limit.same_result else "")
         elif isinstance(limit, BudgetLimit):
             what = f"budget {limit.budget} {limit.currency}"
         elif isinstance(limit, ConcurrencyLimit):

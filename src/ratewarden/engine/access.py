@@ -98,6 +98,7 @@ class AccessGate:
                 message=self.refusals[0].message,
                 retry_after=None,
                 approved=False,
+                send_result=False,  # asked, not run: nothing was counted
             )
         if counted.decision != "allow":
             return joined  # a refusal's warnings only say what an approval would pass

@@ -133,9 +133,15 @@ class _Plan:
     limit: int  # calls per window, slots, or budget in micro-units
     window_ms: int  # rate window or lease timeout (a budget's comes from the policy)
     burst: int
-    holder: str  # the rule's name on ops that hold something (budget, concurrency)
+    # The rule's name on ops a settle must reach: holds (budget, concurrency) and a loop
+    # rule keyed on results (`same_result`), whose allowed calls are told to settle.
+    holder: str
     shape: Shape  # its budget, if it is one, too
-    denies: bool  # past its limit it denies (an `ask` rule's refusal an approval lifts)
+    # Its refusals may be remembered (refusals.py): past its limit it denies (an `ask`
+    # rule's refusal an approval lifts) and only waiting lifts it (a loop rule keyed on
+    # results restarts when any call's settle brings a new result).
+    rememberable: bool
+    same_result: bool  # a loop rule keyed on results: an allowed call sends its result
 
     @classmethod
     def of(cls, applied: Applied) -> _Plan:
@@ -146,19 +152,21 @@ class _Plan:
             role = Role.ENFORCE
             approved = Role.FORCED if rule.on_exceed is OnExceed.ASK else Role.ENFORCE
         window_ms = burst = 0
+        same_result = False
         if isinstance(limit, RateLimit):
             kind = KIND_OF[limit.algorithm]
             window_ms, burst = limit.rate.window_ms, limit.burst or limit.limit
+            same_result = limit.same_result
         elif isinstance(limit, ConcurrencyLimit):
             kind, window_ms = Kind.CONCURRENCY, limit.lease_ms
         else:
             assert isinstance(limit, BudgetLimit)
             kind = Kind.BUDGET
-        holder = rule.name if kind in HOLDING else ""
+        holder = rule.name if kind in HOLDING or same_result else ""
         keys = CounterKeys.of(rule.name, kind, rule.per)
         return cls(
             applied, keys, kind, role, approved, limit.limit, window_ms, burst, holder,
-            Shape.of(applied), rule.on_exceed is OnExceed.DENY,
+            Shape.of(applied), rule.on_exceed is OnExceed.DENY and not same_result, same_result,
         )  # fmt: skip
 
 
@@ -179,6 +187,7 @@ class Engine:
         self.clock = clock or store.clock  # only to pick budget periods; Redis has the time
         self._plans_policy: Policy | None = None
         self._plan_of: dict[int, _Plan] = {}  # by id() of the policy's Applied
+        self._keyed_on_results = False  # the policy has a loop rule keyed on results
         # Rate refusals, until their wait ends (room for none: every call asks the store).
         self.refusals = RefusalCache(self.clock, MAX_ENTRIES if remember_refusals else 0)
         # Fail-open rules' counts while the store is down (fallback.py): bounded, not free.
@@ -211,7 +220,7 @@ class Engine:
             return self._unavailable(policy, call, plans, ops, record, exc)
         decided = self._counted(policy, call, plans, ops, found)
         if decided.violations:  # a refusal (a replay is an allow)
-            refusals.remember(ops, found.results, [p.denies for p in plans], asked_at)
+            refusals.remember(ops, found.results, [p.rememberable for p in plans], asked_at)
         return decided if gate is None else gate.joined(decided)
 
     @staticmethod
@@ -255,7 +264,7 @@ class Engine:
         self, policy: Policy, call: Call, plans: Sequence[_Plan], ops: list[CounterOp]
     ) -> Decision | None:
         """A refusal this daemon still remembers (refusals.py): answered without the store."""
-        found = self.refusals.refusals(ops, [plan.denies for plan in plans])
+        found = self.refusals.refusals(ops, [plan.rememberable for plan in plans])
         if not found:
             return None
         self.refusals.hits += 1
@@ -290,7 +299,8 @@ class Engine:
         """Charge the call's actual cost (default: its estimate) and release its slots, once.
 
         `result_digest` (arguments.result_digest of what the tool returned) is what loop
-        rules keyed on results compare; None counts the call as an identical one.
+        rules keyed on results compare (docs/policy.md, loops): a result other than the
+        last one restarts their count; None counts the call as an identical one.
 
         `may_settle(user)` says whether the caller may settle a call of that user (None:
         any); a call it may not settle is "unknown", as if it did not exist, and the store
@@ -305,11 +315,15 @@ class Engine:
                 raise
             found = None
         if found is not None:
-            return await self._settled_in(self.store, key, call_id, cost, may_settle, found)
+            return await self._settled_in(
+                self.store, key, call_id, cost, may_settle, found, result_digest
+            )
         if local.used:  # a call decided while the store was down is settled where counted
             found = await local.read_holds(key)
             if found is not None:
-                return await self._settled_in(local, key, call_id, cost, may_settle, found)
+                return await self._settled_in(
+                    local, key, call_id, cost, may_settle, found, result_digest
+                )
         return Settlement(call_id, "unknown")
 
     async def _settled_in(
@@ -320,13 +334,17 @@ class Engine:
         cost: float | None,
         may_settle: Callable[[str], bool] | None,
         found: Recorded,
+        result_digest: str | None,
     ) -> Settlement:
         """Settle the call recorded as `found` in `store` (the real one, or the local count)."""
         if may_settle is not None and not may_settle(owner_of(found.fingerprint)):
             return Settlement(call_id, "unknown")
-        holds = [self._with_period(h) for h in found.holds]
+        owner = owner_of(found.fingerprint)
+        holds = [self._with_rule(h, owner) for h in found.holds]
         actual = None if cost is None else to_micros(cost)
-        status, charged = await store.settle(key, call_id, actual, holds, found.fingerprint)
+        status, charged = await store.settle(
+            key, call_id, actual, holds, found.fingerprint, result_digest
+        )
         if status is SettleStatus.UNKNOWN:
             return Settlement(call_id, "unknown")
         if status is SettleStatus.ALREADY_SETTLED:
@@ -377,6 +395,10 @@ class Engine:
         if self._plans_policy is not policy:  # a reload: the old plans go with the old policy
             self._plans_policy, self._plan_of = policy, {}
             self.refusals.clear()  # and what the old limits refused
+            self._keyed_on_results = any(
+                isinstance(rule.limit, RateLimit) and rule.limit.same_result
+                for rule in policy.rules
+            )
         plan_of = self._plan_of
         # By identity: a policy shares one Applied per distinct rule and limit, for its life.
         return [plan_of.get(id(a)) or self._new_plan(a) for a in applied]
@@ -406,12 +428,26 @@ class Engine:
             rule=plan.holder,
         )
 
-    def _with_period(self, hold: Hold) -> Hold:
-        """A budget hold with its rule's current period, so a settle rolls periods over too."""
+    def _with_rule(self, hold: Hold, user: str) -> Hold:
+        """A hold with what its rule in force says: a budget's current period (so a settle
+        rolls periods over too); a loop hold's limit, window and burst for `user` (whose
+        call it is: an override's limit counts). A rule gone or changed leaves zeros: a
+        budget keeps the counter's period, a loop is left alone."""
         rule = next((r for r in self.policy.rules if r.name == hold.rule), None)
-        if hold.kind is not Kind.BUDGET or rule is None or not isinstance(rule.limit, BudgetLimit):
+        if rule is None:
+            return hold
+        if hold.loop:
+            mine = self.policy.limit_for(rule, user)
+            if not isinstance(mine, RateLimit) or not mine.same_result:
+                return hold
+            if KIND_OF[mine.algorithm] is not hold.kind:
+                return hold  # a reload changed its algorithm: another counter now
+            numbers = (mine.limit, mine.rate.window_ms, mine.burst or mine.limit)
+            return replace(hold, period=numbers)
+        limit = rule.limit
+        if hold.kind is not Kind.BUDGET or not isinstance(limit, BudgetLimit):
             return hold  # period (0, 0, 0): keep whatever period the counter is in
-        bounds = self.policy.period(rule.limit.budget.period, self.clock.now_ms())
+        bounds = self.policy.period(limit.budget.period, self.clock.now_ms())
         return Hold(
             hold.kind,
             hold.key,
@@ -458,6 +494,7 @@ class Engine:
             warnings=(*soft, *notes),
             approved=call.approved,
             replayed=replayed,
+            send_result=self._keyed_on_results and _sends_result(plans, ops, results),
         )
         if not violations or replayed:  # only allowed calls are recorded, so a replay allows
             return decided
@@ -471,6 +508,7 @@ class Engine:
             violations=tuple(violations),
             warnings=tuple(notes),  # what the approval would have let past; nothing was
             approved=False,  # consumed, so metrics and the audit look at the refusal only
+            send_result=False,  # refused: nothing was counted, nothing to settle
         )
 
     def _unavailable(
@@ -505,8 +543,9 @@ class Engine:
             return Decision("allow", call.call_id, degraded=True, approved=call.approved)
         counted = [plan for plan, _ in enforcing]
         local_ops = [op for _, op in enforcing]
-        # A record only for calls that hold a slot or money (their settle needs it).
-        holding = any(op.kind in HOLDING for op in local_ops)
+        # A record only for calls whose settle reaches a counter (a slot, money, a loop
+        # rule keyed on results).
+        holding = any(op.rule for op in local_ops)
         found = self.local.decide(local_ops, record if holding else None)
         if found is None:  # no room left for another counter: refuse rather than guess
             return self._paused(policy, call, counted[0])
@@ -521,6 +560,17 @@ class Engine:
         message = default_template(UNAVAILABLE).render({"label": label}, None)
         refusal = Verdict(rule.name, UNAVAILABLE, False, 0, 0, None, 0.0, message)
         return Decision("deny", call.call_id, message, None, (refusal,), degraded=True)
+
+
+def _sends_result(
+    plans: Sequence[_Plan], ops: Sequence[CounterOp], results: Sequence[OpResult]
+) -> bool:
+    """Whether a loop rule keyed on results counted the call (if it is allowed): its
+    settle must then bring the result's digest."""
+    return any(
+        plan.same_result and op.consumes(result.admitted)
+        for plan, op, result in zip(plans, ops, results, strict=True)
+    )
 
 
 def _usage(applied: Applied, call: Call, result: OpResult | None) -> Usage:

@@ -9,12 +9,14 @@ here, with the wait left.
 
 Only refusals that waiting alone can lift: an enforcing `deny` rule's rate counter
 (sliding window, token bucket, fixed window) that said when it would admit again. Never
-a budget or a concurrency slot (a settle frees those), never an `ask` (an approval lets
-it past), never a shadow rule. The cache only ever refuses, so it can never admit what
-Redis would refuse. A reset, a reload or an override change clears the cache of the
-process that took it at once, and every other process's at its next poll (service/fleet.py,
-about a second). A refusal asked before a clear and answered after it is not remembered
-(it may be what the cleared change lifted), unless both fell in the same millisecond.
+a budget or a concurrency slot (a settle frees those), nor a loop rule keyed on results
+(a settle that brings a new result restarts its count: the engine never passes its
+refusals here), never an `ask` (an approval lets it past), never a shadow rule. The
+cache only ever refuses, so it can never admit what Redis would refuse. A reset, a
+reload or an override change clears the cache of the process that took it at once, and
+every other process's at its next poll (service/fleet.py, about a second). A refusal
+asked before a clear and answered after it is not remembered (it may be what the
+cleared change lifted), unless both fell in the same millisecond.
 """
 
 from __future__ import annotations

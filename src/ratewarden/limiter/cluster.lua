@@ -194,8 +194,5 @@ local function settle_mark()
 end
 
 local function settle_holds()
-  local call_id, actual = ARGV[3], ARGV[4]
-  local reply = {}
-  for i = 1, #KEYS do reply[i] = settle_hold(KEYS[i], 5 + (i - 1) * 5, call_id, actual) end
-  return reply
+  return settle_all(1, 6, ARGV[3], ARGV[4], ARGV[5])
 end

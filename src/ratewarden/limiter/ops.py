@@ -2,9 +2,9 @@
 
 A call becomes a list of `CounterOp`s, one per matching rule. A store evaluates all of
 them and then commits all or none, in one atomic step. An allowed call that holds
-something (a budget reservation, a concurrency slot) or that the caller named with a
-`call_id` leaves a record, so a repeated check is answered from it and a settle knows
-what to release.
+something (a budget reservation, a concurrency slot), that a loop rule keyed on results
+counted (its settle brings the result), or that the caller named with a `call_id` leaves
+a record, so a repeated check is answered from it and a settle knows what to do.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ class Kind(StrEnum):
 
 
 HOLDING = (Kind.BUDGET, Kind.CONCURRENCY)  # kinds a call holds until it settles
+# A loop rule keyed on results (`same_result: true`) is a rate counter whose ops carry a
+# hold line too: nothing is held, but the call's settle must find the counter to compare
+# its result with the last one kept (a "loop hold", of a rate kind).
+RATE_KINDS = (Kind.SLIDING_WINDOW, Kind.TOKEN_BUCKET, Kind.FIXED_WINDOW)
 
 
 class Role(IntEnum):
@@ -44,12 +48,14 @@ class CounterOp:
     burst: int = 0  # token bucket capacity
     cost: int = 0  # budget: the estimate to reserve, in micro-units
     period: tuple[int, int, int] = (0, 0, 0)  # budget: period start, end, next period's end
-    rule: str = ""  # recorded with held ops, so a settle can find the rule again
+    # Set on ops a settle must reach (budget, concurrency, a loop rule keyed on results):
+    # recorded with them, so a settle can find the rule again. Empty on any other.
+    rule: str = ""
 
     @property
     def hold_line(self) -> str:
-        """How the call's record lists this op if it holds something until settled."""
-        if self.kind not in HOLDING:
+        """How the call's record lists this op if its settle must reach it."""
+        if not self.rule:
             return ""
         return _hold_line(self.kind, self.cost, self.rule, self.key)
 
@@ -100,13 +106,22 @@ class Evaluation:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """Something an allowed call holds until it settles: a reservation or a slot."""
+    """What an allowed call's settle reaches: a reservation, a slot, or (a loop hold, of
+    a rate kind) the counter of a loop rule keyed on results."""
 
     kind: Kind
     key: str
-    estimate: int  # reserved micro-units (budget); 0 for a slot
+    estimate: int  # reserved micro-units (budget); 0 for a slot or a loop hold
     rule: str
-    period: tuple[int, int, int] = (0, 0, 0)  # filled in at settle time for budgets
+    # Filled in at settle time from the rule in force: a budget's period (start, end,
+    # next period's end); a loop hold's limit, window (ms) and burst. Zeros: its rule is
+    # gone (a budget keeps the counter's period; a loop hold changes nothing).
+    period: tuple[int, int, int] = (0, 0, 0)
+
+    @property
+    def loop(self) -> bool:
+        """A loop rule's counter, compared with the call's result at its settle."""
+        return self.kind in RATE_KINDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,10 +30,11 @@ from ratewarden.limiter.ops import (
     Hold,
     Kind,
     Recorded,
+    Role,
     blocks,
     decode_holds,
 )
-from ratewarden.limiter.script import SettleStatus, results_from
+from ratewarden.limiter.script import SettleStatus, result_key, results_from
 
 _EVALUATE: dict[Kind, Callable[[Table, CounterOp, int, str], Check]] = {
     Kind.SLIDING_WINDOW: sliding_window,
@@ -115,9 +116,11 @@ def settle(
     holds: list[Hold],
     now: int,
     fingerprint: str = "",
+    digest: str | None = None,
 ) -> tuple[SettleStatus, list[int]]:
-    """Release slots, swap reservations for the actual cost (twin of settle.lua). With a
-    `fingerprint`, a record of another fingerprint is as unknown."""
+    """Release slots, swap reservations for the actual cost, compare the result `digest`
+    with a loop rule's last one (twin of settle.lua). With a `fingerprint`, a record of
+    another fingerprint is as unknown."""
     stored: Record | None = table.get(record_key, now)
     if stored is None or (fingerprint and stored.fingerprint != fingerprint):
         return SettleStatus.UNKNOWN, []
@@ -125,6 +128,10 @@ def settle(
         return SettleStatus.ALREADY_SETTLED, []
     charged = []
     for hold in holds:
+        if hold.loop:
+            settle_loop(table, hold, call_id, digest, now)
+            charged.append(0)
+            continue
         if hold.kind is Kind.CONCURRENCY:
             slots: dict[str, int] | None = table.get(hold.key, now)
             if slots is not None:
@@ -151,6 +158,21 @@ def settle(
         charged.append(cost)
     stored.settled = True
     return SettleStatus.SETTLED, charged
+
+
+def settle_loop(table: Table, hold: Hold, call_id: str, digest: str | None, now: int) -> None:
+    """A loop hold: a result other than the one kept restarts the count, this call its
+    first unit; then the result is kept (twin of settle.lua's `settle_loop`)."""
+    limit, window_ms, burst = hold.period
+    if not digest or window_ms == 0:  # no result, or the rule is gone
+        return
+    kept_key = result_key(hold.key)
+    kept: str | None = table.get(kept_key, now)
+    if kept is not None and kept != digest:
+        table.delete(hold.key)
+        op = CounterOp(hold.key, hold.kind, Role.ENFORCE, limit, window_ms, burst)
+        _EVALUATE[hold.kind](table, op, now, call_id).commit()
+    table.put(kept_key, digest, window_ms, now)
 
 
 __all__ = [

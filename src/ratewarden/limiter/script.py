@@ -14,10 +14,12 @@ decide        KEYS: the call's record, then one counter per op.
               TTL, named ('1' = the caller chose call_id: read its record for a replay,
               and record the call even without holds), then OP_VALUES per op.
               Reply: a Status, then NUMBERS per op.
-settle        KEYS: the call's record, then one counter per hold.
-              ARGV: 'settle', now, call_id, actual cost ('' = the estimate), fingerprint
-              (a record of another is UNKNOWN; '' = any), then HOLD_VALUES per hold.
-              Reply: a SettleStatus, then per hold what it charged.
+settle        KEYS: the call's record, then per hold its counter, and for a loop hold
+              the key of the result kept beside it (`result_key`: same hash tag).
+              ARGV: 'settle', now, call_id, actual cost ('' = the estimate), result
+              digest ('' = none), fingerprint (a record of another is UNKNOWN; '' =
+              any), then HOLD_VALUES per hold.
+              Reply: a SettleStatus, then per hold what it charged (0 for a loop hold).
 claim         KEYS: the record. ARGV: 'claim', now, call_id, fingerprint, nonce, pending TTL.
               Reply: {ALLOWED} claimed (a pending marker holds the call_id), {REPLAYED,
               numbers...}, {CONFLICT}, {IN_FLIGHT} (another check of it) or {SETTLED}.
@@ -36,8 +38,17 @@ release       KEYS: counters of one slot that 'group' committed. ARGV: 'release'
 settle_mark   KEYS: the record. ARGV: 'settle_mark', now, fingerprint ('' = any). Reply: a
               SettleStatus (SETTLED when it was open and is now marked; UNKNOWN also
               while pending, or when the record has another fingerprint).
-settle_holds  KEYS: the holds of one slot. ARGV: 'settle_holds', now, call_id, actual,
-              then HOLD_VALUES per hold. Reply: per hold, what it charged.
+settle_holds  KEYS: the holds of one slot, as for settle (a loop hold's two keys).
+              ARGV: 'settle_holds', now, call_id, actual, result digest, then HOLD_VALUES
+              per hold. Reply: per hold, what it charged.
+
+A loop hold (an op of a rate kind with a hold line: a rule with `same_result: true`)
+carries its rule's limit, window and burst where a budget's hold carries its period
+(zeros: the rule is gone, and the settle leaves the counter alone). Its settle with a
+digest compares it with the result kept in `rw:{<rule>|<dims>}:<alg>:r` (a string, the
+last 32-hex digest, expiring with the window): a different one empties the counter and
+commits this call as its first unit (by the algorithm's own commit); then the digest is
+kept (SET ... PX window). Without a digest, nothing changes.
 """
 
 from __future__ import annotations
@@ -111,7 +122,7 @@ class SettleStatus(IntEnum):
 
 
 OP_VALUES = 10  # per op: kind, role, limit, window, burst, cost, period (3), hold line
-HOLD_VALUES = 5  # per hold: kind, estimate, period start, end, next period's end
+HOLD_VALUES = 5  # per hold: kind, estimate, period (3; a loop hold: limit, window, burst)
 NUMBERS = 5  # per op: admitted (1/0), used, retry (-1: waiting does not help), reset, reserved
 GROUP_NUMBERS = 8  # per op from 'group': the five, committed (1/0), two undo tokens
 
@@ -154,9 +165,27 @@ def decide_head(now: str, dry_run: bool, record: CallRecord | None) -> list[str 
     return [_DECIDE, now, dry, record.call_id, record.fingerprint, record.ttl_ms, named]
 
 
-def settle_head(mode: ScriptMode, now: str, call_id: str, actual: int | None) -> list[str | int]:
-    """ScriptMode.SETTLE's or ScriptMode.SETTLE_HOLDS' ARGV before the holds."""
-    return [mode.value, now, call_id, "" if actual is None else actual]
+def settle_head(
+    mode: ScriptMode, now: str, call_id: str, actual: int | None, digest: str | None
+) -> list[str | int]:
+    """ScriptMode.SETTLE's (before the fingerprint) or ScriptMode.SETTLE_HOLDS' ARGV
+    before the holds."""
+    return [mode.value, now, call_id, "" if actual is None else actual, digest or ""]
+
+
+def result_key(counter_key: str) -> str:
+    """Where a loop rule keyed on results keeps its counter's last result (same slot)."""
+    return counter_key + ":r"
+
+
+def hold_keys(holds: Sequence[Hold]) -> list[str]:
+    """The KEYS of `holds` in a settle: each one's counter, and a loop hold's result key."""
+    keys = []
+    for hold in holds:
+        keys.append(hold.key)
+        if hold.loop:
+            keys.append(result_key(hold.key))
+    return keys
 
 
 RECORD_FIELDS = ("s", "h", "f")  # a record's state, holds and fingerprint, as a settle reads

@@ -1,5 +1,6 @@
 -- settle.lua: replace a call's budget reservations by its actual cost, release its
--- slots, once. Twin: reference.py `settle`. Layout: limiter/script.py, Mode.SETTLE.
+-- slots, compare its result with a loop rule's last one, once. Twin: reference.py
+-- `settle`. Layout: limiter/script.py, Mode.SETTLE.
 
 -- Settle one hold (its five values start at ARGV[a]); returns what it charged.
 local function settle_hold(key, a, call_id, actual)
@@ -27,17 +28,51 @@ local function settle_hold(key, a, call_id, actual)
   return cost
 end
 
--- With a fingerprint (ARGV[5]), a record of another one is as unknown: the caller was
+-- A loop hold (values from ARGV[a]: kind, 0, limit, window, burst): a result other than
+-- the one kept restarts the count, this call its first unit; the result is then kept.
+local function settle_loop(key, kept_key, a, call_id, digest)
+  local window = tonumber(ARGV[a + 3])
+  if digest == '' or window == 0 then return 0 end  -- no result, or the rule is gone
+  local kept = redis.call('GET', kept_key)
+  if kept and kept ~= digest then
+    redis.call('DEL', key)
+    local op = {key = key, kind = ARGV[a], role = 1, limit = tonumber(ARGV[a + 2]),
+                window = window, burst = tonumber(ARGV[a + 4])}
+    EVALUATE[op.kind](key, op, call_id).commit()
+  end
+  redis.call('SET', kept_key, digest, 'PX', window)
+  return 0
+end
+
+-- Settle the holds whose values start at ARGV[a] and keys at KEYS[k] (a loop hold has
+-- two: its counter, then its kept result); per hold, what it charged.
+local function settle_all(k, a, call_id, actual, digest)
+  local reply = {}
+  while a <= #ARGV do
+    local kind = ARGV[a]
+    if kind == 'bg' or kind == 'cc' then
+      reply[#reply + 1] = settle_hold(KEYS[k], a, call_id, actual)
+      k = k + 1
+    else
+      reply[#reply + 1] = settle_loop(KEYS[k], KEYS[k + 1], a, call_id, digest)
+      k = k + 2
+    end
+    a = a + 5
+  end
+  return reply
+end
+
+-- With a fingerprint (ARGV[6]), a record of another one is as unknown: the caller was
 -- allowed to settle the call it read, and only that call is settled.
 local function settle()
-  local call_id, actual, expected = ARGV[3], ARGV[4], ARGV[5]
+  local call_id, actual, digest, expected = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
   local record = redis.call('HMGET', KEYS[1], 's', 'f')
   local state = record[1]
   if not state or (expected ~= '' and record[2] ~= expected) then return {2} end
   if state == 'settled' then return {1} end
   local reply = {0}
-  for i = 2, #KEYS do
-    reply[#reply + 1] = settle_hold(KEYS[i], 6 + (i - 2) * 5, call_id, actual)
+  for _, charged in ipairs(settle_all(2, 7, call_id, actual, digest)) do
+    reply[#reply + 1] = charged
   end
   redis.call('HSET', KEYS[1], 's', 'settled')
   return reply

@@ -47,6 +47,7 @@ from ratewarden.policy.toolnames import compile_names
 from ratewarden.vocabulary import (
     METADATA_FLAGS,
     REPEATED,
+    SAME_RESULT,
     Algorithm,
     Dimension,
     OnExceed,
@@ -186,10 +187,13 @@ def _compile_rule(
 
 def _template(rule: RuleSpec) -> Template:
     """The rule's sentence: an access rule's text, its `message:`, else the default (for
-    a rate rule counted per identical call, the one that says to change course)."""
+    a rate rule counted per identical call, the one that says to change course; keyed on
+    results, the one that says the result repeats)."""
     text = rule.deny or rule.ask or rule.message
     if text is not None:
         return compile_template(text, rule.kind)
+    if rule.kind is RuleKind.RATE and rule.same_result:
+        return default_template(SAME_RESULT)
     if rule.kind is RuleKind.RATE and Dimension.ARGS in rule.per:
         return default_template(REPEATED)
     return default_template(rule.kind)
@@ -212,7 +216,7 @@ def _rule_limit(
     rate = rule.rate or base.rate
     assert rate is not None
     algorithm = base.algorithm or spec.defaults.algorithm
-    return RateLimit(rate, algorithm, rule.burst or base.burst)
+    return RateLimit(rate, algorithm, rule.burst or base.burst, bool(base.same_result))
 
 
 def _compile_match(spec: MatchSpec, *, cut_holds: bool = True) -> Match:

@@ -137,6 +137,9 @@ class RateLimit:
     rate: Rate
     algorithm: Algorithm
     burst: int | None = None
+    # A loop rule keyed on results: a settle whose result differs from the last restarts
+    # the count (docs/policy.md, loops).
+    same_result: bool = False
 
     @property
     def limit(self) -> int:
@@ -730,6 +733,10 @@ class Policy:
         if shared is None:
             shared = self._shared_candidates[key] = tuple(Applied(*f) for f in found)
         return shared
+
+    def limit_for(self, rule: Rule, user: str) -> Limit:
+        """The limit of `rule` in force for `user`: an override's, else the rule's own."""
+        return self._effective_limit(rule, user, self.groups_of(user))[0]
 
     @staticmethod
     def _effective_limit(rule: Rule, user: str, groups: frozenset[str]) -> tuple[Limit, str]:

@@ -266,6 +266,8 @@ class RuleSpec(_Strict):
     ask: AccessText | None = None
     algorithm: Algorithm | None = None
     burst: Annotated[int, Field(ge=1)] | None = None
+    # A loop rule keyed on results: identical calls count while they get the same result.
+    same_result: StrictBool | None = None
     currency: Annotated[str, Field(min_length=1, max_length=16)] | None = None
     soft_limit: Percent | None = None
     lease_timeout: DurationText | None = None
@@ -314,7 +316,12 @@ class RuleSpec(_Strict):
             return self._an_access_rule()
         if self.burst is not None and self.algorithm != Algorithm.TOKEN_BUCKET:
             raise ValueError("burst only applies to algorithm: token_bucket")
-        _only_with(self, RuleKind.RATE, "algorithm", "burst")
+        _only_with(self, RuleKind.RATE, "algorithm", "burst", "same_result")
+        if self.same_result is not None and not any(d.startswith("args") for d in self.per):
+            raise ValueError(
+                "same_result needs per to name args or args.PATH: it keys a loop rule, "
+                "which counts identical calls, on their results"
+            )
         _only_with(self, RuleKind.BUDGET, "currency", "soft_limit")
         _only_with(self, RuleKind.CONCURRENCY, "lease_timeout")
         if self.rate and (problem := sliding_cap_problem(self.rate, self.algorithm)):
@@ -323,7 +330,10 @@ class RuleSpec(_Strict):
 
     def _an_access_rule(self) -> RuleSpec:
         """An access rule counts nothing: what only a counter uses has no place in it."""
-        counting = ("algorithm", "burst", "currency", "soft_limit", "lease_timeout", "message")
+        counting = (
+            "algorithm", "burst", "same_result", "currency", "soft_limit", "lease_timeout",
+            "message",
+        )  # fmt: skip
         for name in (*counting, "fail"):
             if getattr(self, name) is not None:
                 why = "its text is the message" if name == "message" else "it has no counter"

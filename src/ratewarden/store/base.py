@@ -53,9 +53,11 @@ class Counters(Protocol):
         actual: int | None,
         holds: Sequence[Hold],
         fingerprint: str = "",
+        result_digest: str | None = None,
     ) -> tuple[SettleStatus, list[int]]:
         """Settle once: its status, and what each hold charged. With a `fingerprint`, only
-        a record of that fingerprint is settled (else UNKNOWN), in the same atomic step."""
+        a record of that fingerprint is settled (else UNKNOWN), in the same atomic step.
+        `result_digest` is compared with what loop holds kept (None: nothing changes)."""
         ...
 
     async def reset(self, pattern: str) -> int:
@@ -189,9 +191,17 @@ class Layer:
         actual: int | None,
         holds: Sequence[Hold],
         fingerprint: str = "",
+        result_digest: str | None = None,
     ) -> tuple[SettleStatus, list[int]]:
         return await self.around(
-            "settle", self.inner.settle, record_key, call_id, actual, holds, fingerprint
+            "settle",
+            self.inner.settle,
+            record_key,
+            call_id,
+            actual,
+            holds,
+            fingerprint,
+            result_digest,
         )
 
     async def reset(self, pattern: str) -> int:

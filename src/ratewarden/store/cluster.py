@@ -55,6 +55,7 @@ from ratewarden.limiter.script import (
     SettleStatus,
     Status,
     evaluation_of,
+    hold_keys,
     hold_values,
     op_values,
     recorded,
@@ -437,6 +438,7 @@ class ClusterStore(RedisKeyspace):
         actual: int | None,
         holds: Sequence[Hold],
         fingerprint: str = "",
+        result_digest: str | None = None,
     ) -> tuple[SettleStatus, list[int]]:
         """Mark the record settled first (so a settle counts once), then each slot's holds.
 
@@ -452,10 +454,11 @@ class ClusterStore(RedisKeyspace):
         charged = [0] * len(holds)
 
         async def one(group: _Group) -> None:
-            args: list[Any] = settle_head(ScriptMode.SETTLE_HOLDS, now, call_id, actual)
+            mode = ScriptMode.SETTLE_HOLDS
+            args: list[Any] = settle_head(mode, now, call_id, actual, result_digest)
             for i in group.indices:
                 args += hold_values(holds[i])
-            reply = await self._run([holds[i].key for i in group.indices], args)
+            reply = await self._run(hold_keys([holds[i] for i in group.indices]), args)
             for k, i in enumerate(group.indices):
                 charged[i] = reply[k]
 

@@ -17,9 +17,15 @@ Key shape: `rw:{<rule>|<dimension>=<value>|...}:<algorithm>`, for example
   digest of the canonical JSON of the arguments (or of the one argument), never their
   text: a key says which call repeats, not what it said.
 
+A loop rule keyed on results (`same_result: true`) keeps its counter's last result beside
+it: `rw:{<rule>|<dimension>=<value>|...}:<algorithm>:r`, a string holding the 32-hex-digit
+digest a settle brought (never the result), in the counter's hash tag (one cluster slot,
+and reached by the counter's reset patterns).
+
 Call records: `rw:call:{<call_id>}`, a hash kept for allowed calls that hold something
-(a reservation, a slot) or whose caller chose the call_id. Their own prefix keeps them
-out of reach of counter patterns (`rw:{...`), whatever the rules are named.
+(a reservation, a slot), that a loop rule keyed on results counted, or whose caller
+chose the call_id. Their own prefix keeps them out of reach of counter patterns
+(`rw:{...`), whatever the rules are named.
 
 Recent denials: `rw:denials`, a list capped at its length (1000 audit entries), no TTL:
 it is the operator's window on what was blocked, and never grows.
@@ -34,6 +40,9 @@ TTLs (each key expires once it can no longer change a decision):
   reservation must still be there to be charged.
 - concurrency (`cc`): the lease timeout, from the latest lease: every slot has been
   reclaimed by then.
+- a loop rule's kept result (`:r`): the rule's window, from the settle that kept it: a
+  result older than that no longer restarts a count (every call it could have joined has
+  left a sliding window by then).
 - call record: the policy's `call_ttl` (default 1 h, at least the lease timeout and the
   reservation TTL), so a late settle still finds what its call holds.
 """

@@ -56,6 +56,9 @@ class _Cells:
     def put(self, key: str, value: Any, ttl_ms: int, now_ms: int) -> None:
         self.values[key] = (value, now_ms + ttl_ms)
 
+    def delete(self, key: str) -> None:
+        self.values.pop(key, None)
+
     def ttl(self, key: str, now_ms: int) -> int:
         found = self.values.get(key)
         return 0 if found is None else max(0, found[1] - now_ms)
@@ -128,12 +131,20 @@ class MemoryStore:
         actual: int | None,
         holds: Sequence[Hold],
         fingerprint: str = "",
+        result_digest: str | None = None,
     ) -> tuple[SettleStatus, list[int]]:
         with self._lock:
             now = self.clock.now_ms()
             self._changes += 1
             return reference.settle(
-                self._cells, record_key, call_id, actual, list(holds), now, fingerprint
+                self._cells,
+                record_key,
+                call_id,
+                actual,
+                list(holds),
+                now,
+                fingerprint,
+                result_digest,
             )
 
     async def reset(self, pattern: str) -> int:

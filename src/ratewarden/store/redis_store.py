@@ -18,7 +18,6 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from ratewarden.clock import Clock, SystemClock
 from ratewarden.limiter.ops import (
-    HOLDING,
     CallRecord,
     CounterOp,
     Evaluation,
@@ -35,6 +34,7 @@ from ratewarden.limiter.script import (
     decide_head,
     evaluation_of,
     held_values,
+    hold_keys,
     hold_values,
     recorded,
     rule_values,
@@ -292,7 +292,7 @@ class RedisStore(RedisKeyspace):
         args: list[Any] = decide_head(self._now(), dry_run, record)
         for op in ops:
             args.append(_rule_arguments(op.kind, op.role, op.limit, op.window_ms, op.burst))
-            if op.kind in HOLDING:
+            if op.rule:  # a hold, or a loop rule's op its settle must reach
                 args += (_held_arguments(op.cost, *op.period), op.hold_line)
             else:
                 args.append(_NOTHING_HELD)
@@ -310,12 +310,14 @@ class RedisStore(RedisKeyspace):
         actual: int | None,
         holds: Sequence[Hold],
         fingerprint: str = "",
+        result_digest: str | None = None,
     ) -> tuple[SettleStatus, list[int]]:
-        args: list[Any] = settle_head(ScriptMode.SETTLE, self._now(), call_id, actual)
+        now = self._now()
+        args: list[Any] = settle_head(ScriptMode.SETTLE, now, call_id, actual, result_digest)
         args.append(fingerprint)
         for hold in holds:
             args += hold_values(hold)
-        reply = await self._run([record_key, *(h.key for h in holds)], args)
+        reply = await self._run([record_key, *hold_keys(holds)], args)
         return SettleStatus(reply[0]), reply[1:]
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:

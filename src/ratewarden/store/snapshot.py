@@ -30,7 +30,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -91,6 +91,8 @@ def encode_value(value: Any) -> dict[str, Any]:
         return {"slots": dict(value)}
     if isinstance(value, int | float) and not isinstance(value, bool):
         return {"tat": value}
+    if isinstance(value, str):  # a loop rule's last result (a digest)
+        return {"result": value}
     raise TypeError(f"a memory-store cell of type {type(value).__name__} cannot be saved")
 
 
@@ -163,6 +165,9 @@ def _field(found: dict[str, Any], name: str, what: str) -> Any:
     return found[name]
 
 
+_SCALARS: dict[str, Callable[[Any, str], Any]] = {"tat": _number, "result": _str}
+
+
 def decode_value(tagged: Any, what: str) -> Any:
     """The cell value a tagged JSON object stands for (the inverse of `encode_value`)."""
     found = _dict(tagged, what)
@@ -176,8 +181,8 @@ def decode_value(tagged: Any, what: str) -> Any:
             _int(capacity, f"{where} capacity"),
             [_int(s, f"{where} stamp") for s in _list(stamps, f"{where} stamps")],
         )
-    if tag == "tat":
-        return _number(body, where)
+    if tag in _SCALARS:  # a token bucket's TAT, a loop rule's last result
+        return _SCALARS[tag](body, where)
     if tag == "window":
         start, count = _list(body, where, 2)
         return (_int(start, f"{where} start"), _int(count, f"{where} count"))

@@ -22,6 +22,8 @@ class Table(Protocol):
 
     def ttl(self, key: str, now_ms: int) -> int: ...
 
+    def delete(self, key: str) -> None: ...
+
 
 @dataclass(slots=True)
 class Check:
