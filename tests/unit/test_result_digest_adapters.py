@@ -381,13 +381,14 @@ def test_an_mcp_result_is_digested_without_its_meta_in_one_spelling() -> None:
     (ContextForge's) digest alike; what the model reads changing changes the digest."""
     from ratewarden.integrations._lifecycle import call_tool_result
 
-    wire = {
-        "content": [{"type": "text", "text": "ok"}],
+    block = {"type": "text", "text": "ok"}
+    wire: dict[str, Any] = {
+        "content": [block],
         "structuredContent": {"state": "ok"},
         "isError": False,
         "_meta": {"trace": "a"},
     }
-    other_meta = {**wire, "_meta": {"trace": "b"}, "content": [{**wire["content"][0], "_meta": {}}]}
+    other_meta = {**wire, "_meta": {"trace": "b"}, "content": [{**block, "_meta": {}}]}
     snake = SimpleNamespace(
         model_dump=lambda **_: {
             "content": [{"type": "text", "text": "ok"}],
