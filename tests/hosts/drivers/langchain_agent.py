@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -340,11 +341,49 @@ def fail_scenarios() -> dict[str, Any]:
     }
 
 
+class SendResult(httpx.HTTPTransport):
+    """The real daemon, its allowed checks answered `send_result` (as the engine answers a
+    call a loop rule keyed on results counts); keeps the settle bodies sent to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settles: list[dict[str, Any]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/settle"):
+            self.settles.append(json.loads(request.content or b"{}"))
+        response = super().handle_request(request)
+        if request.url.path != "/v1/check":
+            return response
+        response.read()
+        answer = response.json()
+        answer["send_result"] = answer.get("allowed", False)
+        return httpx.Response(response.status_code, json=answer)
+
+
+def result_scenarios(url: str) -> dict[str, Any]:
+    """Two identical calls with the same result, through invoke and ainvoke: each settle
+    carries the digest of the ToolMessage's content."""
+    report = {}
+    plan = [("terminal", {"command": "gh run view 7"})] * 2
+    for name, runner in (("result_digest", run_sync), ("result_digest_async", run_async)):
+        transport = SendResult()
+        middleware = RatewardenMiddleware(Guard(url, transport=transport))
+        context = {"context": {"user_id": f"{name}-user"}}
+        if runner is run_sync:
+            found = run_sync(name, plan, middleware, **context)
+        else:
+            found = asyncio.run(run_async(name, plan, middleware, **context))
+        report[name] = {**found, "settles": transport.settles}
+    return report
+
+
 def scenarios(url: str, dead_url: str) -> dict[str, Any]:
     os.environ["RATEWARDEN_URL"] = url
     report = limit_scenarios()
     report.update(error_scenarios())
     report.update(ask_scenarios(url))
+    report.update(result_scenarios(url))
     report["call_id"] = run_sync(
         "call_id", [("forbidden", {})], RatewardenMiddleware(), context={"user_id": "ids-user"}
     )
