@@ -23,7 +23,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -32,6 +31,7 @@ from langchain_core.tools import ToolException, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 from pydantic import Field
+from send_result import SendResult  # type: ignore[import-not-found,unused-ignore]
 
 from ratewarden.client import AsyncGuard, Guard
 from ratewarden.integrations.langchain import RatewardenMiddleware
@@ -339,26 +339,6 @@ def fail_scenarios() -> dict[str, Any]:
             )
         ),
     }
-
-
-class SendResult(httpx.HTTPTransport):
-    """The real daemon, its allowed checks answered `send_result` (as the engine answers a
-    call a loop rule keyed on results counts); keeps the settle bodies sent to it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.settles: list[dict[str, Any]] = []
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/settle"):
-            self.settles.append(json.loads(request.content or b"{}"))
-        response = super().handle_request(request)
-        if request.url.path != "/v1/check":
-            return response
-        response.read()
-        answer = response.json()
-        answer["send_result"] = answer.get("allowed", False)
-        return httpx.Response(response.status_code, json=answer)
 
 
 def result_scenarios(url: str) -> dict[str, Any]:
