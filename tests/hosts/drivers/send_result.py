@@ -30,3 +30,22 @@ class SendResult(httpx.HTTPTransport):
         answer = response.json()
         answer["send_result"] = answer.get("allowed", False)
         return httpx.Response(response.status_code, json=answer)
+
+
+class AsyncSendResult(httpx.AsyncHTTPTransport):
+    """`SendResult` for an `AsyncGuard`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settles: list[dict[str, Any]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/settle"):
+            self.settles.append(json.loads(request.content or b"{}"))
+        response = await super().handle_async_request(request)
+        if request.url.path != "/v1/check":
+            return response
+        await response.aread()
+        answer = response.json()
+        answer["send_result"] = answer.get("allowed", False)
+        return httpx.Response(response.status_code, json=answer)
