@@ -185,8 +185,8 @@ def test_only_calls_that_hold_something_are_settled(run: Run) -> None:
     )
     # terminal (one at a time) and build (two at a time) calls that ran or were allowed:
     # limit 10, second_user 1, parallel 4, tool_error 2, async 10, react 10, no_inputs 1,
-    # blocked_later 2. deploy holds nothing; fail_open's calls were never judged.
-    assert settles == {"settled": "40.0"}
+    # blocked_later 2, digest 2. deploy holds nothing; fail_open's calls were never judged.
+    assert settles == {"settled": "42.0"}
 
 
 def test_registering_twice_is_refused(run: Run) -> None:
@@ -203,3 +203,14 @@ def test_unreachable_daemon_fails_closed_when_told(run: Run) -> None:
     fail_closed = run.report["fail_closed"]
     assert fail_closed["results"] == [UNAVAILABLE] * 2
     assert fail_closed["ran"] == 0
+
+
+def test_each_settle_carries_the_digest_of_the_tool_result(run: Run) -> None:
+    """Issue #29 item 2: a call the daemon answered with `send_result` is settled with the
+    digest of the after hook context's `tool_result`."""
+    from ratewarden.arguments import result_digest
+
+    report = run.report["digest"]
+    assert report["ran"] == 2
+    digests = [settle.get("result_digest") for settle in report["settles"]]
+    assert digests == [result_digest("ran echo 1"), result_digest("ran echo 2")]

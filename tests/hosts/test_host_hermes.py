@@ -308,6 +308,31 @@ def test_one_plugin_counts_once_even_when_installed_twice(
         assert used(daemon.url, "dup-user") == {"terminal-per-minute": 1}
 
 
+@pytest.mark.timeout(600)
+def test_each_settle_carries_the_digest_of_the_result_the_model_got(
+    hermes_python: Path, tmp_path: Path
+) -> None:
+    """Issue #29 item 2: a call the daemon answered with `send_result` is settled with the
+    digest of post_tool_call's `result`, the text hermes hands the model."""
+    from ratewarden.arguments import result_digest
+
+    home = hermes_home(tmp_path, "ratewarden")
+    with running_daemon(TERMINAL_POLICY, tmp_path / "daemon") as daemon:
+        report = drive(
+            hermes_python,
+            tmp_path,
+            [str(HOSTS / "hermes_hooks.py"), "digest"],
+            {"counter": str(tmp_path / "counter.txt")},
+            HERMES_HOME=str(home),
+            RATEWARDEN_URL=daemon.url,
+            RATEWARDEN_USER="digest-user",
+        )
+    first, second = report["results"]
+    assert json.loads(first)["error"] is None  # the tool ran
+    digests = [settle.get("result_digest") for settle in report["settles"]]
+    assert digests == [result_digest(first), result_digest(second)]
+
+
 # -- the adapter without hermes -----------------------------------------------------------
 
 

@@ -109,3 +109,53 @@ def test_hermes_shell_hook_with_the_daemon_down(hermes_python: Path, tmp_path: P
     closed = run_hermes(hermes_python, tmp_path, f"--url {dead} --fail closed", 1)
     assert ran(tmp_path) == 1
     assert closed["results"][0]["error"] == "Tool guard unavailable; terminal calls are paused"
+
+
+def test_hermes_post_tool_call_payload_carries_the_result_the_hook_digests(
+    hermes_python: Path, tmp_path: Path
+) -> None:
+    """Issue #29 item 2: hermes' post_tool_call payload holds the tool's `result` (in
+    `extra`), so the hook settles with its digest. The hook command tees each payload to
+    a file on its way to `ratewarden hook hermes`."""
+    from ratewarden.arguments import result_digest
+    from ratewarden.hooks import hermes
+    from ratewarden.hooks.contract import PostCall
+
+    payloads = tmp_path / "payloads.jsonl"
+    with running_daemon(POLICY, tmp_path / "daemon") as daemon:
+        hook = f"{shlex.quote(str(hermes_python.with_name('ratewarden')))} hook hermes"
+        tee = f"tee -a {shlex.quote(str(payloads))} | {hook} --url {daemon.url} --user erin"
+        home = tmp_path / "hermes-home"
+        home.mkdir()
+        (home / "config.yaml").write_text(
+            CONFIG.format(command=json.dumps(f"sh -c {shlex.quote(tee)}"))
+        )
+        out = tmp_path / "report.json"
+        done = subprocess.run(
+            [str(hermes_python), str(DRIVER), str(out), str(tmp_path / "ran.txt"), "2"],
+            cwd=tmp_path,
+            env=clean_environment(HERMES_HOME=str(home), HOME=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, f"driver failed:\n{done.stdout}\n{done.stderr}"
+        usage = usage_of(daemon, "erin", "terminal")
+    results = json.loads(out.read_text())["results"]
+    # The hook reads one JSON object per payload; tee appended them one after another.
+    decoder, text, found = json.JSONDecoder(), payloads.read_text(), []
+    index = 0
+    while index < len(text.rstrip()):
+        payload, index = decoder.raw_decode(text, index)
+        found.append(payload)
+        while index < len(text) and text[index].isspace():
+            index += 1
+    posts = [p for p in found if p["hook_event_name"] == "post_tool_call"]
+    assert len(posts) == 2
+    for payload, result in zip(posts, results, strict=True):
+        assert json.loads(payload["extra"]["result"]) == result  # what the model got
+        event = hermes.read(json.dumps(payload).encode(), {})
+        assert isinstance(event, PostCall)
+        assert event.result_digest == result_digest(payload["extra"]["result"])
+    assert usage == {"terminal-per-minute": 2, "one-terminal-at-a-time": 0}

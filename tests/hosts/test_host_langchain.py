@@ -10,6 +10,7 @@ scripted `GenericFakeChatModel` and real `@tool` tools, through `invoke`
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -195,3 +196,19 @@ def test_the_module_imports_without_langchain() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("scenario", ["result_digest", "result_digest_async"])
+def test_each_settle_carries_the_digest_of_the_tool_messages_content(
+    run: Run, scenario: str
+) -> None:
+    """Issue #29 item 2: a call the daemon answered with `send_result` is settled with the
+    digest of what the model read (the ToolMessage's content), never the content."""
+    from ratewarden.arguments import result_digest
+
+    report = run.report[scenario]
+    assert report["ran"] == 2
+    assert report["results"] == ["ran gh run view 7"] * 2
+    digests = [settle["result_digest"] for settle in report["settles"]]
+    assert digests == [result_digest("ran gh run view 7")] * 2
+    assert all("ran gh run view 7" not in json.dumps(s) for s in report["settles"])

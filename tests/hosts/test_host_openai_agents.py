@@ -137,3 +137,16 @@ def test_unreachable_daemon_fails_closed_when_told(run: Run) -> None:
     fail_closed = run.report["fail_closed"]
     assert fail_closed["results"] == [UNAVAILABLE] * 2
     assert fail_closed["ran"] == 0
+
+
+@pytest.mark.parametrize("scenario", ["digest_guardrail", "digest_hooks"])
+def test_each_settle_carries_the_digest_of_the_tools_output(run: Run, scenario: str) -> None:
+    """Issue #29 item 2: a call the daemon answered with `send_result` is settled, by the
+    output guardrail or the run hooks, with the digest of the tool's output."""
+    from ratewarden.arguments import result_digest
+
+    report = run.report[scenario]
+    assert report["ran"] == 2
+    assert report["results"] == ["ran gh run view 7"] * 2
+    digests = [settle.get("result_digest") for settle in report["settles"]]
+    assert digests == [result_digest("ran gh run view 7")] * 2

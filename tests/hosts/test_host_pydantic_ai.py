@@ -150,3 +150,15 @@ def test_unreachable_daemon_fails_closed_when_told(run: Run) -> None:
     fail_closed = run.report["fail_closed"]
     assert fail_closed["results"] == [blocked("terminal", UNAVAILABLE)] * 2
     assert fail_closed["ran"] == 0
+
+
+def test_each_settle_carries_the_digest_of_the_tools_result(run: Run) -> None:
+    """Issue #29 item 2: a call the daemon answered with `send_result` is settled with the
+    digest of the result `after_tool_call` received."""
+    from ratewarden.arguments import result_digest
+
+    report = run.report["digest"]
+    assert report["ran"] == 2
+    assert report["results"] == ["ran gh run view 7"] * 2
+    digests = [settle.get("result_digest") for settle in report["settles"]]
+    assert digests == [result_digest("ran gh run view 7")] * 2

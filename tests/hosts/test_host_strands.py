@@ -134,6 +134,25 @@ def test_without_settle_the_cap_refuses_the_second_call(
     assert len(report["ran"]) == 1
 
 
+def test_each_settle_carries_the_digest_of_the_tool_result(
+    strands_python: Path, tmp_path: Path
+) -> None:
+    """Issue #29 item 2: a call the daemon answered with `send_result` is settled with the
+    digest of the ToolResult's status and content, as the model read them (not its
+    toolUseId, which differs on every call): identical calls, identical digests."""
+    from ratewarden.arguments import result_digest
+
+    with running_daemon(SETTLE_POLICY, tmp_path / "daemon") as daemon:
+        report = drive(
+            strands_python, daemon.url, tmp_path, scenario="digest", user="slack:U44", calls=2
+        )
+    assert len(report["ran"]) == 2
+    first, second = report["raw_results"]
+    assert first == second == {"status": "success", "content": [{"text": "ran gh run view 7"}]}
+    digests = [settle.get("result_digest") for settle in report["settles"]]
+    assert digests == [result_digest(first)] * 2
+
+
 def test_mcp_annotations_reach_the_daemon(strands_python: Path, tmp_path: Path) -> None:
     plan = ["lookup", "lookup", "wipe", "mystery", "note"]
     with running_daemon(MCP_POLICY, tmp_path / "daemon") as daemon:

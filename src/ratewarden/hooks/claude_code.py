@@ -1,7 +1,8 @@
 """Claude Code's hooks (and claude-agent-sdk sessions that load settings).
 
 Payload (stdin of a command hook, the body of an `http` hook): `hook_event_name`,
-`tool_name`, `tool_input`, `tool_use_id`, `session_id`; PostToolUse adds `duration_ms`.
+`tool_name`, `tool_input`, `tool_use_id`, `session_id`; PostToolUse adds `duration_ms`
+and `tool_response`, whose digest its settle carries (for loop rules keyed on results).
 An allowed call gets nothing at all (exit 0, or an empty 200): an explicit "allow" would
 skip the user's own permission prompt, a security downgrade. A refusal is
 `{"hookSpecificOutput": {"permissionDecision": "deny" | "ask", ...}}`, on stdout or as the
@@ -25,6 +26,7 @@ from ratewarden.hooks.contract import (
     HttpAnswer,
     PostCall,
     PreCall,
+    digest_of,
     duration,
     event_name,
     json_object,
@@ -52,7 +54,12 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
         if call_id is None:
             return None
         status = CallStatus.OK if event == "PostToolUse" else CallStatus.ERROR
-        return PostCall(call_id, status=status, duration_ms=duration(data.get("duration_ms")))
+        return PostCall(
+            call_id,
+            status=status,
+            duration_ms=duration(data.get("duration_ms")),
+            result_digest=digest_of(data, "tool_response"),
+        )
     return None
 
 

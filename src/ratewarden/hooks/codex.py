@@ -10,7 +10,8 @@ the command with `$SHELL -lc`.
 Payload: `hook_event_name`, `session_id`, `turn_id`, `tool_name`, `tool_input`,
 `tool_use_id` (the model's call id), `cwd`, `model`, `permission_mode`,
 `transcript_path` (a subagent's also `agent_id`, `agent_type`); PostToolUse adds
-`tool_response` (no duration, no status) and repeats the rest as PreToolUse had it. The
+`tool_response` (no duration, no status; its digest goes with the settle, for loop rules
+keyed on results) and repeats the rest as PreToolUse had it. The
 shell tools (`exec_command`, `shell`) are all `Bash` to a hook, with `{"command": ...}`
 as their input; `apply_patch` is `apply_patch`, an MCP tool its own name.
 
@@ -47,6 +48,7 @@ from ratewarden.hooks.contract import (
     Host,
     PostCall,
     PreCall,
+    digest_of,
     event_name,
     json_object,
     string,
@@ -71,7 +73,9 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
         )
     if event == "PostToolUse":
         found = closing_id(data, context)
-        return None if found is None else PostCall(found)
+        if found is None:
+            return None
+        return PostCall(found, result_digest=digest_of(data, "tool_response"))
     return None
 
 

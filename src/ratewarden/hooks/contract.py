@@ -156,6 +156,19 @@ def duration(value: Any) -> float | None:
     return float(value) if math.isfinite(value) and value >= 0 else None
 
 
+def digest_of(data: Mapping[str, Any], key: str) -> str | None:
+    """The `result_digest` of the tool's result the host passed under `key` (None: it
+    passed none). A hook process cannot know whether the daemon wants it (the check was
+    another process), so it sends it whenever the host shows the result; only the
+    digest leaves the hook, never the result. `ratewarden.arguments` (hashlib, dataclasses)
+    is imported only then: a pre-call hook's start stays light (tests/unit/test_hook_imports)."""
+    if key not in data:
+        return None
+    from ratewarden.arguments import result_digest
+
+    return result_digest(data[key])
+
+
 def event_name(data: dict[str, Any], key: str = "hook_event_name") -> str:
     event = data.get(key)
     if not isinstance(event, str) or not event:

@@ -10,8 +10,9 @@ when the hook is given no `--user`.
 - `preToolUse` (every tool): `tool_name` (`Shell`, `Read`, `Write`, `MCP:<tool>`...),
   `tool_input` (Shell: `{"command", "cwd"}`), `tool_use_id`. The hook to use.
 - `postToolUse` / `postToolUseFailure`: the same `tool_use_id`, `duration` (ms); a
-  failure adds `failure_type` (`permission_denied` when a hook refused the call: it never
-  ran). They settle the call.
+  success adds `tool_output` (the tool's result as JSON text, whose digest the settle
+  carries, for loop rules keyed on results); a failure adds `failure_type`
+  (`permission_denied` when a hook refused the call: it never ran). They settle the call.
 - `beforeShellExecution` (`command`, `cwd`) and `beforeMCPExecution` (`tool_name`,
   `tool_input`) also work, checked as `Shell` and the MCP tool's name; they name no call,
   so nothing settles them. Configure one of `preToolUse` or these, not both, or a call
@@ -38,6 +39,7 @@ from ratewarden.hooks.contract import (
     Host,
     PostCall,
     PreCall,
+    digest_of,
     duration,
     event_name,
     json_object,
@@ -84,7 +86,12 @@ def _finished(data: dict[str, Any], failed: bool) -> PostCall | None:
     if found is None:
         return None
     if not failed:
-        return PostCall(found, status=CallStatus.OK, duration_ms=duration(data.get("duration")))
+        return PostCall(
+            found,
+            status=CallStatus.OK,
+            duration_ms=duration(data.get("duration")),
+            result_digest=digest_of(data, "tool_output"),
+        )
     if data.get("failure_type") == "permission_denied":  # refused by a hook: never ran
         return PostCall(found, status=CallStatus.BLOCKED, cost=0.0)
     return PostCall(found, status=CallStatus.ERROR, duration_ms=duration(data.get("duration")))

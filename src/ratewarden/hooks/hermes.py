@@ -2,7 +2,8 @@
 
 Allowed: exit 0 and nothing printed. Refused: exit 0 and `{"action": "block", "message":
 ...}`; a shell hook can only block, so an `ask` blocks with its message. After the call,
-post_tool_call settles it by the id both hooks derive (`call_id`).
+post_tool_call settles it by the id both hooks derive (`call_id`), with the digest of the
+tool's `result` (the text the model reads, in `extra`) for loop rules keyed on results.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ratewarden.hooks.contract import (
     Host,
     PostCall,
     PreCall,
+    digest_of,
     duration,
     event_name,
     json_object,
@@ -53,8 +55,13 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
         status = text(extra.get("status"), 32)
         # "blocked": another hook stopped the call after ratewarden allowed it; it never ran.
         cost = 0.0 if status == CallStatus.BLOCKED else None
+        ran = status != CallStatus.BLOCKED
         return PostCall(
-            found, status=status, duration_ms=duration(extra.get("duration_ms")), cost=cost
+            found,
+            status=status,
+            duration_ms=duration(extra.get("duration_ms")),
+            cost=cost,
+            result_digest=digest_of(extra, "result") if ran else None,
         )
     return None
 

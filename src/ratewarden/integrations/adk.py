@@ -21,8 +21,9 @@ rejected, it is refused with the daemon's reason. A confirmation the tool asked 
 context that cannot ask (no function call id), an `ask` is a refusal saying a human must
 approve the call.
 
-An allowed call is settled in `after_tool_callback` (duration, `ok`; `blocked` and no
-charge when the call only paused for a confirmation) or released by
+An allowed call is settled in `after_tool_callback` (duration, `ok`, and the digest of the
+tool's response when the daemon asks for it, `send_result`; `blocked` and no charge when
+the call only paused for a confirmation) or released by
 `on_tool_error_callback` (`error`, also when the call was cancelled). Each call has a
 `ToolContext` of its own, so parallel calls are settled one by one. The call id is led by
 the model's function call id. The module imports without ADK (ratewarden never imports
@@ -38,7 +39,7 @@ from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
 from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import UserLookup, resolve_user
-from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall
 from ratewarden.vocabulary import CallStatus
 
 try:
@@ -113,7 +114,9 @@ class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
             return _refused(answer.message)
         # A fail-open answer holds nothing, unless the daemon counted it locally (holds).
         if answer.holds or not answer.degraded:
-            self._admitted[tool_context] = AdmittedCall(call_id, guard)
+            self._admitted[tool_context] = AdmittedCall(
+                call_id, guard, send_result=answer.send_result
+            )
         return None
 
     def _ask(self, tool: str, tool_context: Any, reason: str) -> Response:
@@ -136,7 +139,7 @@ class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
         # The tool (or its require_confirmation gate) asked for a confirmation: the call
         # will run again once answered, and is checked again then.
         paused = tool_context.function_call_id in tool_context.actions.requested_tool_confirmations
-        await self._settle(tool_context, CallStatus.BLOCKED if paused else CallStatus.OK)
+        await self._settle(tool_context, CallStatus.BLOCKED if paused else CallStatus.OK, result)
         return None
 
     async def on_tool_error_callback(
@@ -150,11 +153,11 @@ class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
         await self._settle(tool_context, CallStatus.ERROR)
         return None
 
-    async def _settle(self, tool_context: Any, status: CallStatus) -> None:
+    async def _settle(self, tool_context: Any, status: CallStatus, result: Any = NO_RESULT) -> None:
         admitted = self._admitted.pop(tool_context, None)
         if admitted is None:  # refused, fail-open, or not ours
             return
-        await admitted.guard.settle(admitted.call_id, admitted.settlement(status))
+        await admitted.guard.settle(admitted.call_id, admitted.settlement(status, result))
 
 
 def _refused(message: str) -> Response:

@@ -19,7 +19,9 @@ whose text is `tool_pre_invoke blocked by plugin ratewarden: RATEWARDEN - <sente
 (ratewarden policy)`: the model reads it as the tool's result. An `ask` is refused the same way,
 its sentence saying a human's approval is needed (the gateway has no one to ask).
 `tool_post_invoke` settles the call: its duration, and `status: error` when the tool's
-result is an error (`isError`).
+result is an error (`isError`); when the daemon asks for it (`send_result`: a loop rule
+keyed on results), the digest of the result's `content`, `structuredContent` and
+`isError`, as the MCP proxy and gateway digest a `CallToolResult`.
 
 The user is the gateway's authenticated identity: `context.user_email` (the JWT's email,
 or its `sub`), else (no identity, or the gateway's `unknown` for an unauthenticated caller)
@@ -44,7 +46,7 @@ from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
 from ratewarden.integrations._async import LoopGuards
 from ratewarden.integrations._identity import default_user
-from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall, call_tool_result
 from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, ToolMetadata
 from ratewarden.wire.names import check_request
@@ -119,7 +121,7 @@ class RatewardenPlugin(Plugin):  # type: ignore[misc,unused-ignore]
             return ToolPreInvokeResult(continue_processing=False, violation=violation)
         # A fail-open answer holds nothing, unless the daemon counted it locally (holds).
         if answer.holds or not answer.degraded:
-            context.state[_STATE_KEY] = AdmittedCall(call_id, guard)
+            context.state[_STATE_KEY] = AdmittedCall(call_id, guard, send_result=answer.send_result)
         return ToolPreInvokeResult(continue_processing=True)
 
     async def tool_post_invoke(self, payload: Any, context: Any) -> Any:
@@ -127,8 +129,10 @@ class RatewardenPlugin(Plugin):  # type: ignore[misc,unused-ignore]
 
         admitted = context.state.pop(_STATE_KEY, None)
         if isinstance(admitted, AdmittedCall):
-            status = CallStatus.ERROR if _is_error(payload.result) else CallStatus.OK
-            await admitted.guard.settle(admitted.call_id, admitted.settlement(status))
+            result = payload.result
+            status = CallStatus.ERROR if _is_error(result) else CallStatus.OK
+            digested = call_tool_result(result) if admitted.send_result else NO_RESULT
+            await admitted.guard.settle(admitted.call_id, admitted.settlement(status, digested))
         return ToolPostInvokeResult(continue_processing=True)
 
     def user(self, context: Any) -> str:

@@ -51,7 +51,7 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user, user_from
-from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall
 from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse
 from ratewarden.wire.names import check_request
@@ -91,7 +91,9 @@ class RatewardenHooks:
     callable `(context, reason) -> bool` deciding a rule's `ask` (see `console_approval`);
     without one an ask is refused. Register it last among before hooks: a hook after it
     that blocks a call it allowed is seen in the after hook, and the call is settled as
-    `blocked`, costing nothing.
+    `blocked`, costing nothing. A call the daemon answered with `send_result` (a loop rule
+    keyed on results) is settled with the digest of the tool's result, as the model reads
+    it (the after hook context's `tool_result`).
     """
 
     def __init__(
@@ -158,7 +160,8 @@ class RatewardenHooks:
         args = getattr(context, "tool_input", None)
         if answer.allowed:
             if answer.holds:
-                self._remember(_Pending(args, call=AdmittedCall(answer.call_id)))
+                admitted = AdmittedCall(answer.call_id, send_result=answer.send_result)
+                self._remember(_Pending(args, call=admitted))
             return None
         self._remember(_Pending(args, refusal=refusal_message(answer, tool)))
         return _block(answer.message)
@@ -171,7 +174,9 @@ class RatewardenHooks:
         if pending.refusal is not None or pending.call is None:
             return pending.refusal
         # A blocked call (allowed by us, blocked by a later hook) never ran: it costs nothing.
-        self.guard.settle(pending.call.call_id, pending.call.settlement(result_status(context)))
+        status = result_status(context)
+        result = NO_RESULT if status == CallStatus.ERROR else tool_result(context)
+        self.guard.settle(pending.call.call_id, pending.call.settlement(status, result))
         return None
 
     # -- the parts --------------------------------------------------------------------
@@ -261,6 +266,13 @@ def result_status(context: Any) -> CallStatus:
     failed = isinstance(raw, BaseException) or type(raw).__name__ == "ToolFailure"
     failed = failed or (isinstance(raw, str) and raw.startswith(CREWAI_ERROR))
     return CallStatus.ERROR if failed else CallStatus.OK
+
+
+def tool_result(context: Any) -> Any:
+    """What the tool returned, as the model reads it (the after hook context's
+    `tool_result`, else its raw result); what a settle digests for `send_result`."""
+    found = getattr(context, "tool_result", None)
+    return getattr(context, "raw_tool_result", None) if found is None else found
 
 
 def refusal_message(answer: CheckResponse, tool: str) -> str:

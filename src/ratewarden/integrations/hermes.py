@@ -24,6 +24,9 @@ buttons; refused when no human can answer). An approved call is checked again wi
 
 hermes may run hooks on worker threads, for parallel tool calls: one plugin instance
 holds one thread-safe `Guard`, and its table of calls in flight is behind a lock.
+
+A call the daemon answered with `send_result` (a loop rule keyed on results) is settled
+with the digest of `post_tool_call`'s `result`, the text the model reads.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user
-from ratewarden.integrations._lifecycle import settlement
+from ratewarden.integrations._lifecycle import NO_RESULT, settlement
 from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, ToolMetadata
 from ratewarden.wire.names import check_request
@@ -54,6 +57,7 @@ PLUGIN_NAME = "ratewarden"
 HOST = "hermes"  # whose names its tools are; leads the call id when hermes gives none
 MAX_IN_FLIGHT = 10_000  # calls remembered for settling; older ones expire in the daemon
 Directive = dict[str, str]
+_Held = tuple[str, bool]  # an allowed call's id, and whether to settle it with a digest
 UserCallable = Callable[[Mapping[str, Any]], str | None]
 
 
@@ -78,9 +82,10 @@ class RatewardenPlugin:
         self.guard = guard if guard is not None else Guard(fail=fail or fail_from_environment())
         self._user = user
         self._lock = threading.Lock()
-        # (session, tool, tool_call_id or thread) -> call_ids of allowed calls, until
-        # settled; a list, because a model may repeat a tool_call_id within one batch.
-        self._in_flight: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
+        # (session, tool, tool_call_id or thread) -> (call_id, send_result) of allowed
+        # calls, until settled; a list, because a model may repeat a tool_call_id within
+        # one batch.
+        self._in_flight: OrderedDict[tuple[str, str, str], list[_Held]] = OrderedDict()
 
     def register(self, ctx: Any) -> None:
         """Add both hooks to hermes' plugin context (once per plugin manager)."""
@@ -104,13 +109,16 @@ class RatewardenPlugin:
 
     def post_tool_call(self, **kwargs: Any) -> None:
         """Settle an allowed call with its status and duration (a refused one holds nothing)."""
-        call_id = self._take(_call_key(kwargs))
-        if call_id is None:  # refused by us, unjudged, or answered by the fail mode
+        held = self._take(_call_key(kwargs))
+        if held is None:  # refused by us, unjudged, or answered by the fail mode
             return
+        call_id, send_result = held
         # `blocked`: allowed by us, then refused by another plugin or hermes' guardrails;
         # it never ran, so `settlement` releases what it holds and charges nothing.
         status = str(kwargs.get("status") or CallStatus.OK)[:32]
-        self.guard.settle(call_id, settlement(status, _duration(kwargs)))
+        # hermes' `result` is the text the model reads; its digest goes when asked for.
+        result = kwargs.get("result", NO_RESULT) if send_result else NO_RESULT
+        self.guard.settle(call_id, settlement(status, _duration(kwargs), result))
 
     # -- the parts --------------------------------------------------------------------
 
@@ -122,7 +130,8 @@ class RatewardenPlugin:
         if not answer.allowed:
             return _block(answer.message or vocabulary.REFUSED.format(tool=tool))
         if answer.holds or not answer.degraded:  # a fail-open one holds only what it lists
-            self._remember(_call_key(kwargs), answer.call_id or request.call_id or "")
+            call_id = answer.call_id or request.call_id or ""
+            self._remember(_call_key(kwargs), (call_id, answer.send_result))
         return None
 
     def request_for(self, tool: str, kwargs: Mapping[str, Any]) -> CheckRequest:
@@ -167,22 +176,22 @@ class RatewardenPlugin:
             return answer.model_copy(update={"message": str(message or reason)})
         return self._check(request.model_copy(update={"approved": True}))
 
-    def _remember(self, key: tuple[str, str, str], call_id: str) -> None:
+    def _remember(self, key: tuple[str, str, str], held: _Held) -> None:
         with self._lock:
-            self._in_flight.setdefault(key, []).append(call_id)
+            self._in_flight.setdefault(key, []).append(held)
             self._in_flight.move_to_end(key)
             while len(self._in_flight) > MAX_IN_FLIGHT:  # posts that never came
                 self._in_flight.popitem(last=False)
 
-    def _take(self, key: tuple[str, str, str]) -> str | None:
+    def _take(self, key: tuple[str, str, str]) -> _Held | None:
         with self._lock:
             held = self._in_flight.get(key)
             if not held:
                 return None
-            call_id = held.pop(0)
+            found = held.pop(0)
             if not held:
                 del self._in_flight[key]
-            return call_id
+            return found
 
 
 # -- what hermes knows about the call ---------------------------------------------------

@@ -12,7 +12,9 @@ with ratewarden's sentence and `status="error"`, e.g.
 `Rate limit: max 10 terminal calls per minute (retry in 42s)`. An allowed call that holds
 something (a concurrency slot, a budget reservation) is settled when its tool returns,
 with its duration and status (`error` for an error `ToolMessage` or a raised exception,
-which is re-raised after the settle).
+which is re-raised after the settle); when the daemon asks for it (`send_result`: a loop
+rule keyed on results), with the digest of what the tool returned, the `ToolMessage`'s
+`content` (a `Command`, or another value a tool returns as is, by its text).
 
 The user is `user_id` of the run's context (`invoke(..., context=...)`: a dict key or an
 attribute), else `config["configurable"]["user_id"]`, else RATEWARDEN_USER or the login
@@ -130,13 +132,15 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
             return refusal(request, answer)
         if not answer.holds:
             return handler(request)
-        admitted = AdmittedCall(answer.call_id, guard)
+        admitted = AdmittedCall(answer.call_id, guard, send_result=answer.send_result)
         try:
             result = handler(request)
         except BaseException:
             self._settle(guard, admitted.call_id, admitted.settlement(CallStatus.ERROR))
             raise
-        self._settle(guard, admitted.call_id, admitted.settlement(_status(result)))
+        self._settle(
+            guard, admitted.call_id, admitted.settlement(_status(result), tool_output(result))
+        )
         return result
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -150,13 +154,15 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
             return refusal(request, answer)
         if not answer.holds:
             return await handler(request)
-        admitted = AdmittedCall(answer.call_id)
+        admitted = AdmittedCall(answer.call_id, send_result=answer.send_result)
         try:
             result = await handler(request)
         except BaseException:
             await self._asettle(admitted.call_id, admitted.settlement(CallStatus.ERROR))
             raise
-        await self._asettle(admitted.call_id, admitted.settlement(_status(result)))
+        await self._asettle(
+            admitted.call_id, admitted.settlement(_status(result), tool_output(result))
+        )
         return result
 
     # -- the parts ----------------------------------------------------------------------
@@ -292,6 +298,13 @@ def _check(guard: Guard, call: _Call, approved: bool = False) -> CheckResponse:
     except (ClientError, ValueError) as exc:  # bad input or auth: the agent must go on
         unsent = CheckRequest.model_construct(user=call.user, tool=call.tool, call_id=call.call_id)
         return unreachable_answer(unsent, guard.fail, exc)
+
+
+def tool_output(result: Any) -> Any:
+    """What the tool returned, as the model reads it: a `ToolMessage`'s `content`, else the
+    value itself (a `Command`, digested by its text)."""
+    content = getattr(result, "content", None)
+    return result if content is None else content
 
 
 def _status(result: Any) -> CallStatus:

@@ -23,7 +23,9 @@ guardrails cannot ask a person, so a rule's `ask` is a refusal here too.
 Guardrails get no word when the tool ends, so the settle that frees concurrency slots and
 charges budget estimates comes from `ratewarden_settle_guardrail` (a tool *output*
 guardrail) or, for every tool at once, `Runner.run(..., hooks=RatewardenRunHooks())`
-(`on_tool_end`). Without either, slots are freed only when their lease times out. The
+(`on_tool_end`). Without either, slots are freed only when their lease times out. Both
+pass the tool's output, whose digest the settle carries when the daemon asks for it
+(`send_result`: a loop rule keyed on results). The
 module imports without the SDK (ratewarden never imports it); the guardrails are built
 at first use.
 """
@@ -37,7 +39,7 @@ from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
 from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import UserLookup, resolve_user
-from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall
 from ratewarden.vocabulary import CallStatus
 
 try:
@@ -84,7 +86,7 @@ class _Check:
         if not answer.allowed:
             return ToolGuardrailFunctionOutput.reject_content(answer.message, output_info=info)
         if answer.holds or not answer.degraded:  # a fail-open one holds only what it lists
-            _admitted[tool_context] = AdmittedCall(call_id, guard)
+            _admitted[tool_context] = AdmittedCall(call_id, guard, send_result=answer.send_result)
         return ToolGuardrailFunctionOutput.allow(output_info=info)
 
 
@@ -110,21 +112,24 @@ def make_ratewarden_guardrail(
     return ToolInputGuardrail(guardrail_function=_Check(guard, user, fail), name=name)
 
 
-async def settle_tool_call(context: Any, status: str = CallStatus.OK) -> None:
-    """Report the end of the tool call whose `ToolContext` this is (no-op if not ours)."""
+async def settle_tool_call(
+    context: Any, status: str = CallStatus.OK, result: Any = NO_RESULT
+) -> None:
+    """Report the end of the tool call whose `ToolContext` this is (no-op if not ours),
+    with what the tool returned (its digest goes when the daemon asked for it)."""
     try:
         admitted = _admitted.pop(context, None)
     except TypeError:  # not weak-referenceable, so never one of ours
         return
     if admitted is None:
         return
-    await admitted.guard.settle(admitted.call_id, admitted.settlement(status))
+    await admitted.guard.settle(admitted.call_id, admitted.settlement(status, result))
 
 
 async def _settle_output(data: Any) -> Any:
     from agents import ToolGuardrailFunctionOutput
 
-    await settle_tool_call(data.context)
+    await settle_tool_call(data.context, result=data.output)
     return ToolGuardrailFunctionOutput.allow()
 
 
@@ -136,7 +141,7 @@ class RatewardenRunHooks(RunHooks):  # type: ignore[misc,unused-ignore]
     """
 
     async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: object) -> None:
-        await settle_tool_call(context)
+        await settle_tool_call(context, result=result)
 
 
 def _make_settle_guardrail() -> Any:

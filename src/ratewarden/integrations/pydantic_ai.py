@@ -24,6 +24,9 @@ pydantic-ai-middleware 0.2.4 passes the hooks no tool-call id, so the call id is
 The settle in `after_tool_call` (or `on_tool_error`) finds it again through a context
 variable, which holds because the toolset runs before, the tool and after in one task,
 and each of a turn's parallel calls in a task of its own.
+A call the daemon answered with `send_result` (a loop rule keyed on results) is settled
+with the digest of the `result` that `after_tool_call` receives.
+
 The module imports without the framework (ratewarden never imports it); the hooks import
 what they return when the framework calls them.
 """
@@ -38,7 +41,7 @@ from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
 from ratewarden.integrations._async import LoopGuards, check_call, log
 from ratewarden.integrations._identity import UserLookup, resolve_user
-from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall
 from ratewarden.vocabulary import CallStatus
 
 try:
@@ -107,7 +110,7 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         asked = answer.decision == "ask"
         # A fail-open answer holds nothing, unless the daemon counted it locally (holds).
         if answer.holds or not answer.degraded:
-            call = AdmittedCall(call_id, guard)
+            call = AdmittedCall(call_id, guard, send_result=answer.send_result)
             admitted = _Admitted(call, user, tool_name, asked, tool_args)
             self._admitted.set(admitted)
         if asked:
@@ -122,7 +125,7 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         deps: Any,
         ctx: Any = None,
     ) -> Any:
-        await self._finish(tool_name, CallStatus.OK)
+        await self._finish(tool_name, CallStatus.OK, result)
         return result
 
     async def on_tool_error(
@@ -136,7 +139,7 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         await self._finish(tool_name, CallStatus.ERROR)
         return None
 
-    async def _finish(self, tool_name: str, status: CallStatus) -> None:
+    async def _finish(self, tool_name: str, status: CallStatus, result: Any = NO_RESULT) -> None:
         admitted = self._admitted.get()
         if admitted is None or admitted.tool != tool_name:
             return
@@ -144,10 +147,11 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         if admitted.asked and not await self._record_approval(admitted):
             return
         call = admitted.call
-        await call.guard.settle(call.call_id, call.settlement(status))
+        await call.guard.settle(call.call_id, call.settlement(status, result))
 
     async def _record_approval(self, admitted: _Admitted) -> bool:
-        """The handler approved an ask and the tool ran: count it as an approved call."""
+        """The handler approved an ask and the tool ran: count it as an approved call
+        (whose answer, not the ask's, says whether to settle it with a result digest)."""
         answer = await check_call(
             admitted.call.guard,
             user=admitted.user,
@@ -158,4 +162,5 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         )
         if not answer.allowed:  # a deny rule filled up meanwhile; the tool already ran
             log.warning("approved %s call not recorded: %s", admitted.tool, answer.message)
+        admitted.call.send_result = answer.send_result
         return answer.allowed and not answer.degraded

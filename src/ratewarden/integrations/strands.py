@@ -12,7 +12,10 @@ which Strands hands to the model as the tool's error result. The user is
 `team_id` there become the call's session and team; the tool use's `input` becomes its
 `args` (sent whenever the daemon's policy reads them). The tool's metadata comes from its
 spec's `annotations`, where Strands keeps an MCP tool's ToolAnnotations (`readOnlyHint`
-and the rest), overridden by the `metadata` given to the hook.
+and the rest), overridden by the `metadata` given to the hook. A call the daemon answered
+with `send_result` (a loop rule keyed on results) is settled with the digest of the
+tool's result: the `status` and `content` of Strands' ToolResult (not its toolUseId,
+which differs on every call).
 
 Strands runs a synchronous `agent(...)` on a fresh event loop each time, so the
 callbacks are coroutines that run the thread-safe, blocking `Guard` in a worker thread:
@@ -32,7 +35,7 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import resolve_user, user_from
-from ratewarden.integrations._lifecycle import settlement
+from ratewarden.integrations._lifecycle import NO_RESULT, settlement
 from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, ToolMetadata
 from ratewarden.wire.names import check_request
@@ -78,10 +81,10 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
         self.guard = guard if guard is not None else Guard(fail=fail or "open")
         self._user = user
         self._metadata = dict(metadata or {})
-        # toolUseId -> call_ids of allowed calls that hold a slot or a reservation;
-        # a list, because a model may repeat a toolUseId. One hook may serve agents on
-        # several threads, hence the lock.
-        self._held: dict[str, list[str]] = {}
+        # toolUseId -> (call_id, send_result) of allowed calls that hold a slot, a
+        # reservation or a loop count; a list, because a model may repeat a toolUseId.
+        # One hook may serve agents on several threads, hence the lock.
+        self._held: dict[str, list[tuple[str, bool]]] = {}
         self._lock = threading.Lock()
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
@@ -98,17 +101,21 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
         if answer.decision == "allow":
             if answer.holds:
                 with self._lock:
-                    self._held.setdefault(_use_id(tool_use), []).append(answer.call_id)
+                    held = (answer.call_id, answer.send_result)
+                    self._held.setdefault(_use_id(tool_use), []).append(held)
             return
         event.cancel_tool = refusal_message(answer, tool)
 
     async def after_tool_call(self, event: AfterToolCallEvent) -> None:
         """Settle an allowed call that holds something, with its duration and status."""
-        call_id = self._take(_use_id(event.tool_use))
-        if call_id is None:  # refused, or it held nothing: nothing to settle
+        held = self._take(_use_id(event.tool_use))
+        if held is None:  # refused, or it held nothing: nothing to settle
             return
+        call_id, send_result = held
         duration = event.duration  # Strands' own measure, in seconds
-        settle = settlement(_status(event), None if duration is None else duration * 1000)
+        status = _status(event)
+        result = tool_result(event) if send_result and status != CallStatus.CANCELLED else NO_RESULT
+        settle = settlement(status, None if duration is None else duration * 1000, result)
         await asyncio.to_thread(self.guard.settle, call_id, settle)
 
     def request_for(self, event: Any) -> CheckRequest | None:
@@ -149,15 +156,15 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
             log.error("ratewarden refused the check of %s: %s", request.tool, exc)
             return unreachable_answer(request, self.guard.fail, exc)
 
-    def _take(self, use_id: str) -> str | None:
+    def _take(self, use_id: str) -> tuple[str, bool] | None:
         with self._lock:
             held = self._held.get(use_id)
             if not held:
                 return None
-            call_id = held.pop(0)
+            found = held.pop(0)
             if not held:
                 del self._held[use_id]
-            return call_id
+            return found
 
 
 def refusal_message(answer: CheckResponse, tool: str) -> str:
@@ -188,6 +195,18 @@ def _flags(source: Mapping[str, Any]) -> dict[str, Any]:
 
 def _valid_tag(tag: object) -> bool:
     return isinstance(tag, str) and 0 < len(tag) <= vocabulary.MAX_TAG
+
+
+def tool_result(event: Any) -> Any:
+    """What a settle digests of an AfterToolCallEvent's result: a ToolResult's `status`
+    and `content` (its toolUseId names the call, not what it returned); else the result
+    itself; no result when the tool raised."""
+    result = event.result
+    if event.exception is not None or result is None:
+        return NO_RESULT
+    if isinstance(result, Mapping):
+        return {"status": result.get("status"), "content": result.get("content")}
+    return result
 
 
 def _status(event: Any) -> CallStatus:

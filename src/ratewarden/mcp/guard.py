@@ -23,7 +23,10 @@ gateway (one `SessionGuard` per client session) share it.
   is cancelled (`cancelled`), or when the session ends first (`abandoned`), with the time
   the server took. The answer goes to the client first; the session's next check waits
   for the settle. A call that holds nothing is not settled (the daemon keeps nothing of
-  it to free), as with every adapter.
+  it to free), as with every adapter. A call the daemon answered with `send_result` (a
+  loop rule keyed on results) is settled with the digest of the server's
+  `CallToolResult`: its `content`, `structuredContent` and `isError`, not its `_meta`
+  (`_lifecycle.call_tool_result`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Any, Protocol
 
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, unreachable_answer
-from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall, call_tool_result
 from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
 from ratewarden.wire.names import check_request
@@ -176,7 +179,7 @@ class SessionGuard:
         if not answer.allowed:
             return Verdict(GuardAction.REFUSE, answer.message)
         if held:
-            self._admitted[request_id] = _unstarted(call_id)
+            self._admitted[request_id] = _unstarted(call_id, answer.send_result)
         return Verdict(GuardAction.FORWARD)
 
     async def _decide(
@@ -237,16 +240,22 @@ class SessionGuard:
         """Whether `request_id` is an admitted call the server has yet to answer."""
         return request_id in self._admitted
 
-    def finish(self, request_id: RequestId, *, error: bool) -> Settle | None:
-        """The server answered call `request_id` (an error result, or a success): its
-        settle, for the relay to run once the answer is on its way to the client (None:
-        nothing to settle). Until it has run, this session's next checks wait for it, so a
-        call made as soon as the last one answered finds its slot or money free."""
+    def finish(
+        self, request_id: RequestId, *, error: bool, result: Any = NO_RESULT
+    ) -> Settle | None:
+        """The server answered call `request_id` (an error result, or a success; `result`:
+        its `CallToolResult`, none for a JSON-RPC error): its settle, for the relay to run
+        once the answer is on its way to the client (None: nothing to settle). Until it has
+        run, this session's next checks wait for it, so a call made as soon as the last one
+        answered finds its slot or money free."""
         admitted = self._admitted.pop(request_id, None)
         if admitted is None:
             return None
         status = CallStatus.ERROR if error else CallStatus.OK
-        request = admitted.settlement(status)  # the server's time, not the relay's after it
+        if admitted.send_result and result is not NO_RESULT:  # digested only when asked for
+            result = call_tool_result(result)
+        # the server's time, not the relay's after it
+        request = admitted.settlement(status, result)
         done = asyncio.Event()
         self._settling.append(done)
 
@@ -280,9 +289,9 @@ class SessionGuard:
         await self.guard.settle(call.call_id, call.settlement(status))
 
 
-def _unstarted(call_id: str) -> AdmittedCall:
+def _unstarted(call_id: str, send_result: bool = False) -> AdmittedCall:
     """An admitted call not yet sent to the server: its duration starts at `sent`."""
-    return AdmittedCall(call_id, started=False)
+    return AdmittedCall(call_id, send_result=send_result, started=False)
 
 
 def refusal_result(message: str) -> dict[str, Any]:

@@ -216,8 +216,10 @@ class Relay:
             self._client_lists.discard(request_id)
             if isinstance(message, types.JSONRPCResponse):
                 self.guard.catalog.read(message.result)
-        error = isinstance(message, types.JSONRPCError) or _is_error(message.result)
-        return self.guard.finish(request_id, error=error)
+        if isinstance(message, types.JSONRPCError):
+            return self.guard.finish(request_id, error=True)
+        result = message.result
+        return self.guard.finish(request_id, error=_is_error(result), result=result)
 
     def _initialized(self, request_id: RequestId, *, accepted: bool) -> None:
         """The server answered an `initialize`: its capabilities hold only if accepted. Claude

@@ -32,6 +32,7 @@ from google.adk.runners import InMemoryRunner
 from google.adk.tools import FunctionTool
 from google.genai import types
 from pydantic import Field
+from send_result import AsyncSendResult  # type: ignore[import-not-found,unused-ignore]
 
 from ratewarden.client import AsyncGuard
 from ratewarden.integrations.adk import RatewardenPlugin
@@ -236,6 +237,10 @@ async def scenarios(url: str, dead_url: str) -> dict[str, Any]:
     ]
     report["cancelled"] = await host.run("cancelled", "cancel-user", cancelled)
     report.update(await ask_scenarios(url))
+    transport = AsyncSendResult()  # the daemon answers send_result: the settles it got
+    digest = Host(RatewardenPlugin(AsyncGuard(url, transport=transport)))
+    found = await digest.run("digest", "digest-user", terminal_plan(*["gh run view 7"] * 2))
+    report["digest"] = {**found, "settles": transport.settles}
 
     report["fail_open"] = await Host(RatewardenPlugin(AsyncGuard(dead_url))).run(
         "fail_open", "u-open", echoes(3)

@@ -46,6 +46,7 @@ from crewai.hooks import (  # noqa: E402
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from crewai.tools import tool  # noqa: E402
 from pydantic import Field  # noqa: E402
+from send_result import SendResult  # type: ignore[import-not-found,unused-ignore]  # noqa: E402
 
 from ratewarden.client import Guard  # noqa: E402
 from ratewarden.integrations.crewai import RatewardenHooks, console_approval  # noqa: E402
@@ -343,6 +344,10 @@ def scenarios(host: Host, url: str, dead_url: str) -> dict[str, Any]:
     }
     report.update(ask_scenarios(host, url))
     report["register_twice"] = register_twice()
+    transport = SendResult()  # the daemon answers send_result: the settles it got
+    hooks = RatewardenHooks(guard=Guard(url, transport=transport))
+    found = run("digest", terminal_plan(2), hooks, {"user_id": "digest-user"})
+    report["digest"] = {**found, "settles": transport.settles}
 
     os.environ["RATEWARDEN_URL"] = dead_url
     report["fail_open"] = run("fail_open", terminal_plan(3), RatewardenHooks(), {"user_id": "u1"})

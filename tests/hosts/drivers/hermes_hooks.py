@@ -140,11 +140,34 @@ def duplicates(config: dict[str, Any]) -> dict[str, Any]:
     return {"plugins": found, "hooks": len(ratewarden_hooks()), "result": result}
 
 
+def digest(config: dict[str, Any]) -> dict[str, Any]:
+    """Two identical terminal calls through hermes' dispatch, the plugin's guard answered
+    `send_result` by the real daemon (send_result.py): the settles, and what the model
+    got (the dispatch's result text, which post_tool_call passes as `result`)."""
+    import model_tools
+    from send_result import SendResult  # type: ignore[import-not-found,unused-ignore]
+
+    from ratewarden.client import Guard
+
+    found = plugins()
+    [hook] = ratewarden_hooks()
+    transport = SendResult()
+    hook.__self__.guard = Guard(transport=transport)  # RATEWARDEN_URL, marked send_result
+    results = [
+        model_tools.handle_function_call(
+            "terminal", {"command": "echo same"}, tool_call_id=f"call_{n}", session_id="s-dig"
+        )
+        for n in range(2)
+    ]
+    return {"plugins": found, "results": results, "settles": transport.settles}
+
+
 SCENARIOS: dict[str, Scenario] = {
     "fail_mode": fail_mode,
     "threads": threads,
     "ask": ask,
     "duplicates": duplicates,
+    "digest": digest,
 }
 
 

@@ -31,6 +31,7 @@ from langchain_core.tools import ToolException, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 from pydantic import Field
+from send_result import SendResult  # type: ignore[import-not-found,unused-ignore]
 
 from ratewarden.client import AsyncGuard, Guard
 from ratewarden.integrations.langchain import RatewardenMiddleware
@@ -340,11 +341,29 @@ def fail_scenarios() -> dict[str, Any]:
     }
 
 
+def result_scenarios(url: str) -> dict[str, Any]:
+    """Two identical calls with the same result, through invoke and ainvoke: each settle
+    carries the digest of the ToolMessage's content."""
+    report = {}
+    plan = [("terminal", {"command": "gh run view 7"})] * 2
+    for name, runner in (("result_digest", run_sync), ("result_digest_async", run_async)):
+        transport = SendResult()
+        middleware = RatewardenMiddleware(Guard(url, transport=transport))
+        context = {"context": {"user_id": f"{name}-user"}}
+        if runner is run_sync:
+            found = run_sync(name, plan, middleware, **context)
+        else:
+            found = asyncio.run(run_async(name, plan, middleware, **context))
+        report[name] = {**found, "settles": transport.settles}
+    return report
+
+
 def scenarios(url: str, dead_url: str) -> dict[str, Any]:
     os.environ["RATEWARDEN_URL"] = url
     report = limit_scenarios()
     report.update(error_scenarios())
     report.update(ask_scenarios(url))
+    report.update(result_scenarios(url))
     report["call_id"] = run_sync(
         "call_id", [("forbidden", {})], RatewardenMiddleware(), context={"user_id": "ids-user"}
     )

@@ -24,6 +24,7 @@ from typing import Any
 
 from agents import Agent, FunctionTool, RunHooks, Runner, function_tool, set_tracing_disabled
 from agents.testing import ScriptedModel, assistant_message, function_call
+from send_result import AsyncSendResult  # type: ignore[import-not-found,unused-ignore]
 
 from ratewarden.client import AsyncGuard
 from ratewarden.integrations.openai_agents import (
@@ -135,6 +136,23 @@ def commands(count: int) -> list[str]:
     return [f"echo {i}" for i in range(1, count + 1)]
 
 
+def result_scenarios(url: str) -> dict[str, Any]:
+    """Two identical calls, the daemon answering `send_result`, settled by the output
+    guardrail or by the run hooks: the settle bodies the daemon got."""
+    report = {}
+    for name in ("digest_guardrail", "digest_hooks"):
+        transport = AsyncSendResult()
+        check = make_ratewarden_guardrail(AsyncGuard(url, transport=transport))
+        by_hooks = name == "digest_hooks"
+        tool = guarded(check, settle=not by_hooks)
+        hooks = RatewardenRunHooks() if by_hooks else None
+        found = asyncio.run(
+            run_agent(name, tool, ["gh run view 7"] * 2, Context(f"{name}-user"), hooks=hooks)
+        )
+        report[name] = {**found, "settles": transport.settles}
+    return report
+
+
 def scenarios(url: str, dead_url: str) -> dict[str, Any]:
     os.environ["RATEWARDEN_URL"] = url
     report = {
@@ -179,6 +197,8 @@ def scenarios(url: str, dead_url: str) -> dict[str, Any]:
             Context("ask-user"),
         )
     )
+
+    report.update(result_scenarios(url))
 
     os.environ["RATEWARDEN_URL"] = dead_url
     report["fail_open"] = asyncio.run(

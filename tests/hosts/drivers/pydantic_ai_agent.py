@@ -37,6 +37,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai_middleware import MiddlewareToolset, ToolDecision
+from send_result import AsyncSendResult  # type: ignore[import-not-found,unused-ignore]
 
 from ratewarden.client import AsyncGuard
 from ratewarden.integrations.pydantic_ai import RatewardenMiddleware
@@ -185,6 +186,11 @@ def scenarios(url: str, dead_url: str) -> dict[str, Any]:
     )
     report.update(ask_scenarios(url))
     report["tool_call_id"] = asyncio.run(tool_call_id_scenario(url))
+    transport = AsyncSendResult()  # the daemon answers send_result: the settles it got
+    middleware = RatewardenMiddleware(AsyncGuard(url, transport=transport))
+    plan: Plan = [("terminal", {"command": "gh run view 7"})] * 2
+    digest = asyncio.run(run_agent("digest", plan, middleware, Deps("digest-user")))
+    report["digest"] = {**digest, "settles": transport.settles}
 
     os.environ["RATEWARDEN_URL"] = dead_url
     report["fail_open"] = asyncio.run(

@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterable
 from pathlib import Path
 from typing import Any
 
+from send_result import SendResult  # type: ignore[import-not-found,unused-ignore]
 from strands import Agent, tool
 from strands.models.model import Model
 
@@ -42,6 +43,7 @@ class ScriptedModel(Model):
         self.ids = ids  # "repeat": every call is `call_0`, as some model servers do
         self.turn = 0
         self.tool_results: list[dict[str, Any]] = []
+        self.raw_results: list[dict[str, Any]] = []  # each toolResult's status and content
 
     def update_config(self, **model_config: Any) -> None:
         pass
@@ -84,6 +86,7 @@ class ScriptedModel(Model):
             if result is not None:
                 text = " ".join(c.get("text", json.dumps(c)) for c in result["content"])
                 self.tool_results.append({"status": result["status"], "text": text})
+                self.raw_results.append({k: result[k] for k in ("status", "content")})
 
 
 class NoSettleHook(RatewardenHook):
@@ -134,6 +137,17 @@ def run_terminal(config: dict[str, Any], ran: Path) -> dict[str, Any]:
     return report(model, result, hook.guard)
 
 
+def run_digest(config: dict[str, Any], ran: Path) -> dict[str, Any]:
+    """Identical terminal calls, the daemon answering `send_result`: the settles it got."""
+    model = ScriptedModel([("terminal", {"command": "gh run view 7"})] * int(config["calls"]))
+    transport = SendResult()
+    hook = RatewardenHook(guard=Guard(transport=transport))  # RATEWARDEN_URL
+    agent = Agent(model=model, tools=[terminal_tool(ran)], hooks=[hook], callback_handler=None)
+    result = agent("poll the run", invocation_state={"user_id": config["user"]})
+    found = report(model, result, hook.guard)
+    return {**found, "raw_results": model.raw_results, "settles": transport.settles}
+
+
 def run_mcp(config: dict[str, Any], ran: Path) -> dict[str, Any]:
     from mcp.client.stdio import StdioServerParameters, stdio_client
     from strands.tools.mcp import MCPClient
@@ -163,7 +177,8 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     ran = Path(config["work"]) / "ran.txt"
     ran.touch()
-    run = run_mcp if config["scenario"] == "mcp" else run_terminal
+    runs = {"mcp": run_mcp, "digest": run_digest}
+    run = runs.get(config["scenario"], run_terminal)
     found = run(config, ran)
     found["ran"] = ran.read_text().splitlines()
     print(json.dumps(found))
