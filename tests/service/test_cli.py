@@ -649,3 +649,34 @@ def test_an_auth_refusal_names_the_variable_and_the_flag(tmp_path: Path) -> None
             assert "header" not in missing.stderr + wrong.stderr
         allowed = client(daemon, "check", "--tool", "t", "--user", "u", "--token", "good-token")
         assert allowed.returncode == 0, allowed.stderr
+
+
+# -- serve on a busy port ----------------------------------------------------------------
+
+
+def serve_on_a_busy_port(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`ratewarden serve` on a port another socket listens on."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = ratewarden("serve", "--port", str(port), *flags, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert " ready on " not in done.stdout + done.stderr, done.stderr
+    assert "Uvicorn running" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"ratewarden: cannot listen on 127.0.0.1:{port}: port {port} is already in use "
+        "(another ratewarden?); stop it, or choose another port with --port or RATEWARDEN_PORT"
+    )
+    return done
+
+
+def test_serve_on_a_busy_port_never_says_ready(tmp_path: Path) -> None:
+    serve_on_a_busy_port(tmp_path)
+
+
+@pytest.mark.redis
+def test_serve_with_workers_on_a_busy_port_never_says_ready(tmp_path: Path, redis_url: str) -> None:
+    serve_on_a_busy_port(tmp_path, "--workers", "2", "--store-url", redis_url)
