@@ -38,6 +38,12 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {  # field: (flag, help, metavar
     "store_url": ("--store-url", "memory://, redis://, rediss://, unix://", None),
     "policy": ("--policy", "policy file (unset: ./ratewarden.yaml, else the example)", None),
     "fail": ("--fail", "answer when the store is down (unset: the policy's)", None),
+    "data_dir": (
+        "--data-dir",
+        "where the memory store's state file goes (unset: $XDG_STATE_HOME/ratewarden, "
+        "else ~/.local/state/ratewarden)",
+        "DIR",
+    ),
     "store_timeout_ms": ("--store-timeout-ms", "store timeout", "MS"),
     "log_format": ("--log-format", "log format", None),
     "log_level": ("--log-level", "log level", None),
