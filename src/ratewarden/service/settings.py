@@ -81,8 +81,9 @@ class Settings(ConnectionSettings):
     log_format: Literal["json", "text"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Audit lines (one JSON object per deny, ask, shadow deny, approved ask): "-" for
-    # stderr, a file path, or "off".
-    audit_log: str = "-"
+    # stderr, a file path, or "off". Unset: stderr, unless stderr is a terminal, where
+    # JSON lines would bury the log someone is reading (logs.configure_audit says so).
+    audit_log: str | None = None
     # Include each call's `args` in audit lines. Off by default: args may hold secrets.
     audit_args: bool = False
     # Answer a rate refusal again from memory until its retry_after, without the store

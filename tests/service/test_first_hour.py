@@ -1,0 +1,99 @@
+"""The first hour with ratewarden, as a newcomer has it (issue 30, item 5): `serve` in a
+terminal, and the README's commands as written, against real `ratewarden serve` processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers.daemon import (
+    RATEWARDEN,
+    Daemon,
+    clean_environment,
+    running_daemon,
+    stop,
+    wait_until_healthy,
+)
+from tests.helpers.redis_server import free_port
+
+DENY_ALL = """\
+version: 1
+rules:
+  - {name: nothing, match: {tool: terminal}, rate: 0/minute}
+"""
+
+
+@contextlib.contextmanager
+def serve_in_a_terminal(cwd: Path, **env: str) -> Iterator[tuple[Daemon, list[bytes]]]:
+    """`ratewarden serve` with its stdout and stderr on a pseudo-terminal, as someone who
+    types it sees it; yields the daemon and what the terminal showed (complete once the
+    block ends and the daemon has stopped)."""
+    port = free_port()
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [*RATEWARDEN, "serve", "--port", str(port), "--policy", "policy.yaml"],
+        cwd=cwd,
+        env=clean_environment(**env),
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+        start_new_session=True,
+    )
+    os.close(terminal)
+    shown: list[bytes] = []
+
+    def read() -> None:  # until the daemon closes the terminal (EIO on Linux)
+        with contextlib.suppress(OSError):
+            while chunk := os.read(controller, 4096):
+                shown.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    log = cwd / "unused.log"
+    log.write_text("(the output went to a terminal)")
+    daemon = Daemon(f"http://127.0.0.1:{port}", port, process, log)
+    try:
+        wait_until_healthy(daemon)
+        yield daemon, shown
+    finally:
+        stop(process)
+        reader.join(timeout=10)
+        os.close(controller)
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_in_a_terminal_audit_lines_are_printed_only_when_asked(tmp_path: Path, asked: bool) -> None:
+    (tmp_path / "policy.yaml").write_text(DENY_ALL)
+    env = {"RATEWARDEN_AUDIT_LOG": "-"} if asked else {}
+    with (
+        serve_in_a_terminal(tmp_path, **env) as (daemon, shown),
+        httpx.Client(base_url=daemon.url, trust_env=False) as http,
+    ):
+        answer = http.post("/v1/check", json={"user": "u", "tool": "terminal"})
+        assert answer.json()["decision"] == "deny"
+        assert http.get("/v1/denials").json()["denials"]  # audited all the same
+    text = b"".join(shown).decode()
+    assert " ready on " in text
+    assert ('"event": "deny"' in text) is asked, text
+    hint = "audit lines are not printed in a terminal: set RATEWARDEN_AUDIT_LOG=-"
+    assert (hint in text) is not asked, text
+
+
+def test_out_of_a_terminal_audit_lines_go_to_stderr_by_default(tmp_path: Path) -> None:
+    (tmp_path / "policy.yaml").write_text(DENY_ALL)
+    with (
+        running_daemon(tmp_path, "--policy", "policy.yaml") as daemon,
+        httpx.Client(base_url=daemon.url, trust_env=False) as http,
+    ):
+        assert http.post("/v1/check", json={"user": "u", "tool": "terminal"}).status_code == 200
+    assert '"event": "deny"' in daemon.log_text()  # a log collector gets them, as before
+    assert "not printed in a terminal" not in daemon.log_text()
