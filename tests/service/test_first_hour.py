@@ -97,3 +97,50 @@ def test_out_of_a_terminal_audit_lines_go_to_stderr_by_default(tmp_path: Path) -
         assert http.post("/v1/check", json={"user": "u", "tool": "terminal"}).status_code == 200
     assert '"event": "deny"' in daemon.log_text()  # a log collector gets them, as before
     assert "not printed in a terminal" not in daemon.log_text()
+
+
+PER_TOOL = """\
+version: 1
+rules:
+  - {name: per-user, rate: 100/minute}
+  - {name: each-tool, per: [user, tool], rate: 10/minute}
+  - {name: each-session, per: [user, session], rate: 50/minute}
+  - {name: each-tool-in-a-session, per: [user, session, tool], rate: 5/minute}
+  - {name: repeats, per: [user, tool, args], rate: 3/minute}
+"""
+
+
+def test_usage_says_how_to_see_the_rules_it_leaves_out(tmp_path: Path) -> None:
+    (tmp_path / "policy.yaml").write_text(PER_TOOL)
+    with running_daemon(tmp_path, "--policy", "policy.yaml") as daemon:
+        bare = ratewarden_client(daemon, "usage", "--user", "u")
+        assert bare.returncode == 0, bare.stderr
+        assert bare.stdout.splitlines()[0] == "usage for u"
+        assert bare.stdout.splitlines()[2].split()[0] == "per-user"
+        assert bare.stdout.splitlines()[3:] == [
+            "rules per tool, not shown: each-tool (add --tool NAME)",
+            "rules per session, not shown: each-session (add --session ID)",
+            "rules per session and tool, not shown: each-tool-in-a-session "
+            "(add --session ID --tool NAME)",
+        ]
+        full = ratewarden_client(daemon, "usage", "--user", "u", "--tool", "t", "--session", "s")
+        assert [line.split()[0] for line in full.stdout.splitlines()[2:]] == [
+            "per-user", "each-tool", "each-session", "each-tool-in-a-session"
+        ]  # fmt: skip
+        with httpx.Client(trust_env=False) as http:
+            answer = http.get(f"{daemon.url}/v1/usage", params={"user": "u", "tool": "t"}).json()
+        assert answer["unshown"] == [
+            {"rule": "each-session", "needs": ["session"]},
+            {"rule": "each-tool-in-a-session", "needs": ["session"]},
+        ]
+
+
+def ratewarden_client(daemon: Daemon, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RATEWARDEN, command, "--url", daemon.url, *args],
+        env=clean_environment(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )

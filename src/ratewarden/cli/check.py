@@ -28,7 +28,7 @@ from ratewarden.cli.common import (
 from ratewarden.vocabulary import METADATA_FLAGS, shown
 
 if TYPE_CHECKING:
-    from ratewarden.wire.bodies import CheckResponse
+    from ratewarden.wire.bodies import CheckResponse, UsageResponse
 
 
 def add_parsers(commands: Any) -> None:
@@ -182,7 +182,26 @@ def _usage(args: argparse.Namespace) -> int:
     rows = [_usage_row(item) for item in answer.limits]
     print(f"usage for {answer.user}" + (f", tool {answer.tool}" if answer.tool else ""))
     print(table(["RULE", "KIND", "LIMIT", "USED", "REMAINING", "RESETS IN", "MODE"], rows))
+    for line in _unshown(answer):
+        print(line)
     return 0
+
+
+# The flag that gives each part a rule's counter may need.
+_PART_FLAGS = {"tool": "--tool NAME", "session": "--session ID", "team": "--team NAME"}
+
+
+def _unshown(answer: UsageResponse) -> list[str]:
+    """A line per kind of rule left out of the table, and the flags that show it:
+    `rules per tool, not shown: all-tools-burst (add --tool NAME)`."""
+    by_needs: dict[tuple[str, ...], list[str]] = {}
+    for item in answer.unshown:
+        by_needs.setdefault(tuple(item.needs), []).append(shown(item.rule))
+    return [
+        f"rules per {' and '.join(needs)}, not shown: {', '.join(rules)} "
+        f"(add {' '.join(_PART_FLAGS.get(part, '--' + part) for part in needs)})"
+        for needs, rules in by_needs.items()
+    ]
 
 
 def _usage_row(item: Any) -> list[str]:
