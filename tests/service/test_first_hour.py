@@ -5,8 +5,12 @@ terminal, and the README's commands as written, against real `ratewarden serve` 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pty
+import re
+import shlex
+import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -144,3 +148,84 @@ def ratewarden_client(daemon: Daemon, command: str, *args: str) -> subprocess.Co
         timeout=30,
         check=False,
     )
+
+
+# -- the README's commands, as written -----------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+
+
+def readme_shell_lines() -> list[str]:
+    """Every line of the README's `sh` blocks, its comment cut off."""
+    blocks = re.findall(r"```sh\n(.*?)```", README, re.S)
+    return [line.split("   #")[0].strip() for block in blocks for line in block.splitlines()]
+
+
+def test_the_readme_policy_is_the_file_it_names() -> None:
+    [block] = re.findall(r"```yaml\n(.*?)```", README, re.S)
+    assert (ROOT / "examples" / "ratewarden.yaml").read_text() == block
+
+
+def test_the_readme_policy_commands_work_on_a_clone() -> None:
+    commands = [line for line in readme_shell_lines() if " policy " in line]
+    assert [c.split()[:3] for c in commands] == [
+        [".venv/bin/ratewarden", "policy", "check"],
+        [".venv/bin/ratewarden", "policy", "explain"],
+    ]
+    for command in commands:
+        argv = shlex.split(command)
+        done = subprocess.run(
+            [*RATEWARDEN, *argv[1:]],
+            cwd=ROOT,
+            env=clean_environment(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        named = argv[3]
+        if (ROOT / ".git").exists():  # in a clone: the file is one git gives it
+            tracked = subprocess.run(
+                ["git", "ls-files", "--error-unmatch", named], cwd=ROOT, capture_output=True,
+                check=False,
+            )  # fmt: skip
+            assert tracked.returncode == 0, f"{named} is not in the repository"
+
+
+def test_the_readme_check_settle_and_curl_work_as_written(tmp_path: Path) -> None:
+    """The README's client lines against a real daemon: check, then settle with the id it
+    printed, then the curl line with the system's curl (no `--json`: curl 7.82+ only)."""
+    [check, settle, curl] = [
+        line for line in readme_shell_lines() if line.split()[1:2] in (["check"], ["settle"])
+        or line.startswith("curl ")
+    ]  # fmt: skip
+    for text in (README, *(p.read_text() for p in (ROOT / "docs").glob("*.md"))):
+        assert not re.search(r"curl [^\n]*--json", text)
+    with running_daemon(tmp_path) as daemon:
+        env = clean_environment(RATEWARDEN_URL=daemon.url)
+        checked = subprocess.run(
+            [*RATEWARDEN, *shlex.split(check)[1:]], env=env, capture_output=True, text=True,
+            timeout=30, check=False,
+        )  # fmt: skip
+        assert checked.returncode == 0, checked.stderr
+        call_id = re.fullmatch(r"allow call_id=(\S+)\n", checked.stdout)
+        assert call_id is not None, checked.stdout
+        argv = shlex.split(settle.replace("rw-…", call_id[1]))
+        settled = subprocess.run(
+            [*RATEWARDEN, *argv[1:]], env=env, capture_output=True, text=True, timeout=30,
+            check=False,
+        )  # fmt: skip
+        assert (settled.returncode, settled.stdout) == (
+            0,
+            f"{call_id[1]}: settled (daily-spend 0.00)\n",
+        )
+        if shutil.which("curl") is None:
+            pytest.skip("no curl here")
+        posted = subprocess.run(
+            shlex.split(curl.replace("localhost:8470", f"127.0.0.1:{daemon.port}")),
+            env=env, capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert posted.returncode == 0, posted.stderr
+        assert json.loads(posted.stdout)["decision"] == "allow"
