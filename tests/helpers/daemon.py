@@ -28,7 +28,10 @@ RATEWARDEN = (sys.executable, "-m", "ratewarden")
 
 def clean_environment(**extra: str) -> dict[str, str]:
     """The environment without RATEWARDEN_*, proxy or multiprocess-metrics settings (the
-    daemon under test is local and configured by the test), plus `extra`."""
+    daemon under test is local and configured by the test), plus `extra`.
+
+    Its data directory is its working directory (the test's own), never the user's
+    ~/.local/state/ratewarden, which every test's daemon would share."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -36,6 +39,7 @@ def clean_environment(**extra: str) -> dict[str, str]:
         and "proxy" not in k.lower()
         and k != "PROMETHEUS_MULTIPROC_DIR"
     }
+    env["RATEWARDEN_DATA_DIR"] = "."
     env.update(extra)
     return env
 

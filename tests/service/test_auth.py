@@ -546,9 +546,9 @@ def test_serve_with_tokens_from_flags(tmp_path: Path, policy_file: Path) -> None
         assert (allowed.returncode, allowed.stderr) == (0, "")
         refused = ratewarden("check", "--url", daemon.url, "--user", "u", "--tool", "terminal")
         assert refused.returncode == 2
-        assert refused.stderr == (
-            "ratewarden: the daemon refused the request: missing bearer token: "
-            "send the header `Authorization: Bearer <token>`\n"
+        assert refused.stderr == (  # a shell user sets a variable or a flag, not a header
+            f"ratewarden: the daemon at {daemon.url} needs a token: set RATEWARDEN_TOKEN "
+            "(or pass --token TOKEN)\n"
         )
         usage = ratewarden("usage", "--url", daemon.url, "--token", BAD_TOKEN, "--user", "u")
         assert usage.returncode == 2

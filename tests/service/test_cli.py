@@ -376,7 +376,8 @@ def test_serve_with_no_flags_uses_the_memory_store_and_the_packaged_policy(
             assert http.get(f"{daemon.url}/v1/policy").json()["version"] == example.version
             assert http.get(f"{daemon.url}/readyz").status_code == 200
         allowed = client(daemon, "check", "--user", "discord:1234", "--tool", "terminal")
-        assert (allowed.returncode, allowed.stdout, allowed.stderr) == (0, "", "")
+        assert (allowed.returncode, allowed.stderr) == (0, "")
+        assert re.fullmatch(r"allow call_id=\S+\n", allowed.stdout), allowed.stdout
         usage = client(daemon, "usage", "--user", "discord:1234", "--tool", "terminal")
         assert usage.returncode == 0, usage.stderr
         assert usage.stdout.splitlines()[0] == "usage for discord:1234, tool terminal"
@@ -423,14 +424,17 @@ def test_check_exit_codes_and_usage_table(tmp_path: Path) -> None:
 
         allowed = client(daemon, "check", "--user", "u", "--tool", "terminal")
         assert (allowed.returncode, allowed.stderr) == (0, "")
+        assert allowed.stdout.startswith("allow call_id="), allowed.stdout
 
-        denied = client(daemon, "check", "--user", "u", "--tool", "terminal")
+        denied = client(daemon, "check", "--user", "u", "--tool", "terminal", "--call-id", "c-d")
         assert denied.returncode == 1
         assert DENY_LINE.match(denied.stderr.splitlines()[0]), denied.stderr
+        assert re.fullmatch(r"deny call_id=c-d retry_after=[\d.]+\n", denied.stdout)
 
         asked = client(daemon, "check", "--user", "u", "--tool", "deploy", "--session", "s-1")
         assert asked.returncode == 3
         assert asked.stderr.splitlines()[0] == "Rate limit: max 0 deploy calls per minute"
+        assert asked.stdout.startswith("ask call_id=")
 
         approved = client(daemon, "check", "--user", "u", "--tool", "deploy", "--approved",
                                  "--json", "--call-id", "call_abc")  # fmt: skip
@@ -575,3 +579,104 @@ def test_serve_flags_are_the_settings_fields_with_their_defaults(
     assert actions["log_level"].choices == ["debug", "info", "warning", "error"]
     assert actions["port"].type is int
     assert actions["request_timeout_s"].type is float
+
+
+# -- check then settle, from a shell (item: the CLI shows what it decided) ---------------
+
+SPEND_POLICY = """\
+version: 1
+rules:
+  - {name: spend, per: [user], budget: 1.00/day, currency: USD, soft_limit: 50%}
+"""
+SOFT_WARNING = "Budget soft limit: web tools at 70% of 1.00 USD this day (spend)"
+
+
+def test_check_prints_its_call_id_and_warnings_so_settle_can_follow(tmp_path: Path) -> None:
+    (tmp_path / "ratewarden.yaml").write_text(SPEND_POLICY)
+    with running_daemon(tmp_path) as daemon:
+        first = client(daemon, "check", "--user", "u", "--tool", "web", "--cost", "0.4")
+        assert (first.returncode, first.stderr) == (0, "")
+        [line] = first.stdout.splitlines()
+        decision, call_id = line.split(" ")
+        assert decision == "allow"
+        assert call_id.startswith("call_id=")
+        settled = client(daemon, "settle", call_id.removeprefix("call_id="), "--cost", "0.6")
+        assert (settled.returncode, settled.stderr) == (0, "")
+        assert settled.stdout == f"{call_id.removeprefix('call_id=')}: settled (spend 0.60)\n"
+
+        warned = client(daemon, "check", "--user", "u", "--tool", "web", "--cost", "0.1")
+        assert (warned.returncode, warned.stderr) == (0, "")
+        assert warned.stdout.splitlines()[1:] == [f"warning: {SOFT_WARNING}"]
+
+        as_json = client(daemon, "check", "--user", "u", "--tool", "web", "--json")
+        assert as_json.returncode == 0
+        answer = httpx.Response(200, content=as_json.stdout).json()
+        assert (answer["decision"], answer["warnings"]) == ("allow", [SOFT_WARNING])
+        assert answer["call_id"] != call_id.removeprefix("call_id=")
+
+
+@pytest.mark.parametrize("command", ["check", "settle", "usage"])
+def test_every_exit_code_of_a_client_command_is_in_its_help(command: str) -> None:
+    from ratewarden.cli.common import EXIT_CODES
+
+    shown = ratewarden(command, "--help")
+    assert shown.returncode == 0
+    epilog = shown.stdout.partition("exit status:\n")[2]
+    assert [int(line.split()[0]) for line in epilog.splitlines() if line[2:3].isdigit()] == (
+        sorted(EXIT_CODES[command])
+    )
+    assert "RATEWARDEN_TOKEN" in epilog
+    assert "--token" in epilog
+
+
+def test_an_auth_refusal_names_the_variable_and_the_flag(tmp_path: Path) -> None:
+    (tmp_path / "ratewarden.yaml").write_text(SPEND_POLICY)
+    with running_daemon(tmp_path, "--api-token", "good-token") as daemon:
+        for command in (["check", "--tool", "t", "--user", "u"], ["usage", "--user", "u"],
+                        ["settle", "c1"]):  # fmt: skip
+            missing = client(daemon, *command)
+            assert missing.returncode == 2, missing.stderr
+            assert missing.stderr == (
+                f"ratewarden: the daemon at {daemon.url} needs a token: set RATEWARDEN_TOKEN "
+                "(or pass --token TOKEN)\n"
+            )
+            wrong = client(daemon, *command, "--token", "bad-token")
+            assert wrong.returncode == 2, wrong.stderr
+            assert wrong.stderr.startswith(
+                f"ratewarden: the daemon at {daemon.url} refused the token from --token "
+                "(invalid bearer token): set RATEWARDEN_TOKEN"
+            )
+            assert "header" not in missing.stderr + wrong.stderr
+        allowed = client(daemon, "check", "--tool", "t", "--user", "u", "--token", "good-token")
+        assert allowed.returncode == 0, allowed.stderr
+
+
+# -- serve on a busy port ----------------------------------------------------------------
+
+
+def serve_on_a_busy_port(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`ratewarden serve` on a port another socket listens on."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = ratewarden("serve", "--port", str(port), *flags, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert " ready on " not in done.stdout + done.stderr, done.stderr
+    assert "Uvicorn running" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"ratewarden: cannot listen on 127.0.0.1:{port}: port {port} is already in use "
+        "(another ratewarden?); stop it, or choose another port with --port or RATEWARDEN_PORT"
+    )
+    return done
+
+
+def test_serve_on_a_busy_port_never_says_ready(tmp_path: Path) -> None:
+    serve_on_a_busy_port(tmp_path)
+
+
+@pytest.mark.redis
+def test_serve_with_workers_on_a_busy_port_never_says_ready(tmp_path: Path, redis_url: str) -> None:
+    serve_on_a_busy_port(tmp_path, "--workers", "2", "--store-url", redis_url)

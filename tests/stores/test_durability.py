@@ -408,12 +408,22 @@ async def test_two_daemons_cannot_share_one_state_file(tmp_path: Path, clock: Fa
     await second.close()
 
 
-def test_state_file_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RATEWARDEN_STATE_FILE", "RATEWARDEN_STATE_INTERVAL_S"):
+def test_state_file_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("RATEWARDEN_STATE_FILE", "RATEWARDEN_STATE_INTERVAL_S", "RATEWARDEN_DATA_DIR"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     default = Settings()
-    assert default.state_path() == Path("ratewarden-state.json")
+    assert default.state_path() == tmp_path / ".local/state/ratewarden/ratewarden-state.json"
     assert default.state_interval_s == 5.0
+    monkeypatch.setenv("XDG_STATE_HOME", "/srv/state")
+    assert Settings().state_path() == Path("/srv/state/ratewarden/ratewarden-state.json")
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/state")  # ignored, as XDG says
+    assert Settings().state_path() == tmp_path / ".local/state/ratewarden/ratewarden-state.json"
+    monkeypatch.setenv("RATEWARDEN_DATA_DIR", "/srv/rw")
+    assert Settings().state_path() == Path("/srv/rw/ratewarden-state.json")
+    monkeypatch.setenv("RATEWARDEN_DATA_DIR", ".")  # the working directory, if asked
+    assert Settings().state_path() == Path("ratewarden-state.json")
     monkeypatch.setenv("RATEWARDEN_STATE_FILE", "/var/lib/ratewarden/state.json")
     monkeypatch.setenv("RATEWARDEN_STATE_INTERVAL_S", "0.5")
     assert Settings().state_path() == Path("/var/lib/ratewarden/state.json")
@@ -552,6 +562,33 @@ def test_serve_refuses_a_corrupt_state_file_before_binding_its_port(tmp_path: Pa
     assert f"ratewarden: cannot load the state file {state}: it is not valid JSON" in done.stderr
     assert "Uvicorn running" not in done.stderr
     assert state.read_text().endswith('"cells": [')
+
+
+@pytest.mark.parametrize("where", ["home", "xdg", "data_dir"])
+def test_the_state_file_goes_to_the_data_directory_not_the_working_one(
+    tmp_path: Path, where: str
+) -> None:
+    work, home = tmp_path / "clone", tmp_path / "home"
+    work.mkdir()
+    (work / "policy.yaml").write_text(ALL_KINDS)
+    env = clean_environment(HOME=str(home))
+    for name in ("XDG_STATE_HOME", "RATEWARDEN_DATA_DIR"):
+        env.pop(name, None)
+    expected = home / ".local/state/ratewarden"
+    if where == "xdg":
+        env["XDG_STATE_HOME"] = str(tmp_path / "xdg")
+        expected = tmp_path / "xdg/ratewarden"
+    elif where == "data_dir":
+        env["RATEWARDEN_DATA_DIR"] = str(tmp_path / "data")
+        expected = tmp_path / "data"
+    with running_daemon(work, "--policy", "policy.yaml", env=env) as daemon:
+        with httpx.Client(trust_env=False) as http:
+            http.post(f"{daemon.url}/v1/check", json={"user": "alice", "tool": "terminal"})
+        stop(daemon, signal.SIGTERM)
+    assert f"{expected / 'ratewarden-state.json'}" in daemon.log_text()  # the ready line says
+    assert json.loads((expected / "ratewarden-state.json").read_text())["cells"]
+    assert (expected.stat().st_mode & 0o777) == 0o700
+    assert sorted(p.name for p in work.iterdir()) == ["policy.yaml", daemon.log.name]
 
 
 def test_state_file_off_keeps_nothing(tmp_path: Path) -> None:

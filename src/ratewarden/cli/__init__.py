@@ -3,7 +3,8 @@
 reset.py; what they share is common.py).
 
 Exit codes of `check`: 0 allow, 1 deny (reason on stderr), 3 ask, 4 daemon unreachable,
-2 bad usage (a flag, or a request the daemon refused). `hook HOST` answers in the host's
+2 bad usage (a flag, a request the daemon refused, or auth); those of `settle` and `usage`
+likewise, each listed in its --help (common.EXIT_CODES). `hook HOST` answers in the host's
 own terms instead (see `ratewarden.hooks`).
 """
 

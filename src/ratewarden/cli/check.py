@@ -1,30 +1,34 @@
 """`check`, `settle` and `usage`: a running daemon's client on the command line.
 
-Exit codes of `check`: 0 allow, 1 deny (reason on stderr), 3 ask, 4 daemon unreachable,
-2 bad usage (a flag, or a request the daemon refused).
+`check` prints what it decided on stdout, whatever the decision (`allow call_id=ID`, then
+a `warning:` line each), so that `settle ID` can follow it from a shell; a refusal's reason
+goes to stderr. Exit codes: common.EXIT_CODES, shown in each command's --help.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ratewarden.cli.common import (
     EXIT_ALLOW,
     EXIT_ASK,
     EXIT_DENY,
     EXIT_UNREACHABLE,
-    EXIT_USAGE,
     add_client_flags,
     add_metadata_flags,
     args_json,
     client_target,
+    exit_codes,
     flags_given,
+    refused,
     table,
-    usage_error,
 )
-from ratewarden.vocabulary import METADATA_FLAGS
+from ratewarden.vocabulary import METADATA_FLAGS, shown
+
+if TYPE_CHECKING:
+    from ratewarden.wire.bodies import CheckResponse, UsageResponse
 
 
 def add_parsers(commands: Any) -> None:
@@ -34,7 +38,12 @@ def add_parsers(commands: Any) -> None:
 
 
 def _add_check(commands: Any) -> None:
-    check = commands.add_parser("check", help="ask a running daemon whether a call may run")
+    check = commands.add_parser(
+        "check",
+        help="ask a running daemon whether a call may run",
+        epilog=exit_codes("check"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     check.add_argument("--user", required=True)
     check.add_argument("--tool", required=True)
     check.add_argument("--session")
@@ -72,12 +81,21 @@ def _check(args: argparse.Namespace) -> int:
         print(f"ratewarden daemon unreachable at {settings.url}: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except ClientError as exc:
-        return usage_error(f"the daemon refused the request: {exc}")
-    if args.json:
-        print(answer.model_dump_json(indent=2))
+        return refused(exc, args)
+    print(answer.model_dump_json(indent=2) if args.json else _decided(answer))
     if answer.decision != "allow":
-        print(answer.message, file=sys.stderr)
+        print(shown(answer.message), file=sys.stderr)
     return {"allow": EXIT_ALLOW, "deny": EXIT_DENY, "ask": EXIT_ASK}[answer.decision]
+
+
+def _decided(answer: CheckResponse) -> str:
+    """`allow call_id=ID` (and what else the answer says about the call), then a line per
+    warning: what a shell needs to settle the call, and what it should know."""
+    said = [answer.decision, f"call_id={answer.call_id}"]
+    if answer.retry_after is not None:
+        said.append(f"retry_after={answer.retry_after:g}")
+    said += [name for name in ("approved", "degraded", "replayed") if getattr(answer, name)]
+    return "\n".join([" ".join(said), *(f"warning: {shown(w)}" for w in answer.warnings)])
 
 
 def _metadata(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -90,7 +108,12 @@ def _metadata(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _add_settle(commands: Any) -> None:
-    settle = commands.add_parser("settle", help="report a finished call: its actual cost")
+    settle = commands.add_parser(
+        "settle",
+        help="report a finished call: its actual cost",
+        epilog=exit_codes("settle"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     settle.add_argument("call_id", metavar="CALL_ID")
     settle.add_argument("--cost", type=float, help="actual cost (default: the estimate)")
     settle.add_argument("--status", help="how the call ended (ok, error...)")
@@ -111,8 +134,10 @@ def _settle(args: argparse.Namespace) -> int:
         print(f"ratewarden daemon unreachable at {settings.url}: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except ClientError as exc:
-        print(f"ratewarden: {exc}", file=sys.stderr)
-        return EXIT_DENY if exc.status == 404 else EXIT_USAGE
+        if exc.status != 404:
+            return refused(exc, args)
+        print(f"ratewarden: {shown(exc)}", file=sys.stderr)
+        return EXIT_DENY
     if args.json:
         print(answer.model_dump_json(indent=2))
     else:
@@ -125,7 +150,12 @@ def _settle(args: argparse.Namespace) -> int:
 
 
 def _add_usage(commands: Any) -> None:
-    usage = commands.add_parser("usage", help="a user's limits, used and remaining")
+    usage = commands.add_parser(
+        "usage",
+        help="a user's limits, used and remaining",
+        epilog=exit_codes("usage"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     usage.add_argument("--user", required=True)
     usage.add_argument("--tool")
     usage.add_argument("--session")
@@ -145,14 +175,33 @@ def _usage(args: argparse.Namespace) -> int:
         print(f"ratewarden daemon unreachable at {settings.url}: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except ClientError as exc:
-        return usage_error(f"the daemon refused the request: {exc}")
+        return refused(exc, args)
     if args.json:
         print(answer.model_dump_json(indent=2))
         return 0
     rows = [_usage_row(item) for item in answer.limits]
     print(f"usage for {answer.user}" + (f", tool {answer.tool}" if answer.tool else ""))
     print(table(["RULE", "KIND", "LIMIT", "USED", "REMAINING", "RESETS IN", "MODE"], rows))
+    for line in _unshown(answer):
+        print(line)
     return 0
+
+
+# The flag that gives each part a rule's counter may need.
+_PART_FLAGS = {"tool": "--tool NAME", "session": "--session ID", "team": "--team NAME"}
+
+
+def _unshown(answer: UsageResponse) -> list[str]:
+    """A line per kind of rule left out of the table, and the flags that show it:
+    `rules per tool, not shown: all-tools-burst (add --tool NAME)`."""
+    by_needs: dict[tuple[str, ...], list[str]] = {}
+    for item in answer.unshown:
+        by_needs.setdefault(tuple(item.needs), []).append(shown(item.rule))
+    return [
+        f"rules per {' and '.join(needs)}, not shown: {', '.join(rules)} "
+        f"(add {' '.join(_PART_FLAGS.get(part, '--' + part) for part in needs)})"
+        for needs, rules in by_needs.items()
+    ]
 
 
 def _usage_row(item: Any) -> list[str]:

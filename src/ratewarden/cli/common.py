@@ -8,13 +8,37 @@ import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ratewarden.vocabulary import DEFAULT_URL, METADATA_FLAGS, ClientSettings
+from ratewarden.vocabulary import DEFAULT_URL, METADATA_FLAGS, ClientSettings, shown
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
+    from ratewarden.client import ClientError
+
 
 EXIT_ALLOW, EXIT_DENY, EXIT_USAGE, EXIT_ASK, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+# What each client command's exit status means: its --help epilog (README and docs/api.md
+# say the same; tests/service/test_cli.py holds them together).
+_EXIT_SHARED = {
+    EXIT_USAGE: "bad usage: a flag, a request the daemon refused, or auth (no token, or a\n"
+    "token the daemon does not accept: set RATEWARDEN_TOKEN or pass --token)",
+    EXIT_UNREACHABLE: "the daemon is unreachable (RATEWARDEN_URL or --url says where it is)",
+}
+EXIT_CODES: dict[str, dict[int, str]] = {
+    "check": {
+        EXIT_ALLOW: "allow (prints `allow call_id=ID`, then a `warning:` line each)",
+        EXIT_DENY: "deny (prints `deny call_id=ID`; the reason on stderr)",
+        EXIT_ASK: "ask: a human must approve (prints `ask call_id=ID`; the reason on stderr)",
+    }
+    | _EXIT_SHARED,
+    "settle": {
+        0: "settled, or already settled (it says which)",
+        1: "no call to settle by that id (never checked, refused, holding nothing,\n"
+        "or its record expired)",
+    }
+    | _EXIT_SHARED,
+    "usage": {0: "the table (or --json) was printed"} | _EXIT_SHARED,
+}
 # What the `daemon` extra brings, imported by `serve` and `policy` (a host installs only the
 # client: there, these commands say what to install instead of failing on an import).
 DAEMON_MODULES = ("fastapi", "uvicorn", "redis", "pydantic_settings", "prometheus_client",
@@ -25,6 +49,33 @@ def client_target(args: argparse.Namespace) -> ClientSettings:
     """The daemon's URL and token: the flags over RATEWARDEN_URL and RATEWARDEN_TOKEN, read
     as the client reads them (no pydantic-settings: a host may run `check`)."""
     return ClientSettings.read()._replace(**flags_given(args, "url", "token"))
+
+
+def exit_codes(command: str) -> str:
+    """The --help epilog of a client command: every exit status it can end with."""
+    lines = [
+        f"  {code}  " + text.replace("\n", "\n     ")
+        for code, text in sorted(EXIT_CODES[command].items())
+    ]
+    return "exit status:\n" + "\n".join(lines)
+
+
+def refused(exc: ClientError, args: argparse.Namespace) -> int:
+    """The daemon refused the request (a 4xx): said for someone at a shell. An auth
+    refusal names the variable or flag that sets the token, not the HTTP header."""
+    target = client_target(args)
+    source = "--token" if getattr(args, "token", None) else "$RATEWARDEN_TOKEN"
+    if exc.status == 401 and target.token is None:
+        return usage_error(
+            f"the daemon at {target.url} needs a token: set RATEWARDEN_TOKEN "
+            "(or pass --token TOKEN)"
+        )
+    if exc.status in (401, 403):
+        return usage_error(
+            f"the daemon at {target.url} refused the token from {source} ({shown(exc)}): "
+            "set RATEWARDEN_TOKEN (or pass --token TOKEN) to a token it accepts"
+        )
+    return usage_error(f"the daemon refused the request: {shown(exc)}")
 
 
 def missing_daemon_module() -> str | None:

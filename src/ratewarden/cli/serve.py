@@ -1,10 +1,18 @@
-"""`ratewarden serve`: the daemon, under uvicorn, with one worker or several."""
+"""`ratewarden serve`: the daemon, under uvicorn, with one worker or several.
+
+The port is bound before the daemon starts, so that its "ready" line is only ever
+logged by a process that listens: a busy port is refused with a message naming it,
+before anything else runs (and exit status 2, like any other start-up refusal).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +38,12 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {  # field: (flag, help, metavar
     "store_url": ("--store-url", "memory://, redis://, rediss://, unix://", None),
     "policy": ("--policy", "policy file (unset: ./ratewarden.yaml, else the example)", None),
     "fail": ("--fail", "answer when the store is down (unset: the policy's)", None),
+    "data_dir": (
+        "--data-dir",
+        "where the memory store's state file goes (unset: $XDG_STATE_HOME/ratewarden, "
+        "else ~/.local/state/ratewarden)",
+        "DIR",
+    ),
     "store_timeout_ms": ("--store-timeout-ms", "store timeout", "MS"),
     "log_format": ("--log-format", "log format", None),
     "log_level": ("--log-level", "log level", None),
@@ -45,6 +59,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {  # field: (flag, help, metavar
         "N",
     ),
 }  # fmt: skip
+STARTUP_FAILURE = 3  # uvicorn's exit status when the app's start-up fails, kept
 TOKENS = "(repeatable; replaces $RATEWARDEN_%s, safer since flags show in `ps`)"
 
 
@@ -144,6 +159,10 @@ def _run_uvicorn(settings: Settings) -> int:
         app = create_app(settings, policy=policy) if settings.workers == 1 else None
     except StoreURLError as exc:
         return usage_error(str(exc))
+    try:
+        listening = _listen(settings.host, settings.port)
+    except OSError as exc:
+        return usage_error(_cannot_listen(settings, exc))
     install(settings)  # workers derive the same limits from the environment
     options: dict[str, Any] = {
         "host": settings.host,
@@ -154,23 +173,59 @@ def _run_uvicorn(settings: Settings) -> int:
         "http": GuardedHttpProtocol,
     }
     if app is not None:
-        uvicorn.run(app, **options)
-    else:
-        # Workers import the app themselves; they read the same settings from the environment,
-        # and write their metrics where /metrics in any worker can merge them.
-        os.environ.update(_as_environment(settings))
-        created = _prepare_multiprocess_metrics()
-        try:
-            uvicorn.run(
-                "ratewarden.service.app:create_app_from_env",
-                factory=True,
-                workers=settings.workers,
-                **options,
-            )
-        finally:
-            if created:  # ours: remove it; an operator's directory stays
-                shutil.rmtree(created, ignore_errors=True)
+        # On the socket bound above: the app's start-up (which logs "ready") runs once
+        # it listens; connections wait in its backlog until then.
+        server = uvicorn.Server(uvicorn.Config(app, **options))
+        with listening, contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[listening])
+        return 0 if server.started else STARTUP_FAILURE
+    # Several workers: uvicorn binds the port itself, in this process, before any worker
+    # starts (and logs "ready"); the socket above only said why it would fail.
+    listening.close()
+    # Workers import the app themselves; they read the same settings from the environment,
+    # and write their metrics where /metrics in any worker can merge them.
+    os.environ.update(_as_environment(settings))
+    created = _prepare_multiprocess_metrics()
+    try:
+        uvicorn.run(
+            "ratewarden.service.app:create_app_from_env",
+            factory=True,
+            workers=settings.workers,
+            **options,
+        )
+    finally:
+        if created:  # ours: remove it; an operator's directory stays
+            shutil.rmtree(created, ignore_errors=True)
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to the daemon's address and listening, as uvicorn would bind it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind((host, port))
+        listening.listen(2048)  # uvicorn's default backlog
+    except OSError:
+        listening.close()
+        raise
+    listening.set_inheritable(True)
+    return listening
+
+
+def _cannot_listen(settings: Settings, exc: OSError) -> str:
+    where = (
+        f"[{settings.host}]:{settings.port}"
+        if ":" in settings.host
+        else (f"{settings.host}:{settings.port}")
+    )
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"cannot listen on {where}: port {settings.port} is already in use (another "
+            "ratewarden?); stop it, or choose another port with --port or RATEWARDEN_PORT"
+        )
+    return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
 def _prepare_multiprocess_metrics() -> str | None:

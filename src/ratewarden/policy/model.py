@@ -659,10 +659,38 @@ class Policy:
         groups = self.groups_of(user)
         return [
             Applied(rule, *self._effective_limit(rule, user, groups))
+            for rule in self._may_count(user, tool, session, team, groups)
+            if all(given.get(dim) is not None for dim in rule.per)  # never args: not given
+        ]
+
+    def unshown_in_usage(
+        self, user: str, tool: str | None, session: str | None, team: str | None
+    ) -> list[tuple[str, tuple[str, ...]]]:
+        """Rules that may count this user's calls but that `for_usage` leaves out, since
+        their counter needs a part not given: each with those parts (tool, session, team).
+        A rule counted per call arguments is never shown, and not listed either."""
+        given = {"user": user, "tool": tool, "session": session, "team": team}
+        groups = self.groups_of(user)
+        unshown = []
+        for rule in self._may_count(user, tool, session, team, groups):
+            missing = tuple(dim for dim in rule.per if given.get(dim, "args") is None)
+            if missing and all(dim in given for dim in rule.per):
+                unshown.append((rule.name, missing))
+        return unshown
+
+    def _may_count(
+        self,
+        user: str,
+        tool: str | None,
+        session: str | None,
+        team: str | None,
+        groups: frozenset[str],
+    ) -> list[Rule]:
+        return [
+            rule
             for rule in self.rules
             if rule.match.could_apply(user, tool, groups, session, team)
             and not _surely_excluded(rule.unless, user, tool, groups)
-            and all(given.get(dim) is not None for dim in rule.per)  # never args: not given
         ]
 
     def canonical(self, host: str | None, tool: str, args: Any = None) -> Canonical:

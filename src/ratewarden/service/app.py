@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -46,7 +48,7 @@ def create_app(
     raw_store = store or store_from_url(
         settings.store_url,
         timeout_ms=settings.store_timeout_ms,
-        state_file=settings.state_path(),
+        state_file=_state_file(settings),
         state_interval_s=settings.state_interval_s,
     )
     metrics = Metrics(registry or CollectorRegistry())
@@ -169,6 +171,15 @@ class _Services:
         await self.reloader.stop()
         await self.audit.stop()
         await self.timed.close()
+
+
+def _state_file(settings: Settings) -> Path | None:
+    """The memory store's state file, its directory created if it is the store in use."""
+    path = settings.state_path()
+    if path is not None and settings.store_url.startswith("memory:"):
+        with contextlib.suppress(OSError):  # if it cannot be made, the store says so, naming it
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
 
 
 def _fleet(

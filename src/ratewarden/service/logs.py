@@ -21,13 +21,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure_audit(destination: str) -> None:
-    """Audit lines are JSON already: write them bare, to stderr, a file, or nowhere."""
+def configure_audit(destination: str | None) -> None:
+    """Audit lines are JSON already: write them bare, to stderr, a file, or nowhere.
+
+    None (RATEWARDEN_AUDIT_LOG unset) is stderr, except in a terminal: there someone
+    reads the log, and a JSON line per refusal would bury it; the log says how to ask.
+    """
     audit = logging.getLogger("ratewarden.audit")
     audit.propagate = False
     audit.setLevel(logging.INFO)
     for old in audit.handlers:
         old.close()
+    if destination is None:
+        destination = "off" if sys.stderr is not None and sys.stderr.isatty() else "-"
+        if destination == "off":
+            logging.getLogger("ratewarden").info(
+                "audit lines are not printed in a terminal: set RATEWARDEN_AUDIT_LOG=- "
+                "(stderr) or a file path to see them; GET /v1/denials lists recent ones"
+            )
     handler: logging.Handler
     if destination == "off":
         handler = logging.NullHandler()

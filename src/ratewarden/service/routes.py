@@ -44,6 +44,7 @@ from ratewarden.wire.bodies import (
     ResetResponse,
     SettleRequest,
     SettleResponse,
+    UnshownRule,
     UsageResponse,
     no_control_characters,
 )
@@ -310,12 +311,19 @@ async def usage(
     if isinstance(vouched, JSONResponse):
         return vouched
     user = vouched
+    engine = engine_of(request.app)
     try:
-        items = await engine_of(request.app).usage(user, tool, session, team)
+        items = await engine.usage(user, tool, session, team)
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
+    unshown = engine.policy.unshown_in_usage(user, tool, session, team)
     return UsageResponse(
-        user=user, tool=tool, session=session, team=team, limits=[to_usage_item(i) for i in items]
+        user=user,
+        tool=tool,
+        session=session,
+        team=team,
+        limits=[to_usage_item(i) for i in items],
+        unshown=[UnshownRule(rule=name, needs=list(needs)) for name, needs in unshown],
     )
 
 

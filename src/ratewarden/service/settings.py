@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -69,17 +70,23 @@ class Settings(ConnectionSettings):
     store_breaker_failures: int = Field(5, ge=0, le=10_000)
     # How long the circuit stays open before one probe call (stretched by a random 0-20 %).
     store_breaker_cooldown_ms: int = Field(1000, ge=1, le=600_000)
+    # Where the daemon keeps its files (today the memory store's state file). Unset:
+    # $XDG_STATE_HOME/ratewarden, else ~/.local/state/ratewarden (the XDG base directory
+    # for state), never the working directory, which may be a clone or /. Created, mode
+    # 0700, when first needed. A relative path is relative to the working directory.
+    data_dir: Path | None = None
     # The embedded memory:// store's state file: counters, budgets, call records and recent
-    # denials survive a restart. Relative to the working directory; "off" keeps them in
-    # memory only. Saved every STATE_INTERVAL_S seconds (when changed) and at shutdown,
-    # so a crash loses at most the last interval. Unused with Redis.
+    # denials survive a restart. Relative to DATA_DIR; "off" keeps them in memory only.
+    # Saved every STATE_INTERVAL_S seconds (when changed) and at shutdown, so a crash
+    # loses at most the last interval. Unused with Redis.
     state_file: str = "ratewarden-state.json"
     state_interval_s: float = Field(5.0, gt=0, le=3600)
     log_format: Literal["json", "text"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Audit lines (one JSON object per deny, ask, shadow deny, approved ask): "-" for
-    # stderr, a file path, or "off".
-    audit_log: str = "-"
+    # stderr, a file path, or "off". Unset: stderr, unless stderr is a terminal, where
+    # JSON lines would bury the log someone is reading (logs.configure_audit says so).
+    audit_log: str | None = None
     # Include each call's `args` in audit lines. Off by default: args may hold secrets.
     audit_args: bool = False
     # Answer a rate refusal again from memory until its retry_after, without the store
@@ -171,7 +178,17 @@ class Settings(ConnectionSettings):
     def state_path(self) -> Path | None:
         """The memory store's state file, or None when persistence is off."""
         text = self.state_file.strip()
-        return None if text.lower() in ("", "off", "none") else Path(text)
+        return None if text.lower() in ("", "off", "none") else self.data_path() / text
+
+    def data_path(self) -> Path:
+        """DATA_DIR, else the XDG state directory's `ratewarden` (a relative
+        $XDG_STATE_HOME is ignored, as the XDG specification says)."""
+        if self.data_dir is not None:
+            return self.data_dir
+        state_home = Path(os.environ.get("XDG_STATE_HOME") or "~/.local/state")
+        if not state_home.is_absolute():
+            state_home = Path("~/.local/state")
+        return state_home.expanduser() / "ratewarden"
 
     def policy_path(self) -> Path | None:
         """The policy file to load, or None for the packaged example."""

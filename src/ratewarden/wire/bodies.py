@@ -300,12 +300,21 @@ class UsageItem(BaseModel):
     period: str | None = None
 
 
+class UnshownRule(BaseModel):
+    """A rule that may count the user's calls, left out of `limits` since its counter
+    needs parts the request did not give (ask again with them)."""
+
+    rule: str
+    needs: list[str]  # of "tool", "session", "team"
+
+
 class UsageResponse(BaseModel):
     user: str
     tool: str | None = None
     session: str | None = None
     team: str | None = None
     limits: list[UsageItem]
+    unshown: list[UnshownRule] = []
 
 
 # The settle route, the call id one path segment in it: the client quotes an id into
