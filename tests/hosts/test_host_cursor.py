@@ -74,7 +74,7 @@ def test_cursor_hook_stops_the_11th_shell_call_of_the_signed_in_user(
     results = list(carol.results.values())
     assert MESSAGE in results[10]  # what the model reads
     # The user reads the sentence, then which rule counted what (the refusal's detail).
-    sentence, detail = answers[10].user_message.split("\n")
+    sentence, detail = str(answers[10].user_message).split("\n")
     assert sentence == answers[10].agent_message
     assert detail.startswith("ratewarden: rule terminal-per-minute (rate) refused the call")
     assert "user=carol@example.com" in detail

@@ -347,7 +347,7 @@ def test_a_token_in_two_roles_is_refused_naming_both(first: str, second: str) ->
     grants too much), so the settings are refused, naming both lists and not the token."""
     values = {first: ["other-token", "same-token-0123"], second: ["same-token-0123"]}
     with pytest.raises(ValidationError, match="a token is in both") as refused:
-        Settings(**values)
+        Settings(**values)  # type: ignore[arg-type]
     message = refused.value.errors()[0]["msg"]
     assert f"RATEWARDEN_{first.upper()}" in message
     assert f"RATEWARDEN_{second.upper()}" in message

@@ -11,7 +11,7 @@ from pathlib import Path
 from mcp.server.mcpserver import MCPServer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ci_status import next_answer  # beside this file, not a package
+from ci_status import next_answer  # type: ignore[import-not-found,unused-ignore]
 
 server = MCPServer("ratewarden-ci-server")
 
@@ -19,7 +19,7 @@ server = MCPServer("ratewarden-ci-server")
 @server.tool()
 def ci_status(run: str) -> str:
     """The state of a CI run."""
-    return next_answer(Path(os.environ["CI_COUNTER"]))
+    return str(next_answer(Path(os.environ["CI_COUNTER"])))
 
 
 if __name__ == "__main__":
