@@ -20,9 +20,9 @@ from ratewarden.service import apidocs, auth, console, hooks, overrides
 from ratewarden.service.audit import AuditTrail
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.fleet import Fleet, daemon_name
-from ratewarden.service.hotpath import HOT_ROUTES, HotPath, is_hook
+from ratewarden.service.hotpath import HOOK_ROUTE, HOT_ROUTES, HotPath, is_hook
 from ratewarden.service.logs import configure_audit, configure_logging
-from ratewarden.service.metrics import Metrics, TimedStore
+from ratewarden.service.metrics import HttpAnswers, Metrics, TimedStore
 from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.service.routes import router
@@ -94,6 +94,7 @@ def create_app(
     app.include_router(console.router)
     app.include_router(apidocs.router)
     install_error_handlers(app)
+    app.answers = HttpAnswers(metrics.http_responses, app.routes)  # every route is in now
     # Every request: auth outermost (a request without the role its route needs is
     # refused before anything reads its body), then the body cap (counted as it arrives,
     # chunked too; past it, a 413). The last added is the outermost.
@@ -211,14 +212,23 @@ class Daemon(FastAPI):
     """
 
     front: ASGIApp | None = None  # None: every request through the whole stack
+    answers: HttpAnswers | None = None  # counts every HTTP answer, by route and status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The paths the hot path answers (the others it hands on), tested here inline.
-        if (
-            self.front is not None
-            and scope["type"] == "http"
-            and (scope["path"] in HOT_ROUTES or is_hook(scope["path"]))
-        ):
+        if scope["type"] != "http" or self.answers is None:
+            await super().__call__(scope, receive, send)
+            return
+        # The paths the hot path answers (the others it hands on), tested here inline;
+        # their route template is known here, the others' once a route has served them.
+        path = scope["path"]
+        if path in HOT_ROUTES:
+            route: str | None = path
+        elif is_hook(path):
+            route = HOOK_ROUTE
+        else:
+            route = None
+        send = self.answers.wrap(scope, send, route)
+        if route is not None and self.front is not None:
             scope["app"] = self
             await self.front(scope, receive, send)
         else:

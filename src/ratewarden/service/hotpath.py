@@ -56,6 +56,7 @@ _JSON = (b"content-type", b"application/json")
 _SERVERS = {"/v1/check": "_check", "/v1/check/batch": "_batch"}  # path -> method
 HOT_ROUTES = frozenset(_SERVERS)
 HOOK_PREFIX = "/v1/hooks/"  # and a host's name: `POST /v1/hooks/{host}`
+HOOK_ROUTE = HOOK_PREFIX + "{host}"  # its route template (the `route` label of metrics)
 
 
 def is_hook(path: str) -> bool:
