@@ -7,6 +7,7 @@ In-process, each app on its own `CollectorRegistry` (tests/service/test_metrics.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import string
 from pathlib import Path
@@ -66,6 +67,8 @@ async def test_answers_are_counted_by_route_template_and_status(clock: FakeClock
         assert (await r.http.get("/no/such/page")).status_code == 404
         assert (await r.http.get("/v1/check")).status_code == 405
         hook = await r.http.post("/v1/hooks/no-such-host", content=b"{}")
+        assert (await r.http.get("/metrics")).status_code == 200  # flushes what came before
+        assert ("/metrics", "200") not in answers_by_label(r.registry)  # its own: not yet
         assert (await r.http.get("/metrics")).status_code == 200
         counted = answers_by_label(r.registry)
     assert counted[("/v1/check", "200")] == 4
@@ -74,7 +77,7 @@ async def test_answers_are_counted_by_route_template_and_status(clock: FakeClock
     assert counted[("/v1/calls/{call_id}/settle", "404")] == 1
     assert counted[(NO_ROUTE, "404")] == 1
     assert counted[("/v1/hooks/{host}", str(hook.status_code))] == 1
-    assert counted[("/metrics", "200")] == 1
+    assert counted.get(("/metrics", "200")) == 1, counted
     assert not [route for route, _ in counted if "never-checked" in route]
 
 
@@ -102,12 +105,14 @@ async def test_a_flood_of_random_paths_creates_no_series(clock: FakeClock) -> No
 
     async with rig(POLICY, clock=clock) as r:
         await flood(150)
+        await r.http.get("/metrics")  # flushes the counts into the counter
         first = answers_by_label(r.registry)
         await flood(600)
+        await r.http.get("/metrics")
         then = answers_by_label(r.registry)
     templates = {template for _, template in route_patterns(build_app(POLICY).routes)}
     assert len(set(then) - set(first)) <= 2, set(then) - set(first)  # 600 new paths
-    assert sum(then.values()) == 750
+    assert sum(then.values()) == 750 + 1  # and the first scrape
     assert {route for route, _ in then} <= templates | {NO_ROUTE}
     assert {code for _, code in then} <= {str(c) for c in HTTP_CODES}
     assert len(then) <= 12, sorted(then)
@@ -129,6 +134,8 @@ def test_answer_labels_are_bounded_whatever_the_caller_passes() -> None:
     answers = HttpAnswers(counter, [settle])
     for i in range(500):
         answers.count(f"/raw/path/{i}", 200 + i % 400)  # not a template: NO_ROUTE
+    assert not counter.collect()[0].samples  # counted, not yet flushed
+    answers.flush()
     assert {s.labels["route"] for s in counter.collect()[0].samples} == {NO_ROUTE}
     codes = {s.labels["code"] for s in counter.collect()[0].samples}
     assert codes <= {str(c) for c in HTTP_CODES} | {"2xx", "3xx", "4xx", "5xx"}
@@ -138,6 +145,20 @@ def test_answer_labels_are_bounded_whatever_the_caller_passes() -> None:
     assert [status_code(s) for s in (200, 299, 418, 599, 999, 42)] == [
         "200", "2xx", "4xx", "5xx", "5xx", "1xx",
     ]  # fmt: skip
+
+
+async def test_answers_reach_the_counter_within_a_second_without_a_scrape(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other workers' answers must reach their files without a scrape of their own."""
+    monkeypatch.setattr(HttpAnswers, "FLUSH_INTERVAL_S", 0.01)
+    async with rig(POLICY, clock=clock) as r:
+        await r.check(user="u", tool="terminal")
+        for _ in range(200):  # bounded: 2 s at most
+            if answers_by_label(r.registry):
+                break
+            await asyncio.sleep(0.01)
+        assert answers_by_label(r.registry) == {("/v1/check", "200"): 1}
 
 
 async def test_process_and_python_metrics_are_exposed(clock: FakeClock) -> None:

@@ -125,9 +125,14 @@ class _Services:
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         await self.start()
+        answers = getattr(app, "answers", None)
+        if answers is not None:
+            answers.start()  # HTTP answers into the counter, every second
         try:
             yield
         finally:  # also when the server's context ends with an error: nothing left open
+            if answers is not None:
+                await answers.stop()
             await self.stop()
 
     async def start(self) -> None:
