@@ -81,6 +81,38 @@ async def test_answers_are_counted_by_route_template_and_status(clock: FakeClock
     assert not [route for route, _ in counted if "never-checked" in route]
 
 
+@pytest.mark.parametrize("hot", [True, False])
+async def test_refusals_by_auth_and_the_body_cap_are_counted(hot: bool) -> None:
+    """Refused before any route runs. On the decision routes, in front of the hot path,
+    they are counted by class (`4xx`: 401, 403 or 413), the hot path's own answers
+    exactly; elsewhere, and with no hot path, by their code."""
+    app = build_app(POLICY, hot=hot, api_tokens=["check-token"], admin_tokens=["admin-token"])
+    check = {"Authorization": "Bearer check-token"}
+    admin = {"Authorization": "Bearer admin-token"}
+    async with serving(app) as http:
+        assert (await http.post("/v1/check", json={"user": "u", "tool": "t"})).status_code == 401
+        big = {"user": "u", "tool": "t", "args": {"x": "y" * 2_000_000}}
+        assert (await http.post("/v1/check", json=big, headers=check)).status_code == 413
+        ok = await http.post("/v1/check", json={"user": "u", "tool": "t"}, headers=check)
+        assert ok.status_code == 200
+        bad = await http.post("/v1/check", json={"user": 3}, headers=check)
+        assert bad.status_code == 422
+        assert (await http.get("/v1/admin/stats", headers=check)).status_code == 403
+        assert (await http.get("/v1/policy")).status_code == 401
+        await http.get("/metrics", headers=admin)
+        counted = answers_by_label(app.state.observer.metrics.registry)
+    refused = (
+        {("/v1/check", "4xx"): 2} if hot else {("/v1/check", "401"): 1, ("/v1/check", "413"): 1}
+    )
+    assert counted == {
+        **refused,
+        ("/v1/check", "200"): 1,
+        ("/v1/check", "422"): 1,
+        ("/v1/admin/stats", "403"): 1,
+        ("/v1/policy", "401"): 1,
+    }
+
+
 async def test_a_flood_of_random_paths_creates_no_series(clock: FakeClock) -> None:
     """Random paths, path parameters, hook hosts and methods: the series stay those of
     the daemon's route templates and a fixed set of codes, however many requests."""

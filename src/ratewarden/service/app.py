@@ -20,9 +20,9 @@ from ratewarden.service import apidocs, auth, console, hooks, overrides
 from ratewarden.service.audit import AuditTrail
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.fleet import Fleet, daemon_name
-from ratewarden.service.hotpath import HOOK_ROUTE, HOT_ROUTES, HotPath, is_hook
+from ratewarden.service.hotpath import HOOK_ROUTE, HOT_ROUTES, REACHED, HotPath, is_hook
 from ratewarden.service.logs import configure_audit, configure_logging
-from ratewarden.service.metrics import HttpAnswers, Metrics, TimedStore
+from ratewarden.service.metrics import REFUSED_BEFORE, HttpAnswers, Metrics, TimedStore
 from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.service.routes import router
@@ -94,15 +94,17 @@ def create_app(
     app.include_router(console.router)
     app.include_router(apidocs.router)
     install_error_handlers(app)
-    app.answers = HttpAnswers(metrics.http_responses, app.routes)  # every route is in now
     # Every request: auth outermost (a request without the role its route needs is
     # refused before anything reads its body), then the body cap (counted as it arrives,
     # chunked too; past it, a 413). The last added is the outermost.
     caps = {"max_bytes": settings.max_body_bytes, "hook_max_bytes": settings.max_hook_body_bytes}
     app.add_middleware(BodySizeLimit, **caps, hook_refusal=hooks.refuse_too_large)
     app.add_middleware(auth.AuthMiddleware, tokens=tokens, insecure=settings.insecure_no_auth)
-    # Valid decisions skip FastAPI altogether, behind the same two.
-    capped = BodySizeLimit(HotPath(app.stack), **caps, hook_refusal=hooks.refuse_too_large)
+    # Valid decisions skip FastAPI altogether, behind the same two. Every HTTP answer is
+    # counted by route and status (metrics.py's HttpAnswers; the hot path its own).
+    app.answers = HttpAnswers(metrics.http_responses, app.routes)
+    hot = HotPath(app.stack, app.answers)
+    capped = BodySizeLimit(hot, **caps, hook_refusal=hooks.refuse_too_large)
     app.front = auth.AuthMiddleware(capped, tokens=tokens, insecure=settings.insecure_no_auth)
     auth.document(app)
     return app
@@ -232,12 +234,13 @@ class Daemon(FastAPI):
             route = HOOK_ROUTE
         else:
             route = None
-        send = self.answers.wrap(scope, send, route)
         if route is not None and self.front is not None:
             scope["app"] = self
-            await self.front(scope, receive, send)
+            await self.front(scope, receive, send)  # the hot path counts what it answers
+            if REACHED not in scope:  # refused before it: by auth or the body cap
+                self.answers.count(route, REFUSED_BEFORE)
         else:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, self.answers.wrap(scope, send, route))
 
     async def stack(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)

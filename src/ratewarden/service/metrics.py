@@ -146,6 +146,7 @@ HTTP_CODES = frozenset({
     410, 411, 413, 414, 415, 422, 429, 431, 500, 501, 502, 503, 504,
 })  # fmt: skip
 NO_ROUTE = "other"  # the `route` of a request no route of the daemon matches
+REFUSED_BEFORE = 499  # a decision route's request refused by auth or the body cap: `4xx`
 
 
 class Metrics:
@@ -282,11 +283,14 @@ class HttpAnswers:
     (FastAPI's `scope["route"]`, or the pattern its path matches, else NO_ROUTE), never
     the raw path; the code is one of HTTP_CODES, else its class.
 
-    A decision must not pay for it (docs/benchmarks.md): the wrapper is a plain function
-    handing back `send`'s own awaitable (no coroutine of its own), and an answer adds one
-    to a plain dict. prometheus-client's `inc` (a lock, checks: about 2 us here, 20 000
-    instructions a decision with the wrapper's coroutine) runs in `flush`: before every
-    exposition, and every FLUSH_INTERVAL_S for what other worker processes must see.
+    A decision must not pay for it (docs/benchmarks.md). An answer adds one to `counts`,
+    a plain dict; prometheus-client's `inc` (a lock and checks) runs in `flush`: before
+    every exposition, and every FLUSH_INTERVAL_S for what other worker processes must
+    see. Even a wrapper around `send` (a function made per request, called twice) cost a
+    one-rule decision 3 % more instructions, so the decision routes are not wrapped:
+    hotpath.py counts the decisions it answers itself in `counts` and wraps `send` only
+    for what it hands on or refuses, and `Daemon` counts a request refused before the
+    hot path (by auth or the body cap, 401, 403 or 413) as REFUSED_BEFORE (`4xx`).
     """
 
     FLUSH_INTERVAL_S = 1.0
@@ -295,13 +299,13 @@ class HttpAnswers:
         self._counter = counter
         self._patterns = list(route_patterns(routes))
         self._templates = frozenset(template for _, template in self._patterns)
-        self._counts: dict[tuple[str, int], int] = {}  # answers not yet in the counter
+        self.counts: dict[tuple[str, int], int] = {}  # answers not yet in the counter
         self._incs: dict[tuple[str, int], Callable[[float], None]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def wrap(self, scope: Scope, send: Send, route: str | None = None) -> Send:
         """`send`, counting the answer it starts: under `route`, or the request's own."""
-        counts = self._counts
+        counts = self.counts
 
         def counted(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start":
@@ -314,12 +318,12 @@ class HttpAnswers:
     def count(self, route: str, status: int) -> None:
         """One answer (`route` must be a template, or it is counted as NO_ROUTE)."""
         key = (route if route in self._templates else NO_ROUTE, status)
-        self._counts[key] = self._counts.get(key, 0) + 1
+        self.counts[key] = self.counts.get(key, 0) + 1
 
     def flush(self) -> None:
         """Move the answers counted so far into the Prometheus counter (event loop only)."""
-        counts = list(self._counts.items())  # the same dict stays: `wrap`s hold it
-        self._counts.clear()
+        counts = list(self.counts.items())  # the same dict stays: `wrap`s hold it
+        self.counts.clear()
         for key, number in counts:
             inc = self._incs.get(key)
             if inc is None:
@@ -356,7 +360,7 @@ class HttpAnswers:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.FLUSH_INTERVAL_S)
-            if self._counts:
+            if self.counts:
                 self.flush()
 
 
