@@ -126,7 +126,9 @@ class HotPath:
         """`send`, counting the answer under this route (an answer not given here)."""
         if self.answers is None:
             return send
-        return self.answers.wrap(scope, send, HOOK_ROUTE if hook else scope["path"])
+        path = scope["path"]
+        route = HOOK_ROUTE if hook else path if path in HOT_ROUTES else None  # else its own
+        return self.answers.wrap(scope, send, route)
 
     async def _check(self, scope: Scope, body: bytes) -> Any:
         if len(body) > LARGE_BODY:
