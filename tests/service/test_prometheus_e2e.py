@@ -212,11 +212,27 @@ def test_every_panel_and_alert_works_against_a_real_prometheus(tmp_path: Path) -
         def tripped() -> bool | None:
             rules = api.alert_rules()
             states = {name: rules[name]["state"] for name in EXPECTED_ALERTS}
-            wanted = ("RatewardenFailingOpen", "RatewardenStoreErrors")
+            wanted = (
+                "RatewardenFailingOpen",
+                "RatewardenStoreErrors",
+                "RatewardenAnsweringByFailMode",
+            )
             return all(states[name] in ("pending", "firing") for name in wanted) or None
 
-        wait_for("the failing-open and store-error alerts to be pending", tripped)
-        assert api.alert_rules()["RatewardenDown"]["state"] == "inactive"
+        wait_for("the failing-open, store-error and fail-mode alerts to be pending", tripped)
+        rules = api.alert_rules()
+        assert rules["RatewardenDown"]["state"] == "inactive"
+        assert rules["RatewardenPolicyReloadFailed"]["state"] == "inactive"
+        # The series the new alerts read, as scraped: 3 budget reservations, 2 settled
+        # (the third charged at its estimate when it expires); no reload refused; HTTP
+        # answers by route template, the unknown call's settle among them.
+        assert api.value("sum(ratewarden_budget_reservations_total)") == 3
+        assert api.value("sum(ratewarden_budget_settled_reservations_total)") == 2
+        assert api.value("max(ratewarden_policy_reload_failed)") == 0
+        route = "/v1/calls/{call_id}/settle"
+        assert api.value(f'ratewarden_http_responses_total{{route="{route}", code="404"}}') == 1
+        assert (api.value('sum(ratewarden_http_responses_total{route="/v1/check"})') or 0) >= checks
+        assert (api.value("process_resident_memory_bytes") or 0) > 0
     assert time.monotonic() - started < 60
 
 

@@ -22,9 +22,9 @@ from ratewarden.service import apidocs, auth, console, hooks, overrides
 from ratewarden.service.audit import AuditTrail
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.fleet import Fleet, daemon_name
-from ratewarden.service.hotpath import HOT_ROUTES, HotPath, is_hook
+from ratewarden.service.hotpath import HOOK_ROUTE, HOT_ROUTES, REACHED, HotPath, is_hook
 from ratewarden.service.logs import configure_audit, configure_logging
-from ratewarden.service.metrics import Metrics, TimedStore
+from ratewarden.service.metrics import REFUSED_BEFORE, HttpAnswers, Metrics, TimedStore
 from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.service.routes import router
@@ -104,8 +104,11 @@ def create_app(
     caps = {"max_bytes": settings.max_body_bytes, "hook_max_bytes": settings.max_hook_body_bytes}
     app.add_middleware(BodySizeLimit, **caps, hook_refusal=hooks.refuse_too_large)
     app.add_middleware(auth.AuthMiddleware, tokens=tokens, insecure=settings.insecure_no_auth)
-    # Valid decisions skip FastAPI altogether, behind the same two.
-    capped = BodySizeLimit(HotPath(app.stack), **caps, hook_refusal=hooks.refuse_too_large)
+    # Valid decisions skip FastAPI altogether, behind the same two. Every HTTP answer is
+    # counted by route and status (metrics.py's HttpAnswers; the hot path its own).
+    app.answers = HttpAnswers(metrics.http_responses, app.routes)
+    hot = HotPath(app.stack, app.answers)
+    capped = BodySizeLimit(hot, **caps, hook_refusal=hooks.refuse_too_large)
     app.front = auth.AuthMiddleware(capped, tokens=tokens, insecure=settings.insecure_no_auth)
     auth.document(app)
     return app
@@ -128,9 +131,14 @@ class _Services:
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         await self.start()
+        answers = getattr(app, "answers", None)
+        if answers is not None:
+            answers.start()  # HTTP answers into the counter, every second
         try:
             yield
         finally:  # also when the server's context ends with an error: nothing left open
+            if answers is not None:
+                await answers.stop()
             await self.stop()
 
     async def start(self) -> None:
@@ -224,18 +232,28 @@ class Daemon(FastAPI):
     """
 
     front: ASGIApp | None = None  # None: every request through the whole stack
+    answers: HttpAnswers | None = None  # counts every HTTP answer, by route and status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The paths the hot path answers (the others it hands on), tested here inline.
-        if (
-            self.front is not None
-            and scope["type"] == "http"
-            and (scope["path"] in HOT_ROUTES or is_hook(scope["path"]))
-        ):
-            scope["app"] = self
-            await self.front(scope, receive, send)
-        else:
+        if scope["type"] != "http" or self.answers is None:
             await super().__call__(scope, receive, send)
+            return
+        # The paths the hot path answers (the others it hands on), tested here inline;
+        # their route template is known here, the others' once a route has served them.
+        path = scope["path"]
+        if path in HOT_ROUTES:
+            route: str | None = path
+        elif is_hook(path):
+            route = HOOK_ROUTE
+        else:
+            route = None
+        if route is not None and self.front is not None:
+            scope["app"] = self
+            await self.front(scope, receive, send)  # the hot path counts what it answers
+            if REACHED not in scope:  # refused before it: by auth or the body cap
+                self.answers.count(route, REFUSED_BEFORE)
+        else:
+            await super().__call__(scope, receive, self.answers.wrap(scope, send, route))
 
     async def stack(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)

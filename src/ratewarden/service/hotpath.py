@@ -49,6 +49,7 @@ from ratewarden.service.errors import (
     refusal,
     undecodable,
 )
+from ratewarden.service.metrics import HttpAnswers
 from ratewarden.wire.bodies import BatchRequest, CheckRequest
 from ratewarden.wire.bounded import LARGE_BODY, collector_paused, read_json, too_many_items
 
@@ -56,6 +57,9 @@ _JSON = (b"content-type", b"application/json")
 _SERVERS = {"/v1/check": "_check", "/v1/check/batch": "_batch"}  # path -> method
 HOT_ROUTES = frozenset(_SERVERS)
 HOOK_PREFIX = "/v1/hooks/"  # and a host's name: `POST /v1/hooks/{host}`
+HOOK_ROUTE = HOOK_PREFIX + "{host}"  # its route template (the `route` label of metrics)
+_OK = {path: (path, 200) for path in _SERVERS}  # the counted key of a decision answered
+REACHED = "ratewarden.hot_path"  # set in the scope of a request that reached HotPath
 
 
 def is_hook(path: str) -> bool:
@@ -67,14 +71,19 @@ Body = TypeVar("Body", CheckRequest, BatchRequest)
 
 
 class HotPath:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, answers: HttpAnswers | None = None) -> None:
         self.app = app
+        # HTTP answers by route and status (metrics.py): the ones answered here are
+        # counted in `counts`, the others through a wrapped `send`.
+        self.answers = answers
+        self.counts: dict[tuple[str, int], int] = answers.counts if answers else {}
         self._routes: dict[str, Callable[[Scope, bytes], Awaitable[bytes | Any]]] = {
             path: getattr(self, name) for path, name in _SERVERS.items()
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
+        scope[REACHED] = True  # past auth and the body cap (app.py's Daemon counts those)
         serve = self._routes.get(path) if scope["type"] == "http" else None
         hook = serve is None and is_hook(path)
         if hook:
@@ -82,7 +91,7 @@ class HotPath:
         elif serve is None or not _sends_json(scope):
             serve = None
         if serve is None or scope["method"] != "POST":
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, self._counted(scope, send, hook))
             return
         body = await read_body(receive)
         if body is None:
@@ -96,8 +105,12 @@ class HotPath:
         except Exception:  # in front of FastAPI: its catch-all's answer, given here
             answer = internal_error("POST", scope["path"])
         if answer is None:  # not ours to answer: FastAPI gives the exact error
-            await self.app(scope, replay(body, receive), send)
+            await self.app(scope, replay(body, receive), self._counted(scope, send, hook))
         elif isinstance(answer, bytes):
+            # Counted here, in a plain dict: a wrapper around `send` cost a decision
+            # 3 % more instructions (service/metrics.py, HttpAnswers).
+            counts, key = self.counts, (HOOK_ROUTE, 200) if hook else _OK[path]
+            counts[key] = counts.get(key, 0) + 1
             await send(
                 {
                     "type": "http.response.start",
@@ -106,8 +119,16 @@ class HotPath:
                 }
             )
             await send({"type": "http.response.body", "body": answer})
-        else:
-            await answer(scope, receive, send)  # an error response of routes.py
+        else:  # an error response of routes.py
+            await answer(scope, receive, self._counted(scope, send, hook))
+
+    def _counted(self, scope: Scope, send: Send, hook: bool) -> Send:
+        """`send`, counting the answer under this route (an answer not given here)."""
+        if self.answers is None:
+            return send
+        path = scope["path"]
+        route = HOOK_ROUTE if hook else path if path in HOT_ROUTES else None  # else its own
+        return self.answers.wrap(scope, send, route)
 
     async def _check(self, scope: Scope, body: bytes) -> Any:
         if len(body) > LARGE_BODY:

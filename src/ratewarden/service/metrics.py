@@ -3,7 +3,11 @@
 Every metric is registered on the registry given to `Metrics`, so tests build a fresh
 `CollectorRegistry` and read values with `get_sample_value`. Label values are bounded:
 `tool` is a tool or label named in the policy, else `other` (see `Policy.metric_tool`);
-`rule` is a rule name; no user identity is ever a label.
+`rule` is a rule name; no user identity is ever a label. HTTP answers are counted by
+route template (never the raw path) and status code from a fixed set (`HttpAnswers`).
+
+The registry also holds prometheus-client's standard `process_*` and `python_*` metrics
+(one process: with several workers they cannot be merged, and are left out).
 
 With several worker processes, prometheus-client's multiprocess mode is used: `serve`
 points PROMETHEUS_MULTIPROC_DIR at a fresh directory before the workers start, each
@@ -12,9 +16,11 @@ worker writes its values there, and `/metrics` merges them (see `exposition`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -24,11 +30,16 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
+from starlette.routing import compile_path
+from starlette.types import Message, Scope, Send
 
 from ratewarden.calls import Call
 from ratewarden.engine import Decision, Settlement, Verdict
@@ -94,6 +105,12 @@ METRICS = {
         "Money reserved by allowed calls at check time.", ("rule", "currency")),
     "budget_spent": Spec(Counter, "ratewarden_budget_spent_total",
         "Money charged when calls settle.", ("rule", "currency")),
+    "reservations": Spec(Counter, "ratewarden_budget_reservations_total",
+        "Budget reservations made by allowed calls (one per call and budget rule, when the "
+        "call has a cost).", ("rule",)),
+    "settled_reservations": Spec(Counter, "ratewarden_budget_settled_reservations_total",
+        "Budget reservations released by a settle (what is never settled expires and is "
+        "charged at its estimate).", ("rule",)),
     "settles": Spec(Counter, "ratewarden_settles_total",
         "Settle requests, by outcome (settled, already_settled, unknown).", ("outcome",)),
     "reloads": Spec(Counter, "ratewarden_policy_reloads_total",
@@ -105,6 +122,9 @@ METRICS = {
         "Counter resets through the admin API (console, CLI), by what they named (user: "
         "every rule of one user; rule: one rule for everyone; user_rule: one user's rule).",
         ("target",)),
+    "reload_failed": Spec(Gauge, "ratewarden_policy_reload_failed",
+        "1 while the last policy reload was refused (the file is invalid) and the policy "
+        "loaded before it still serves, else 0."),
     "policy_info": Spec(Gauge, "ratewarden_policy_info",
         "The policy in force: 1 for its version.", ("version",)),
     "circuit_open": Spec(Gauge, "ratewarden_store_circuit_open",
@@ -116,7 +136,17 @@ METRICS = {
     "remembered": Spec(Counter, "ratewarden_remembered_refusals_total",
         "Checks refused from a remembered rate refusal, without asking the store (the "
         "refusing rules are counted in ratewarden_blocked_calls_total)."),
+    "http_responses": Spec(Counter, "ratewarden_http_responses_total",
+        "HTTP answers, by route template (`other`: no route) and status code (a code "
+        "outside HTTP_CODES as its class, e.g. `5xx`).", ("route", "code")),
 }  # fmt: skip
+# The status codes counted as themselves; any other is counted as its class (`4xx`).
+HTTP_CODES = frozenset({
+    200, 201, 202, 204, 301, 302, 303, 304, 307, 308, 400, 401, 403, 404, 405, 406, 409,
+    410, 411, 413, 414, 415, 422, 429, 431, 500, 501, 502, 503, 504,
+})  # fmt: skip
+NO_ROUTE = "other"  # the `route` of a request no route of the daemon matches
+REFUSED_BEFORE = 499  # a decision route's request refused by auth or the body cap: `4xx`
 
 
 class Metrics:
@@ -137,6 +167,10 @@ class Metrics:
     budget_spent: Counter
     settles: Counter
     reloads: Counter
+    reload_failed: Gauge
+    reservations: Counter
+    settled_reservations: Counter
+    http_responses: Counter
     override_changes: Counter
     resets: Counter
     policy_info: Gauge
@@ -153,6 +187,12 @@ class Metrics:
         for attribute, spec in METRICS.items():
             setattr(self, attribute, spec.build(registry))
         self.circuit_open.set(0)
+        self.reload_failed.set(0)
+        # The standard process and Python metrics, as prometheus-client's default registry
+        # has them (this registry is the daemon's own).
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
         for state in CIRCUIT_STATES:  # every series exists from the start
             self.circuit_transitions.labels(state)
         for action in ("set", "remove"):
@@ -171,6 +211,7 @@ class Metrics:
         """A policy was loaded (at start-up) or reloaded: count it, and make its version the
         one `ratewarden_policy_info` shows at 1."""
         self.reloads.labels("ok").inc()
+        self.reload_failed.set(0)
         if self._version and self._version != policy.version:
             # Worker processes share their values through files, where a series cannot be
             # removed: the old version drops to 0 there (dashboards count `== 1`).
@@ -183,6 +224,7 @@ class Metrics:
     def policy_load_failed(self) -> None:
         """A reload was refused (the file is invalid); the policy in force stays."""
         self.reloads.labels("error").inc()
+        self.reload_failed.set(1)
 
     def remembered_refusals(self, hits: int) -> None:
         """The engine has answered `hits` checks from remembered refusals in all (its
@@ -220,6 +262,8 @@ class Metrics:
     def _observe_consumed(self, verdict: Verdict, cost: float) -> None:
         if verdict.kind == "budget" and verdict.currency:
             self.series(self.budget_reserved, verdict.rule, verdict.currency).inc(cost)
+            if cost > 0:  # only a call with a cost holds a reservation (budget.py)
+                self.series(self.reservations, verdict.rule).inc()
         if verdict.soft_limited:
             self.series(self.soft_limit, verdict.rule).inc()
 
@@ -227,6 +271,118 @@ class Metrics:
         self.settles.labels(settlement.outcome).inc()
         for rule, amount in settlement.charged.items():
             self.budget_spent.labels(rule, policy.currency_of(rule) or "USD").inc(amount)
+            self.settled_reservations.labels(rule).inc()
+
+
+class HttpAnswers:
+    """Counts every HTTP answer by route template and status (`ratewarden_http_responses_total`).
+
+    `wrap` wraps a request's `send` in the daemon's outermost ASGI layer (app.py's
+    `Daemon`), so refusals by auth and the body cap are counted too. Labels are bounded
+    whatever the requests: the route is the template of the route that served the request
+    (FastAPI's `scope["route"]`, or the pattern its path matches, else NO_ROUTE), never
+    the raw path; the code is one of HTTP_CODES, else its class.
+
+    A decision must not pay for it (docs/benchmarks.md). An answer adds one to `counts`,
+    a plain dict; prometheus-client's `inc` (a lock and checks) runs in `flush`: before
+    every exposition, and every FLUSH_INTERVAL_S for what other worker processes must
+    see. Even a wrapper around `send` (a function made per request, called twice) cost a
+    one-rule decision 3 % more instructions, so the decision routes are not wrapped:
+    hotpath.py counts the decisions it answers itself in `counts` and wraps `send` only
+    for what it hands on or refuses, and `Daemon` counts a request refused before the
+    hot path (by auth or the body cap, 401, 403 or 413) as REFUSED_BEFORE (`4xx`).
+    """
+
+    FLUSH_INTERVAL_S = 1.0
+
+    def __init__(self, counter: Counter, routes: Iterable[Any]) -> None:
+        self._counter = counter
+        self._patterns = list(route_patterns(routes))
+        self._templates = frozenset(template for _, template in self._patterns)
+        self.counts: dict[tuple[str, int], int] = {}  # answers not yet in the counter
+        self._incs: dict[tuple[str, int], Callable[[float], None]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def wrap(self, scope: Scope, send: Send, route: str | None = None) -> Send:
+        """`send`, counting the answer it starts: under `route`, or the request's own."""
+        counts = self.counts
+
+        def counted(message: Message) -> Awaitable[None]:
+            if message["type"] == "http.response.start":
+                key = (route or self.route_of(scope), message["status"])
+                counts[key] = counts.get(key, 0) + 1
+            return send(message)
+
+        return counted
+
+    def count(self, route: str, status: int) -> None:
+        """One answer (`route` must be a template, or it is counted as NO_ROUTE)."""
+        key = (route if route in self._templates else NO_ROUTE, status)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def flush(self) -> None:
+        """Move the answers counted so far into the Prometheus counter (event loop only)."""
+        counts = list(self.counts.items())  # the same dict stays: `wrap`s hold it
+        self.counts.clear()
+        for key, number in counts:
+            inc = self._incs.get(key)
+            if inc is None:
+                route, status = key
+                route = route if route in self._templates else NO_ROUTE
+                inc = self._counter.labels(route, status_code(status)).inc
+                self._incs[key] = inc  # keys: templates x statuses, bounded
+            inc(number)
+
+    def route_of(self, scope: Scope) -> str:
+        """The template of the route that served `scope`, else the one its path matches
+        (a request refused before routing), else NO_ROUTE."""
+        served = scope.get("route")
+        template = getattr(served, "path_format", None)
+        if isinstance(template, str) and template in self._templates:
+            return template
+        path = scope.get("path", "")
+        for regex, template in self._patterns:
+            if regex.match(path):
+                return str(template)
+        return NO_ROUTE
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="ratewarden-http-answers")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.flush()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.FLUSH_INTERVAL_S)
+            if self.counts:
+                self.flush()
+
+
+def route_patterns(routes: Iterable[Any], prefix: str = "") -> Iterable[tuple[Any, str]]:
+    """(regex, template) of every route, those of included routers too (FastAPI keeps
+    an included router as one entry holding the router and its prefix)."""
+    for route in routes:
+        path = getattr(route, "path", None)
+        if isinstance(path, str) and hasattr(route, "path_format"):
+            regex, template, _ = compile_path(prefix + path)
+            yield regex, template
+            continue
+        included = getattr(route, "original_router", None)
+        context = getattr(route, "include_context", None)
+        nested = getattr(included, "routes", None) or getattr(route, "routes", None)
+        if nested:
+            yield from route_patterns(nested, prefix + str(getattr(context, "prefix", "")))
+
+
+def status_code(status: int) -> str:
+    """The `code` label of an HTTP status: itself if in HTTP_CODES, else its class."""
+    return str(status) if status in HTTP_CODES else f"{min(max(status // 100, 1), 5)}xx"
 
 
 def _series(metric: MetricWrapperBase, *values: str) -> Any:
@@ -265,8 +421,13 @@ class TimedStore(Layer):
             metrics.series(metrics.store_duration, operation).observe(time.perf_counter() - started)
 
 
-def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
-    """The text format: this process's registry, or every worker's in multiprocess mode."""
+def exposition(
+    registry: CollectorRegistry, answers: HttpAnswers | None = None
+) -> tuple[bytes, str]:
+    """The text format: this process's registry, or every worker's in multiprocess mode
+    (`answers`: HTTP answers counted since their last flush, flushed first)."""
+    if answers is not None:
+        answers.flush()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         merged = CollectorRegistry()
         MultiProcessCollector(merged)  # type: ignore[no-untyped-call]

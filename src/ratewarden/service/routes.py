@@ -349,7 +349,8 @@ async def denials(
 @router.get("/metrics", tags=["health"], response_class=Response)
 async def metrics(request: Request) -> Response:
     """Prometheus exposition."""
-    body, content_type = exposition(observer_of(request.app).metrics.registry)
+    answers = getattr(request.app, "answers", None)  # its HTTP answers, flushed first
+    body, content_type = exposition(observer_of(request.app).metrics.registry, answers)
     return Response(body, media_type=content_type)
 
 
