@@ -166,10 +166,11 @@ def test_answer_labels_are_bounded_whatever_the_caller_passes() -> None:
     answers = HttpAnswers(counter, [settle])
     for i in range(500):
         answers.count(f"/raw/path/{i}", 200 + i % 400)  # not a template: NO_ROUTE
-    assert not counter.collect()[0].samples  # counted, not yet flushed
+    assert not next(iter(counter.collect())).samples  # counted, not yet flushed
     answers.flush()
-    assert {s.labels["route"] for s in counter.collect()[0].samples} == {NO_ROUTE}
-    codes = {s.labels["code"] for s in counter.collect()[0].samples}
+    samples = next(iter(counter.collect())).samples
+    assert {s.labels["route"] for s in samples} == {NO_ROUTE}
+    codes = {s.labels["code"] for s in samples}
     assert codes <= {str(c) for c in HTTP_CODES} | {"2xx", "3xx", "4xx", "5xx"}
     assert len(answers._incs) <= 400  # one bound child per (template, status) at most
     assert answers.route_of({"path": "/v1/calls/abc/settle"}) == settle.path_format
@@ -236,7 +237,10 @@ async def test_the_reload_failed_gauge_follows_the_last_reload(policy_file: Path
 
 def test_reload_failed_is_a_gauge_set_and_cleared() -> None:
     metrics = Metrics(CollectorRegistry())
-    read = lambda: metrics.registry.get_sample_value("ratewarden_policy_reload_failed")  # noqa: E731
+
+    def read() -> float | None:
+        return metrics.registry.get_sample_value("ratewarden_policy_reload_failed")
+
     assert read() == 0
     metrics.policy_load_failed()
     assert read() == 1
