@@ -76,12 +76,20 @@ def digest(value: Any) -> str:
 def result_digest(result: Any) -> str:
     """The digest of a tool's result that a settle carries for loop rules keyed on
     results (docs/policy.md, "Loops"): `digest` of its canonical JSON, as an argument's;
-    a value JSON cannot carry (a host's own object) is hashed by its text. Computed where
-    the result is seen, so the result itself never travels."""
+    a value JSON cannot carry (a host's own object) is hashed by its text, and one neither
+    can (an int past Python's digit limit, a nesting past its recursion limit, an object
+    whose text raises) by its type alone, so it counts as the same result each time.
+    Never raises: a settle, and the tool's answer to the host, never fail on a result.
+    Computed where the result is seen, so the result itself never travels."""
     try:
         return digest(result)
-    except (TypeError, ValueError):  # not JSON: a set, a host's object, a NaN
+    except Exception:  # not JSON: a set, a host's object, a NaN, a huge int, a deep nesting
+        pass
+    try:
         return digest(str(result))
+    except Exception:  # nor text
+        kind = type(result)
+        return digest(f"<{kind.__module__}.{kind.__qualname__} that cannot be encoded>")
 
 
 @dataclass(frozen=True, slots=True)

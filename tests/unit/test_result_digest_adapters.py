@@ -401,3 +401,45 @@ def test_an_mcp_result_is_digested_without_its_meta_in_one_spelling() -> None:
     changed = {**wire, "content": [{"type": "text", "text": "failed"}]}
     assert result_digest(call_tool_result(changed)) not in digests
     assert result_digest(call_tool_result({**wire, "isError": True})) not in digests
+
+
+# -- results a canonical JSON cannot carry ----------------------------------------------------
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("a host object that cannot be shown")
+
+
+def _nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+UNENCODABLE = {
+    "huge-int": {"n": 10**5000},  # past Python's int-to-text limit: ValueError
+    "deep": _nested(100_000),  # RecursionError in the encoder and in str()
+    "unprintable": _Unprintable(),  # neither JSON nor text
+}
+
+
+@pytest.mark.parametrize("result", list(UNENCODABLE.values()), ids=list(UNENCODABLE))
+def test_a_result_nothing_can_encode_still_has_a_digest(result: Any) -> None:
+    digest = result_digest(result)
+    assert len(digest) == 32
+    assert digest == result_digest(result)
+
+
+@pytest.mark.parametrize("result", list(UNENCODABLE.values()), ids=list(UNENCODABLE))
+def test_langchain_returns_and_settles_a_result_nothing_can_encode(result: Any) -> None:
+    from ratewarden.integrations.langchain import RatewardenMiddleware
+
+    daemon = FakeDaemon(send_result=True)
+    message = SimpleNamespace(content=result, status="success")
+    middleware = RatewardenMiddleware(daemon.guard())
+    assert middleware.wrap_tool_call(_langchain_request(), lambda request: message) is message
+    [settle] = daemon.settles  # settled, so its slot is free, and the tool's result kept
+    assert settle["status"] == "ok"
+    assert len(settle["result_digest"]) == 32
