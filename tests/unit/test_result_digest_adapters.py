@@ -403,6 +403,32 @@ def test_an_mcp_result_is_digested_without_its_meta_in_one_spelling() -> None:
     assert result_digest(call_tool_result({**wire, "isError": True})) not in digests
 
 
+def test_an_embedded_resources_own_meta_is_not_digested() -> None:
+    """An embedded resource's contents carry a `_meta` of their own (MCP's
+    ResourceContents): a server's trace id there is the same result too, in the wire's
+    JSON and in the SDK's models; the resource's text changing is another."""
+    import mcp.types as mcp_types
+
+    from ratewarden.integrations._lifecycle import call_tool_result
+
+    def wire(meta: str, text: str = "log") -> dict[str, Any]:
+        contents = {"uri": "file:///build.log", "text": text, "_meta": {"trace": meta}}
+        block = {"type": "resource", "resource": contents, "_meta": {"trace": meta}}
+        return {"content": [block], "isError": False, "_meta": {"trace": meta}}
+
+    def model(meta: str) -> Any:
+        contents = mcp_types.TextResourceContents(
+            uri="file:///build.log", text="log", _meta={"trace": meta}
+        )
+        block = mcp_types.EmbeddedResource(type="resource", resource=contents)
+        return mcp_types.CallToolResult(content=[block], _meta={"trace": meta})
+
+    results = [wire("a"), wire("b"), model("c"), model("d")]
+    digests = {result_digest(call_tool_result(r)) for r in results}
+    assert len(digests) == 1
+    assert result_digest(call_tool_result(wire("a", text="other log"))) not in digests
+
+
 # -- results a canonical JSON cannot carry ----------------------------------------------------
 
 
