@@ -469,3 +469,30 @@ def test_langchain_returns_and_settles_a_result_nothing_can_encode(result: Any) 
     [settle] = daemon.settles  # settled, so its slot is free, and the tool's result kept
     assert settle["status"] == "ok"
     assert len(settle["result_digest"]) == 32
+
+
+def test_a_set_in_a_result_digests_alike_in_every_process() -> None:
+    """A tool may return a set (a pydantic-ai or ADK tool's own value): its order is its
+    process's string hashing, so the same set read as text would be another result in
+    another agent process (or after a restart), and a loop its counter shares with that
+    process would never count. A set is digested as its members in canonical order."""
+    import subprocess
+
+    script = (
+        "from ratewarden.arguments import result_digest;"
+        "print(result_digest({'open': {'pr-1', 'pr-2', 'pr-3', 'pr-4'},"
+        " 'n': frozenset({'a', 'b'})}))"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={"PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in range(1, 6)
+    }
+    assert len(digests) == 1
+    as_list = {"open": ["pr-1", "pr-2", "pr-3", "pr-4"], "n": ["a", "b"]}
+    assert digests == {result_digest(as_list) + "\n"}
