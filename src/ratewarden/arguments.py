@@ -73,15 +73,43 @@ def digest(value: Any) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+def _result_part(value: Any) -> Any:
+    """What the result encoder writes for a value JSON has no form for: a set as its
+    members in canonical order (its own order is its process's string hashing, so the
+    same set would be another result in another process); anything else as its text."""
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=_RESULT_ENCODER.encode)
+    return str(value)
+
+
+# The canonical encoder, and a form for a tool's own values (sets, host objects) inside
+# a result; for a JSON value it writes exactly what _ENCODER does.
+_RESULT_ENCODER: Final = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"),
+    default=_result_part,
+)  # fmt: skip
+
+
 def result_digest(result: Any) -> str:
     """The digest of a tool's result that a settle carries for loop rules keyed on
-    results (docs/policy.md, "Loops"): `digest` of its canonical JSON, as an argument's;
-    a value JSON cannot carry (a host's own object) is hashed by its text. Computed where
-    the result is seen, so the result itself never travels."""
+    results (docs/policy.md, "Loops"): `digest` of its canonical JSON, as an argument's.
+    Inside it, a set is its members in canonical order and another value JSON cannot
+    carry (a host's own object) its text; a result still not JSON (a NaN, keys of mixed
+    types) is hashed by its text, and one not even that (an int past Python's digit
+    limit, a nesting past its recursion limit, an object whose text raises) by its type
+    alone, so it counts as the same result each time. Never raises: a settle, and the
+    tool's answer to the host, never fail on a result. Computed where the result is
+    seen, so the result itself never travels."""
     try:
-        return digest(result)
-    except (TypeError, ValueError):  # not JSON: a set, a host's object, a NaN
+        data = _RESULT_ENCODER.encode(result).encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(data, digest_size=16).hexdigest()
+    except Exception:  # a NaN, keys of mixed types, a huge int, a deep nesting
+        pass
+    try:
         return digest(str(result))
+    except Exception:  # nor text
+        kind = type(result)
+        return digest(f"<{kind.__module__}.{kind.__qualname__} that cannot be encoded>")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,9 @@ same phases together (a shared barrier between phases), 60 calls each at once:
   the first to land restarts the count (this call its first unit) and the others find
   it kept: after the race the counter holds exactly one call, and a `poll` with that
   result allows exactly limit - 1 more.
+- `check` then `settle:*`: every settle brings a result of its own, so each restarts
+  the count in turn; the last to land leaves exactly one call counted, whatever the
+  order, and a `check` allows exactly limit - 1 more.
 """
 
 from __future__ import annotations
@@ -60,10 +63,15 @@ async def _phases(
         for n, phase in enumerate(phases):
             what, _, answer = phase.partition(":")
             digest = result_digest({"status": answer}) if answer else None
+            own = answer == "*"  # each settle its own result
             barrier.wait(timeout=60)
 
-            async def one(i: int, what: str = what, n: int = n, digest: str | None = digest) -> str:
+            async def one(
+                i: int, what: str = what, n: int = n, digest: str | None = digest, own: bool = own
+            ) -> str:
                 if what == "settle":
+                    if own:
+                        digest = result_digest({"status": f"w{worker}-{i}"})
                     return (await engine.settle(allowed[i], result_digest=digest)).outcome
                 call = ci_call(worker, n, i)
                 decided = await engine.check(call)
@@ -135,3 +143,15 @@ def test_a_new_result_restarts_the_count_exactly_once(
     assert settled == {"settled": LIMIT - 1}
     # One restart: the counter held one call ("passed"), so limit - 1 more are allowed.
     assert polled == {"allow": LIMIT - 1, "deny": PROCESSES * CALLS - LIMIT + 1}
+
+
+@pytest.mark.parametrize("algorithm", ["sliding_window", "token_bucket"])
+def test_settles_each_with_its_own_result_leave_exactly_one_call_counted(
+    redis_server: RedisServer, redis_url: str, algorithm: str
+) -> None:
+    checked, settled, after = run_phases(
+        redis_url, loop_policy(algorithm), ["check", "settle:*", "check"]
+    )
+    assert checked == {"allow": LIMIT, "deny": PROCESSES * CALLS - LIMIT}
+    assert settled == {"settled": LIMIT}
+    assert after == {"allow": LIMIT - 1, "deny": PROCESSES * CALLS - LIMIT + 1}

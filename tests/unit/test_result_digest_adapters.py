@@ -401,3 +401,98 @@ def test_an_mcp_result_is_digested_without_its_meta_in_one_spelling() -> None:
     changed = {**wire, "content": [{"type": "text", "text": "failed"}]}
     assert result_digest(call_tool_result(changed)) not in digests
     assert result_digest(call_tool_result({**wire, "isError": True})) not in digests
+
+
+def test_an_embedded_resources_own_meta_is_not_digested() -> None:
+    """An embedded resource's contents carry a `_meta` of their own (MCP's
+    ResourceContents): a server's trace id there is the same result too, in the wire's
+    JSON and in the SDK's models; the resource's text changing is another."""
+    import mcp.types as mcp_types
+
+    from ratewarden.integrations._lifecycle import call_tool_result
+
+    def wire(meta: str, text: str = "log") -> dict[str, Any]:
+        contents = {"uri": "file:///build.log", "text": text, "_meta": {"trace": meta}}
+        block = {"type": "resource", "resource": contents, "_meta": {"trace": meta}}
+        return {"content": [block], "isError": False, "_meta": {"trace": meta}}
+
+    def model(meta: str) -> Any:
+        contents = mcp_types.TextResourceContents(
+            uri="file:///build.log", text="log", _meta={"trace": meta}
+        )
+        block = mcp_types.EmbeddedResource(type="resource", resource=contents)
+        return mcp_types.CallToolResult(content=[block], _meta={"trace": meta})
+
+    results = [wire("a"), wire("b"), model("c"), model("d")]
+    digests = {result_digest(call_tool_result(r)) for r in results}
+    assert len(digests) == 1
+    assert result_digest(call_tool_result(wire("a", text="other log"))) not in digests
+
+
+# -- results a canonical JSON cannot carry ----------------------------------------------------
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("a host object that cannot be shown")
+
+
+def _nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+UNENCODABLE = {
+    "huge-int": {"n": 10**5000},  # past Python's int-to-text limit: ValueError
+    "deep": _nested(100_000),  # RecursionError in the encoder and in str()
+    "unprintable": _Unprintable(),  # neither JSON nor text
+}
+
+
+@pytest.mark.parametrize("result", list(UNENCODABLE.values()), ids=list(UNENCODABLE))
+def test_a_result_nothing_can_encode_still_has_a_digest(result: Any) -> None:
+    digest = result_digest(result)
+    assert len(digest) == 32
+    assert digest == result_digest(result)
+
+
+@pytest.mark.parametrize("result", list(UNENCODABLE.values()), ids=list(UNENCODABLE))
+def test_langchain_returns_and_settles_a_result_nothing_can_encode(result: Any) -> None:
+    from ratewarden.integrations.langchain import RatewardenMiddleware
+
+    daemon = FakeDaemon(send_result=True)
+    message = SimpleNamespace(content=result, status="success")
+    middleware = RatewardenMiddleware(daemon.guard())
+    assert middleware.wrap_tool_call(_langchain_request(), lambda request: message) is message
+    [settle] = daemon.settles  # settled, so its slot is free, and the tool's result kept
+    assert settle["status"] == "ok"
+    assert len(settle["result_digest"]) == 32
+
+
+def test_a_set_in_a_result_digests_alike_in_every_process() -> None:
+    """A tool may return a set (a pydantic-ai or ADK tool's own value): its order is its
+    process's string hashing, so the same set read as text would be another result in
+    another agent process (or after a restart), and a loop its counter shares with that
+    process would never count. A set is digested as its members in canonical order."""
+    import subprocess
+
+    script = (
+        "from ratewarden.arguments import result_digest;"
+        "print(result_digest({'open': {'pr-1', 'pr-2', 'pr-3', 'pr-4'},"
+        " 'n': frozenset({'a', 'b'})}))"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={"PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in range(1, 6)
+    }
+    assert len(digests) == 1
+    as_list = {"open": ["pr-1", "pr-2", "pr-3", "pr-4"], "n": ["a", "b"]}
+    assert digests == {result_digest(as_list) + "\n"}

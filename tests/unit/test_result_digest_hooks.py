@@ -150,6 +150,32 @@ def test_the_same_output_digests_alike_and_a_changed_one_apart(
 
 
 @pytest.mark.parametrize(
+    ("tool", "response", "timing"),
+    [
+        ("WebFetch", {"bytes": 120, "code": 200, "codeText": "OK", "result": "run 7: running",
+                      "url": "https://ci.test/runs/7"}, "durationMs"),
+        ("WebSearch", {"query": "run 7", "results": ["run 7: running"], "searchCount": 1},
+         "durationSeconds"),
+        ("Glob", {"filenames": ["out/run-7.log"], "numFiles": 1, "truncated": False},
+         "durationMs"),
+        ("Task", {"content": [{"type": "text", "text": "running"}]}, "totalDurationMs"),
+    ],
+)  # fmt: skip
+def test_claude_codes_own_timing_of_a_call_is_not_its_result(
+    posted: list[tuple[str, dict[str, Any]]], tool: str, response: dict[str, Any], timing: str
+) -> None:
+    """Claude Code's tool_response says how long some tools took (WebFetch's and Glob's
+    `durationMs`, WebSearch's `durationSeconds`, Task's `totalDurationMs`): a poll whose
+    answer is the same and whose timing differs is the same result."""
+    changed = {**response, "bytes" if tool == "WebFetch" else "changed": 121}
+    for body, took in ((response, 830), (response, 412), (changed, 830)):
+        payload = {**CLAUDE_POST, "tool_name": tool, "tool_response": {**body, timing: took}}
+        hook("claude-code", payload)
+    first, again, other = (body["result_digest"] for _, body in posted)
+    assert first == again != other
+
+
+@pytest.mark.parametrize(
     ("host", "payload", "environ"),
     [
         ("gemini", {**BASH, "hook_event_name": "AfterTool", "tool_response": {"llmContent": "x"}},

@@ -2,7 +2,8 @@
 
 Payload (stdin of a command hook, the body of an `http` hook): `hook_event_name`,
 `tool_name`, `tool_input`, `tool_use_id`, `session_id`; PostToolUse adds `duration_ms`
-and `tool_response`, whose digest its settle carries (for loop rules keyed on results).
+and `tool_response`, whose digest its settle carries (for loop rules keyed on results),
+without the time Claude Code says some tools took (`TIMINGS`: not part of what they got).
 An allowed call gets nothing at all (exit 0, or an empty 200): an explicit "allow" would
 skip the user's own permission prompt, a security downgrade. A refusal is
 `{"hookSpecificOutput": {"permissionDecision": "deny" | "ask", ...}}`, on stdout or as the
@@ -35,6 +36,10 @@ from ratewarden.hooks.contract import (
 )
 from ratewarden.vocabulary import CallStatus, DecisionName
 
+# What Claude Code's tool_response says of a call's time, not of its result: WebFetch's and
+# Glob's `durationMs`, WebSearch's `durationSeconds`, Task's `totalDurationMs`. Left out of
+# the result's digest, so the same answer taking another time is the same result.
+TIMINGS = frozenset({"durationMs", "durationSeconds", "totalDurationMs"})
 EXIT_HOOK_ERROR = 1  # a hook that failed, without blocking
 EXIT_BLOCK = 2  # block, and show stderr to the model
 
@@ -58,9 +63,18 @@ def read(payload: bytes, context: Mapping[str, str]) -> Event:
             call_id,
             status=status,
             duration_ms=duration(data.get("duration_ms")),
-            result_digest=digest_of(data, "tool_response"),
+            result_digest=digest_of(_untimed(data), "tool_response"),
         )
     return None
+
+
+def _untimed(data: Mapping[str, object]) -> Mapping[str, object]:
+    """The payload with its tool_response's own timings (TIMINGS) left out."""
+    response = data.get("tool_response")
+    if not isinstance(response, Mapping) or TIMINGS.isdisjoint(response):
+        return data
+    kept = {key: value for key, value in response.items() if key not in TIMINGS}
+    return {**data, "tool_response": kept}
 
 
 def refuse(decision: DecisionName, message: str, detail: str = "") -> HookOutput:

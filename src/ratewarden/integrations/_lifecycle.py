@@ -52,8 +52,9 @@ def settlement(status: str, duration_ms: float | None, result: Any = NO_RESULT) 
 def call_tool_result(result: Any) -> Any:
     """What a settle digests of an MCP `CallToolResult` (plain JSON, or a model of one):
     its `content`, `structuredContent` and `isError`, never `_meta` (a server's trace ids
-    and timings, which differ on every call), in one spelling for the MCP proxy, the
-    gateway and ContextForge. Anything else is digested as it is."""
+    and timings, which differ on every call: the result's, its blocks', an embedded
+    resource's), in one spelling for the MCP proxy, the gateway and ContextForge.
+    Anything else is digested as it is."""
     if not isinstance(result, Mapping) and callable(getattr(result, "model_dump", None)):
         result = result.model_dump(mode="json", by_alias=True, exclude_none=True)
     if not isinstance(result, Mapping):
@@ -69,8 +70,13 @@ def call_tool_result(result: Any) -> Any:
 
 
 def _without_meta(block: Any) -> Any:
+    """A content block without its `_meta`, and an embedded resource's contents without
+    theirs (MCP's `ResourceContents` has one too): where the protocol puts `_meta`."""
     if isinstance(block, Mapping):
-        return {key: value for key, value in block.items() if key != "_meta"}
+        kept = {key: value for key, value in block.items() if key != "_meta"}
+        if isinstance(kept.get("resource"), Mapping):
+            kept["resource"] = {k: v for k, v in kept["resource"].items() if k != "_meta"}
+        return kept
     if callable(getattr(block, "model_dump", None)):
         return _without_meta(block.model_dump(mode="json", by_alias=True, exclude_none=True))
     return block

@@ -25,7 +25,7 @@ gateway (one `SessionGuard` per client session) share it.
   for the settle. A call that holds nothing is not settled (the daemon keeps nothing of
   it to free), as with every adapter. A call the daemon answered with `send_result` (a
   loop rule keyed on results) is settled with the digest of the server's
-  `CallToolResult`: its `content`, `structuredContent` and `isError`, not its `_meta`
+  `CallToolResult`: its `content`, `structuredContent` and `isError`, not a `_meta`
   (`_lifecycle.call_tool_result`).
 """
 
