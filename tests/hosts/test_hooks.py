@@ -175,9 +175,12 @@ def test_claude_code_denies_the_11th_bash_call_with_json(daemon: Daemon) -> None
     assert denied.returncode == 0  # exit 1 would not block; the JSON does
     answer = json.loads(denied.stdout)
     reason = answer["hookSpecificOutput"].pop("permissionDecisionReason")
+    detail = answer.pop("systemMessage")  # the user's line: which rule counted what
     assert answer == {
         "hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny"}
     }
+    assert detail.startswith("ratewarden: rule terminal-per-minute (rate) refused the call")
+    assert f"user={user}: 10 of 10 used" in detail
     assert reason.startswith(TERMINAL_MESSAGE)
     assert used(daemon, user, "Bash", "terminal-per-minute") == 10
     # The session and the call id came from the payload.
