@@ -382,11 +382,14 @@ async def scenario(daemon: Daemon, server: RedisProcess) -> Run:
 
 async def kill_and_restart(run: Run, http: httpx.AsyncClient, server: RedisProcess) -> None:
     """kill -9, an outage window, a restart on the same port and directory."""
+    # The daemon's count of store operations is read before the fault and after its end,
+    # so every decision inside it (begun after `began`, ended before `ended`) falls
+    # between the two readings, however long a /metrics scrape takes.
+    total, slow = await evaluate_ops(http)
     fault = Fault("kill -9", sent=time.monotonic())
     run.faults.append(fault)
     await asyncio.to_thread(server.kill)  # returns once the process is gone
     fault.began = time.monotonic()
-    total, slow = await evaluate_ops(http)
     await asyncio.sleep(OUTAGE_S / 2)
     # Meanwhile: the fail-closed 5/minute rule refuses, /readyz and the gauge say so.
     run.quota["during"] = [await check(http, "quota-user", "quota") for _ in range(3)]
@@ -394,8 +397,8 @@ async def kill_and_restart(run: Run, http: httpx.AsyncClient, server: RedisProce
     run.readyz_during = (ready.status_code, ready.text)
     run.gauge_during = await metric(http, "ratewarden_store_circuit_open")
     await asyncio.sleep(OUTAGE_S / 2)
-    total_after, slow_after = await evaluate_ops(http)
     fault.ended = time.monotonic()
+    total_after, slow_after = await evaluate_ops(http)
     await asyncio.to_thread(server.start)
     fault.back = time.monotonic()
     fault.store_ops, fault.slow_ops = total_after - total, slow_after - slow
@@ -404,14 +407,14 @@ async def kill_and_restart(run: Run, http: httpx.AsyncClient, server: RedisProce
 
 async def freeze_and_thaw(run: Run, http: httpx.AsyncClient, server: RedisProcess) -> None:
     """SIGSTOP: Redis accepts connections and answers nothing; then SIGCONT."""
+    total, slow = await evaluate_ops(http)  # before and after the fault, as above
     fault = Fault("SIGSTOP", sent=time.monotonic())
     run.faults.append(fault)
     await asyncio.to_thread(server.signal, signal.SIGSTOP)
     fault.began = time.monotonic()
-    total, slow = await evaluate_ops(http)
     await asyncio.sleep(FROZEN_S)
-    total_after, slow_after = await evaluate_ops(http)
     fault.ended = time.monotonic()
+    total_after, slow_after = await evaluate_ops(http)
     await asyncio.to_thread(server.signal, signal.SIGCONT)
     fault.back = time.monotonic()
     fault.store_ops, fault.slow_ops = total_after - total, slow_after - slow
