@@ -8,6 +8,7 @@ downloaded by `playwright install`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -84,13 +85,15 @@ class ConsoleDaemon:
             return http.request(method, path, headers=headers, json=body)
 
 
-@pytest.fixture(scope="module")
-def console_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleDaemon]:
-    """`ratewarden serve` on its own redis-server, with one admin and one check token."""
-    directory = tmp_path_factory.mktemp("console")
+@contextlib.contextmanager
+def console_serving(directory: Path, policy_text: str, **tokens: str) -> Iterator[ConsoleDaemon]:
+    """`ratewarden serve` on its own redis-server in `directory`, with `policy_text`, one
+    admin and one check token, and any other token settings in `tokens`."""
     policy = directory / "policy.yaml"
-    policy.write_text(POLICY)
-    env = clean_environment(RATEWARDEN_ADMIN_TOKENS=ADMIN_TOKEN, RATEWARDEN_API_TOKENS=CHECK_TOKEN)
+    policy.write_text(policy_text)
+    env = clean_environment(
+        RATEWARDEN_ADMIN_TOKENS=ADMIN_TOKEN, RATEWARDEN_API_TOKENS=CHECK_TOKEN, **tokens
+    )
     with (
         running_redis(directory / "redis") as redis_server,
         running_daemon(
@@ -98,6 +101,13 @@ def console_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console
         ) as daemon,
     ):
         yield ConsoleDaemon(daemon, policy)
+
+
+@pytest.fixture(scope="module")
+def console_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleDaemon]:
+    """The console's daemon (`console_serving`) on POLICY."""
+    with console_serving(tmp_path_factory.mktemp("console"), POLICY) as daemon:
+        yield daemon
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,10 @@ from playwright.sync_api import ViewportSize, expect
 
 from ratewarden.policy.durations import humanize_seconds
 from tests.browser.conftest import (
-    ADMIN_TOKEN,
-    CHECK_TOKEN,
     Console,
     ConsoleDaemon,
+    console_serving,
 )
-from tests.helpers.daemon import clean_environment, running_daemon
-from tests.helpers.redis_server import running_redis
 
 pytestmark = [pytest.mark.browser, pytest.mark.redis, pytest.mark.timeout(300)]
 
@@ -73,17 +70,8 @@ MINUTE, HOUR, BUDGET = "terminal-per-minute", "terminal-per-hour", "browser-dail
 @pytest.fixture(scope="module")
 def console_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleDaemon]:
     """This module's daemon (the conftest's `open_console` opens the console on it)."""
-    directory = tmp_path_factory.mktemp("contradictions")
-    policy = directory / "policy.yaml"
-    policy.write_text(POLICY)
-    env = clean_environment(RATEWARDEN_ADMIN_TOKENS=ADMIN_TOKEN, RATEWARDEN_API_TOKENS=CHECK_TOKEN)
-    with (
-        running_redis(directory / "redis") as redis_server,
-        running_daemon(
-            directory, "--store-url", redis_server.url, "--policy", str(policy), env=env
-        ) as daemon,
-    ):
-        yield ConsoleDaemon(daemon, policy)
+    with console_serving(tmp_path_factory.mktemp("contradictions"), POLICY) as daemon:
+        yield daemon
 
 
 def refused_twice(daemon: ConsoleDaemon, user: str) -> None:

@@ -13,9 +13,12 @@ from collections.abc import Callable, Iterator
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.conftest import ADMIN_TOKEN, CHECK_TOKEN, POLICY, Console, ConsoleDaemon
-from tests.helpers.daemon import clean_environment, running_daemon
-from tests.helpers.redis_server import running_redis
+from tests.browser.conftest import (
+    POLICY,
+    Console,
+    ConsoleDaemon,
+    console_serving,
+)
 
 BUDGET = "daily-spend"
 BUDGET_POLICY = f"""{POLICY}\
@@ -31,17 +34,8 @@ OpenConsole = Callable[..., Console]
 @pytest.fixture(scope="module")
 def console_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleDaemon]:
     """As conftest's, on BUDGET_POLICY (this module's open_console uses it)."""
-    directory = tmp_path_factory.mktemp("console-reset")
-    policy = directory / "policy.yaml"
-    policy.write_text(BUDGET_POLICY)
-    env = clean_environment(RATEWARDEN_ADMIN_TOKENS=ADMIN_TOKEN, RATEWARDEN_API_TOKENS=CHECK_TOKEN)
-    with (
-        running_redis(directory / "redis") as redis_server,
-        running_daemon(
-            directory, "--store-url", redis_server.url, "--policy", str(policy), env=env
-        ) as daemon,
-    ):
-        yield ConsoleDaemon(daemon, policy)
+    with console_serving(tmp_path_factory.mktemp("console-reset"), BUDGET_POLICY) as daemon:
+        yield daemon
 
 
 def spend(daemon: ConsoleDaemon, user: str, call_id: str, cost: float, settled: float) -> None:

@@ -16,14 +16,11 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.conftest import (
-    ADMIN_TOKEN,
-    CHECK_TOKEN,
     POLICY,
     Console,
     ConsoleDaemon,
+    console_serving,
 )
-from tests.helpers.daemon import clean_environment, running_daemon
-from tests.helpers.redis_server import running_redis
 
 pytestmark = [pytest.mark.browser, pytest.mark.redis, pytest.mark.timeout(300)]
 
@@ -34,22 +31,10 @@ RULE = "terminal-per-minute"  # 2 calls a minute per user
 
 @pytest.fixture(scope="module")
 def console_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleDaemon]:
-    """`ratewarden serve` on its own redis-server, with an admin, a check and a viewer token."""
+    """The console's daemon with a viewer token too."""
     directory = tmp_path_factory.mktemp("console-viewer")
-    policy = directory / "policy.yaml"
-    policy.write_text(POLICY)
-    env = clean_environment(
-        RATEWARDEN_ADMIN_TOKENS=ADMIN_TOKEN,
-        RATEWARDEN_API_TOKENS=CHECK_TOKEN,
-        RATEWARDEN_VIEWER_TOKENS=VIEWER_TOKEN,
-    )
-    with (
-        running_redis(directory / "redis") as redis_server,
-        running_daemon(
-            directory, "--store-url", redis_server.url, "--policy", str(policy), env=env
-        ) as daemon,
-    ):
-        yield ConsoleDaemon(daemon, policy)
+    with console_serving(directory, POLICY, RATEWARDEN_VIEWER_TOKENS=VIEWER_TOKEN) as daemon:
+        yield daemon
 
 
 def exhaust(daemon: ConsoleDaemon, user: str) -> None:
