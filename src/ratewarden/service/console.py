@@ -24,9 +24,7 @@ reports, this one's read fresh, and lists each process.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
-import contextlib
 import logging
 import os
 import time
@@ -45,6 +43,7 @@ from pydantic import BaseModel, Field
 from ratewarden.engine import Engine
 from ratewarden.service.fleet import Fleet
 from ratewarden.service.metrics import Metrics
+from ratewarden.service.periodic import Periodic
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.store import StoreError
 from ratewarden.store.breaker import CircuitBreaker
@@ -185,7 +184,7 @@ class StatsSampler:
         self.clock = clock
         self.started = clock()
         self.ring: deque[Reading] = deque(maxlen=RING_SIZE)
-        self._task: asyncio.Task[None] | None = None
+        self._ticks = Periodic("ratewarden-console-sampler", SAMPLE_INTERVAL_S, self.sample)
 
     def sample(self) -> Reading:
         reading = read_counters(self.metrics, self.clock())
@@ -194,22 +193,10 @@ class StatsSampler:
 
     def start(self) -> None:
         self.sample()  # the baseline: the counters as the daemon starts
-        self._task = asyncio.create_task(self._run(), name="ratewarden-console-sampler")
+        self._ticks.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(SAMPLE_INTERVAL_S)
-            try:
-                self.sample()
-            except Exception:  # the sampler must outlive any surprise
-                log.exception("console sampler: unexpected error; still sampling")
+        await self._ticks.stop()
 
 
 def at_or_before(

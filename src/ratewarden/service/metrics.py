@@ -16,8 +16,6 @@ worker writes its values there, and `/metrics` merges them (see `exposition`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -44,6 +42,7 @@ from starlette.types import Message, Scope, Send
 from ratewarden.calls import Call
 from ratewarden.engine import Decision, Settlement, Verdict
 from ratewarden.policy import Policy
+from ratewarden.service.periodic import Periodic
 from ratewarden.store import Store, StoreError
 from ratewarden.store.base import Args, Layer
 from ratewarden.store.breaker import STATES as CIRCUIT_STATES
@@ -301,7 +300,7 @@ class HttpAnswers:
         self._templates = frozenset(template for _, template in self._patterns)
         self.counts: dict[tuple[str, int], int] = {}  # answers not yet in the counter
         self._incs: dict[tuple[str, int], Callable[[float], None]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._ticks = Periodic("ratewarden-http-answers", self.FLUSH_INTERVAL_S, self.flush)
 
     def wrap(self, scope: Scope, send: Send, route: str | None = None) -> Send:
         """`send`, counting the answer it starts: under `route`, or the request's own."""
@@ -347,21 +346,11 @@ class HttpAnswers:
         return NO_ROUTE
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="ratewarden-http-answers")
+        self._ticks.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._ticks.stop()
         self.flush()
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.FLUSH_INTERVAL_S)
-            if self.counts:
-                self.flush()
 
 
 def route_patterns(routes: Iterable[Any], prefix: str = "") -> Iterable[tuple[Any, str]]:
