@@ -15,15 +15,12 @@ reason (the hook failing open), not at import.
 
 from __future__ import annotations
 
-import enum
 import json
 import shlex
 import subprocess
 import sys
-import types
 import unicodedata
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,6 +32,14 @@ from pydantic import TypeAdapter
 
 from ratewarden.client import AsyncGuard, Guard
 from ratewarden.wire.bodies import CallId, CheckRequest, Subject
+from tests.helpers.sdk_stand_ins import (
+    ToolContext,
+    ToolDecision,
+    ToolGuardrail,
+    ToolGuardrailFunctionOutput,
+    ToolPermissionResult,
+    stand_in,
+)
 from tests.hosts.scenario import Daemon, clean_environment, daemon_fixture, new_user, read_denials
 
 RATEWARDEN = Path(sys.executable).with_name("ratewarden")  # the installed console script
@@ -260,59 +265,14 @@ async def test_hole8_strands_hook_checks_odd_names(daemon: Daemon) -> None:
     hook.guard.close()
 
 
-class _Decision(enum.Enum):  # pydantic-ai-middleware's ToolDecision, stood in
-    ALLOW = "allow"
-    DENY = "deny"
-    ASK = "ask"
-
-
-@dataclass
-class _Permission:  # its ToolPermissionResult
-    decision: _Decision
-    reason: str = ""
-
-
-class _GuardrailOutput:  # the OpenAI Agents SDK's ToolGuardrailFunctionOutput
-    def __init__(self, allowed: bool, message: str = "") -> None:
-        self.allowed, self.message = allowed, message
-
-    @classmethod
-    def allow(cls, output_info: Any = None) -> _GuardrailOutput:
-        return cls(True)
-
-    @classmethod
-    def reject_content(cls, message: str, output_info: Any = None) -> _GuardrailOutput:
-        return cls(False, message)
-
-
-@dataclass(eq=False)
-class _ToolContext:  # its ToolContext (weak-referenceable, as the SDK's dataclass is)
-    tool_name: str
-    tool_call_id: str
-    context: Any
-
-
-@dataclass
-class _InputGuardrail:  # its ToolInputGuardrail
-    guardrail_function: Any
-    name: str
-
-
-def stand_in(monkeypatch: pytest.MonkeyPatch, module: str, **attributes: Any) -> None:
-    fake = types.ModuleType(module)
-    for name, value in attributes.items():
-        setattr(fake, name, value)
-    monkeypatch.setitem(sys.modules, module, fake)
-
-
 async def test_hole8_pydantic_ai_middleware_checks_odd_names(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stand_in(
         monkeypatch,
         "pydantic_ai_middleware",
-        ToolDecision=_Decision,
-        ToolPermissionResult=_Permission,
+        ToolDecision=ToolDecision,
+        ToolPermissionResult=ToolPermissionResult,
     )
     from ratewarden.integrations.pydantic_ai import RatewardenMiddleware
 
@@ -321,11 +281,11 @@ async def test_hole8_pydantic_ai_middleware_checks_odd_names(
     middleware = RatewardenMiddleware(guard)
     deps = {"user_id": user}
     first = await middleware.before_tool_call("terminal", {}, deps, SimpleNamespace())
-    assert first.decision is _Decision.ALLOW
+    assert first.decision is ToolDecision.ALLOW
     odd = await middleware.before_tool_call(
         ODD_TOOL, {}, deps, SimpleNamespace(tool_call_id=ODD_ID)
     )
-    assert odd.decision is _Decision.DENY
+    assert odd.decision is ToolDecision.DENY
     assert odd.reason.startswith("Rate limit: max 1")
     assert_normalised(daemon, user, "call_7~")
     await guard.aclose()
@@ -337,8 +297,8 @@ async def test_hole8_openai_agents_guardrail_checks_odd_names(
     stand_in(
         monkeypatch,
         "agents",
-        ToolGuardrailFunctionOutput=_GuardrailOutput,
-        ToolInputGuardrail=_InputGuardrail,
+        ToolGuardrailFunctionOutput=ToolGuardrailFunctionOutput,
+        ToolInputGuardrail=ToolGuardrail,
     )
     from ratewarden.integrations.openai_agents import make_ratewarden_guardrail
 
@@ -347,7 +307,7 @@ async def test_hole8_openai_agents_guardrail_checks_odd_names(
     check = make_ratewarden_guardrail(guard).guardrail_function
 
     def data(tool: str, call_id: str) -> Any:
-        return SimpleNamespace(context=_ToolContext(tool, call_id, {"user_id": user}))
+        return SimpleNamespace(context=ToolContext(tool, call_id, {"user_id": user}))
 
     assert (await check(data("terminal", "call_0"))).allowed
     odd = await check(data(ODD_TOOL, ODD_ID))

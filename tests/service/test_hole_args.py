@@ -27,6 +27,13 @@ from ratewarden.service.settings import Settings
 from ratewarden.vocabulary import TOO_LARGE
 from ratewarden.wire.bounded import TooManyItems
 from tests.helpers.hostenv import Daemon, clean_environment, running_daemon
+from tests.helpers.sdk_stand_ins import (
+    ToolDecision,
+    ToolGuardrail,
+    ToolGuardrailFunctionOutput,
+    ToolPermissionResult,
+    stand_in,
+)
 
 RATEWARDEN = Path(sys.executable).with_name("ratewarden")  # the installed console script
 ROOT_DELETE = "Refusing destructive root delete"
@@ -199,13 +206,11 @@ async def test_the_strands_hook_refuses_a_padded_root_delete(daemon: Daemon, nam
 async def test_the_pydantic_ai_middleware_refuses_a_padded_root_delete(
     daemon: Daemon, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.hosts.test_hole_hooks import _Decision, _Permission, stand_in
-
     stand_in(
         monkeypatch,
         "pydantic_ai_middleware",
-        ToolDecision=_Decision,
-        ToolPermissionResult=_Permission,
+        ToolDecision=ToolDecision,
+        ToolPermissionResult=ToolPermissionResult,
     )
     from ratewarden.integrations.pydantic_ai import RatewardenMiddleware
 
@@ -216,7 +221,7 @@ async def test_the_pydantic_ai_middleware_refuses_a_padded_root_delete(
         )
     finally:
         await guard.aclose()
-    assert (decided.decision, decided.reason) == (_Decision.DENY, ROOT_DELETE)
+    assert (decided.decision, decided.reason) == (ToolDecision.DENY, ROOT_DELETE)
 
 
 @pytest.mark.parametrize("name", sorted(PADDINGS))
@@ -224,13 +229,11 @@ async def test_the_openai_agents_guardrail_refuses_a_padded_root_delete(
     daemon: Daemon, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The SDK hands over the model's arguments as JSON text: `1e400` as written."""
-    from tests.hosts.test_hole_hooks import _GuardrailOutput, _InputGuardrail, stand_in
-
     stand_in(
         monkeypatch,
         "agents",
-        ToolGuardrailFunctionOutput=_GuardrailOutput,
-        ToolInputGuardrail=_InputGuardrail,
+        ToolGuardrailFunctionOutput=ToolGuardrailFunctionOutput,
+        ToolInputGuardrail=ToolGuardrail,
     )
     from ratewarden.integrations.openai_agents import make_ratewarden_guardrail
 

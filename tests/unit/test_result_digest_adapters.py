@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sys
-import types
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +24,14 @@ import pytest
 from ratewarden.arguments import result_digest
 from ratewarden.client import AsyncGuard, Guard
 from ratewarden.wire.bodies import CheckResponse
+from tests.helpers.sdk_stand_ins import (
+    ToolContext,
+    ToolDecision,
+    ToolGuardrail,
+    ToolGuardrailFunctionOutput,
+    ToolPermissionResult,
+    stand_in,
+)
 
 URL = "http://daemon.test"
 # A concurrency slot: the call holds something, so it is settled whatever send_result says.
@@ -85,13 +92,6 @@ class FakeDaemon:
 @pytest.fixture(params=[True, False], ids=["send_result", "no_send_result"])
 def daemon(request: pytest.FixtureRequest) -> FakeDaemon:
     return FakeDaemon(send_result=request.param)
-
-
-def stand_in(monkeypatch: pytest.MonkeyPatch, module: str, **attributes: Any) -> None:
-    fake = types.ModuleType(module)
-    for name, value in attributes.items():
-        setattr(fake, name, value)
-    monkeypatch.setitem(sys.modules, module, fake)
 
 
 class WeakContext:
@@ -194,33 +194,6 @@ def test_crewai_settles_with_the_tool_result(daemon: FakeDaemon) -> None:
 # -- OpenAI Agents SDK ------------------------------------------------------------------------
 
 
-class _GuardrailOutput:  # the SDK's ToolGuardrailFunctionOutput
-    def __init__(self, allowed: bool, message: str = "") -> None:
-        self.allowed, self.message = allowed, message
-
-    @classmethod
-    def allow(cls, output_info: Any = None) -> _GuardrailOutput:
-        return cls(True)
-
-    @classmethod
-    def reject_content(cls, message: str, output_info: Any = None) -> _GuardrailOutput:
-        return cls(False, message)
-
-
-@dataclass
-class _Guardrail:  # its ToolInputGuardrail and ToolOutputGuardrail
-    guardrail_function: Any
-    name: str
-
-
-@dataclass(eq=False)
-class _ToolContext:  # its ToolContext (a weak-referenceable dataclass)
-    tool_name: str
-    tool_call_id: str
-    context: Any
-    tool_arguments: str = "{}"
-
-
 @pytest.mark.parametrize("settled_by", ["output_guardrail", "run_hooks"])
 async def test_openai_agents_settles_with_the_tools_output(
     daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch, settled_by: str
@@ -228,14 +201,14 @@ async def test_openai_agents_settles_with_the_tools_output(
     stand_in(
         monkeypatch,
         "agents",
-        ToolGuardrailFunctionOutput=_GuardrailOutput,
-        ToolInputGuardrail=_Guardrail,
-        ToolOutputGuardrail=_Guardrail,
+        ToolGuardrailFunctionOutput=ToolGuardrailFunctionOutput,
+        ToolInputGuardrail=ToolGuardrail,
+        ToolOutputGuardrail=ToolGuardrail,
     )
     from ratewarden.integrations import openai_agents
 
     check = openai_agents.make_ratewarden_guardrail(daemon.async_guard()).guardrail_function
-    context = _ToolContext("ci_status", "call_1", {"user_id": "u"})
+    context = ToolContext("ci_status", "call_1", {"user_id": "u"})
     assert (await check(SimpleNamespace(context=context))).allowed
     output = "CI run 7: running"
     if settled_by == "output_guardrail":
@@ -274,31 +247,21 @@ async def test_strands_settles_with_the_tool_results_status_and_content(
 # -- pydantic-ai-middleware -------------------------------------------------------------------
 
 
-class _Decision:  # its ToolDecision
-    ALLOW, DENY, ASK = "allow", "deny", "ask"
-
-
-@dataclass
-class _Permission:  # its ToolPermissionResult
-    decision: str
-    reason: str = ""
-
-
 async def test_pydantic_ai_settles_with_the_tools_result(
     daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stand_in(
         monkeypatch,
         "pydantic_ai_middleware",
-        ToolDecision=_Decision,
-        ToolPermissionResult=_Permission,
+        ToolDecision=ToolDecision,
+        ToolPermissionResult=ToolPermissionResult,
     )
     from ratewarden.integrations.pydantic_ai import RatewardenMiddleware
 
     middleware = RatewardenMiddleware(daemon.async_guard())
     deps = {"user_id": "u"}
     allowed = await middleware.before_tool_call("ci_status", {"run": 7}, deps)
-    assert allowed.decision == _Decision.ALLOW
+    assert allowed.decision == ToolDecision.ALLOW
     result = {"run": 7, "state": "running"}
     assert await middleware.after_tool_call("ci_status", {"run": 7}, result, deps) is result
     daemon.assert_settled_with(result)
