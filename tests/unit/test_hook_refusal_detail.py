@@ -67,3 +67,13 @@ def test_the_detail_line_names_each_part_the_verdict_has() -> None:
     assert detail_line(verdict(scope={"session": None}, retry_after=None, used=10)) == (
         "ratewarden: rule per-user (rate) refused the call for session=-: 10 of 10 used"
     )
+
+
+def test_the_detail_line_escapes_what_would_make_it_read_otherwise() -> None:
+    """A user's name is the caller's text: a right-to-left override or a zero-width space
+    in it reaches the user's terminal escaped, never acting on the line."""
+    line = detail_line(verdict(scope={"user": "alice\u202egnp.exe", "tool": "t\u200b"}, used=10))
+    assert "\u202e" not in line
+    assert "\u200b" not in line
+    assert "user=alice\\u202egnp.exe, tool=t\\u200b" in line
+    assert line.isprintable()

@@ -238,7 +238,11 @@ def detail_line(verdict: Verdict) -> str:
     sentence stays the model's; this says which rule counted what. Built only for a
     refusal a hook answers, from what the verdict already holds."""
     counted = (verdict.scope or {}).items()
-    scope = ", ".join(f"{name}={value if value is not None else '-'}" for name, value in counted)
+    # A name is the caller's own text: shown with its invisible characters escaped, so a
+    # right-to-left override cannot make the user's line read otherwise.
+    scope = ", ".join(
+        f"{name}={vocabulary.shown(value) if value is not None else '-'}" for name, value in counted
+    )
     used = ""
     if verdict.used is not None:
         used = vocabulary.DETAIL_USED.format(used=verdict.used, limit=verdict.limit)
