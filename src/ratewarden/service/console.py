@@ -64,6 +64,9 @@ ASSETS = {
     "console.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
+    # uPlot 1.6.32 (MIT, uplot.LICENSE), as npm ships it: the charts, drawn in the page.
+    "uplot.min.js": "text/javascript; charset=utf-8",
+    "uplot.min.css": "text/css; charset=utf-8",
 }
 SHELL = "index.html"
 
