@@ -289,8 +289,10 @@
 
   function route() {
     if (!token) return;
-    const wanted = location.hash.replace(/^#/, "");
+    // `#user/<name>` opens the user view on that user (fleet.js links to it).
+    const [wanted, ...named] = location.hash.replace(/^#/, "").split("/");
     const name = VIEWS.includes(wanted) ? wanted : "overview";
+    if (name === "user" && named.length) pickUser(named.join("/"));
     stopTimer();
     current = name;
     for (const view of VIEWS) $(`view-${view}`).hidden = view !== name;
@@ -300,6 +302,15 @@
       else link.removeAttribute("aria-current");
     }
     LOADERS[name]();
+  }
+
+  function pickUser(encoded) {
+    try {
+      currentUser = decodeURIComponent(encoded);
+    } catch (error) {
+      return; // not a name this console wrote: the view opens on whoever it showed
+    }
+    $("user-name").value = currentUser;
   }
 
   function stopTimer() {
@@ -357,6 +368,7 @@
     fillRanked($("overview-tools"), stats.top_tools, "no refusals in the last 15 minutes");
     showReload($("overview-reload"), stats.last_reload);
     fillProcesses(stats);
+    document.dispatchEvent(new CustomEvent("ratewarden:overview")); // fleet.js: who is blocked
   }
 
   function counted(n, noun) {
@@ -458,6 +470,7 @@
     fillOverrideRules(user, usage.limits);
     fillDenials($("user-denials"), denials.denials, false, "no recent refusals");
     $("user-result").hidden = false;
+    document.dispatchEvent(new CustomEvent("ratewarden:user", { detail: { user } })); // fleet.js
     await loadOverrides(user);
   }
 
@@ -779,6 +792,8 @@
 
   // What the browser tests compare with the daemon's own wording (tests/browser/).
   window.ratewardenConsole = Object.freeze({ humanizeSeconds, toYaml });
+  // What fleet.js builds its views with: the same calls and the same text-only DOM.
+  window.ratewardenPage = Object.freeze({ api, query, el, cell, fillRows, time });
 
   // -- start -----------------------------------------------------------------------------
 
