@@ -7,10 +7,11 @@ its caps (asserted on the Redis keys)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 import httpx
 import pytest
@@ -28,12 +29,15 @@ from ratewarden.service.activity import (
     ActivityRecorder,
     Tally,
 )
-from ratewarden.store import MemoryStore
+from ratewarden.store import MemoryStore, Store, StoreError
+from ratewarden.store.base import Layer
 from ratewarden.store.keys import SKETCH_KEEP, USER_DENIALS_KEEP, USER_DENIALS_USERS
 from tests.helpers.app import assert_error_shape, build_app, serving
 from tests.helpers.daemon import Daemon, clean_environment, running_daemon
 from tests.helpers.redis_server import RedisServer
 
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
 POLICY = """\
 version: 1
 rules:
@@ -326,3 +330,61 @@ def test_ten_thousand_users_keep_every_key_within_its_cap(
     assert client.llen("rw:denials") == 1000
     memory = sum(client.memory_usage(key) or 0 for key in [*sketches, index, *lists])
     print(f"who-is-blocked keys after 12 000 users: {memory / 1e6:.1f} MB")
+
+
+# -- off the decision path --------------------------------------------------------------------
+
+
+class Recording(Layer):
+    """A store that notes each operation it is asked for, by name."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.operations: list[str] = []
+
+    async def around(
+        self, operation: str, function: Callable[[*Args], Awaitable[T]], *args: *Args
+    ) -> T:
+        self.operations.append(operation)
+        return await function(*args)
+
+
+async def test_a_decision_asks_the_store_for_nothing_more() -> None:
+    """Allowed checks (nothing to audit) between two flushes: each is one `evaluate`, the
+    counting is in process; the flush then adds the second's tally in one operation."""
+    store = Recording(MemoryStore(FakeClock(1_700_000_000_000)))
+    app = build_app(POLICY.replace("2/minute", "1000/minute"), store)
+    async with serving(app) as http:
+        before = len(store.operations)
+        for n in range(50):
+            await http.post("/v1/check", json={"user": f"u{n}", "tool": "terminal"})
+        during = store.operations[before:]
+        await flushed(app)
+        flush = store.operations[before + len(during) :]
+    assert during == ["evaluate"] * 50
+    assert flush == ["add_to_sketches"]
+
+
+class Refusing(Layer):
+    async def around(
+        self, operation: str, function: Callable[[*Args], Awaitable[T]], *args: *Args
+    ) -> T:
+        if operation == "add_to_sketches":
+            raise StoreError("down")
+        return await function(*args)
+
+
+async def test_a_flush_the_store_refuses_is_dropped_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(1_700_000_000_000)
+    tally = Tally()
+    recorder = ActivityRecorder(tally, Refusing(MemoryStore(clock)), clock)
+    with caplog.at_level(logging.WARNING, logger="ratewarden.activity"):
+        for _ in range(3):
+            tally.count(denied("r"), Call("ann", "terminal", "c"))
+            await recorder.flush()  # no exception: the flusher goes on
+            clock.advance(1_000)
+    assert tally.take() is None  # dropped, not kept to grow
+    said = [r for r in caplog.records if "not stored" in r.getMessage()]
+    assert len(said) == 1  # once a minute at most
