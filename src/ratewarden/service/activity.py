@@ -45,7 +45,7 @@ from ratewarden.store import Store, StoreError
 from ratewarden.store.base import SketchCounts
 from ratewarden.store.breaker import CircuitOpenError
 from ratewarden.store.keys import HOUR_BUCKET_TTL_MS, MINUTE_BUCKET_TTL_MS, SKETCH_KEEP
-from ratewarden.wire.bodies import FieldError
+from ratewarden.wire.bodies import ErrorResponse, FieldError
 
 log = logging.getLogger("ratewarden.activity")
 T = TypeVar("T")
@@ -421,6 +421,10 @@ async def activity(
 # -- the routes -----------------------------------------------------------------------------
 
 router = APIRouter()
+ERRORS: dict[int | str, dict[str, object]] = {
+    422: {"model": ErrorResponse, "description": "a parameter out of range, named"},
+    503: {"model": ErrorResponse, "description": "the store did not answer"},
+}
 Limit = Annotated[int, Query(ge=1, le=100, description="users listed, at most 100")]
 OptionalUser = Annotated[str | None, Query(min_length=1, max_length=256)]
 OptionalRule = Annotated[str | None, Query(min_length=1, max_length=64)]
@@ -434,7 +438,7 @@ def _recorder(request: Request) -> ActivityRecorder:
 @router.get(
     "/v1/admin/blocked",
     response_model=BlockedResponse,
-    responses={422: {"description": "a parameter out of range, named"}},
+    responses=ERRORS,
     tags=["admin"],
 )
 async def get_blocked(
@@ -455,7 +459,7 @@ async def get_blocked(
 @router.get(
     "/v1/admin/activity",
     response_model=ActivityResponse,
-    responses={422: {"description": "a parameter out of range, named"}},
+    responses=ERRORS,
     tags=["admin"],
 )
 async def get_activity(
