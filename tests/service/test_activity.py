@@ -70,15 +70,18 @@ def denied(*rules: str) -> Decision:
 
 def test_a_tally_counts_decisions_refusals_and_the_binding_rule() -> None:
     tally = Tally()
+    tally.watched = frozenset({"ann"})  # refused lately: every decision of hers counts
     tally.count(allowed("r"), Call("ann", "terminal", "c"))
+    tally.count(allowed("r"), Call("cy", "terminal", "c"))  # never refused: per rule only
     tally.count(denied("r", "s"), Call("ann", "terminal", "c"))
     tally.count(Decision("ask", "c", violations=(verdict("q", False),)), Call("bob", "web", "c"))
     adds = tally.take()
     assert adds is not None
+    assert tally.refused == ["ann", "bob"]
     assert adds[DECIDED] == {'"ann"': 2, '"bob"': 1}
     assert adds[REFUSED] == {'"ann"': 1, '"bob"': 1}
     assert adds[WHY] == {'["ann", "s", "terminal"]': 1, '["bob", "q", "web"]': 1}
-    assert adds[RULE_DECIDED] == {'"r"': 2, '"s"': 1, '"q"': 1}
+    assert adds[RULE_DECIDED] == {'"r"': 3, '"s"': 1, '"q"': 1}
     assert adds[RULE_REFUSED] == {'"r"': 1, '"s"': 1, '"q"': 1}
     assert tally.take() is None  # taken: the next flush starts from nothing
 
@@ -126,8 +129,9 @@ async def test_blocked_lists_users_with_their_top_rule_and_tool() -> None:
                 await http.post("/v1/check", json={"user": user, "tool": tool})
         await flushed(app)
         answer = (await http.get("/v1/admin/blocked", params={"window": "15m"})).json()
+        # ann's two calls allowed before her first refusal are not hers: she was not watched
         assert [(u["user"], u["refusals"], u["decisions"]) for u in answer["users"]] == [
-            ("ann", 4, 6),
+            ("ann", 4, 4),
             ("bob", 3, 3),
         ]
         ann, bob = answer["users"]
@@ -151,17 +155,19 @@ async def test_activity_charts_a_user_a_rule_and_the_top_rules() -> None:
     clock = FakeClock(1_700_000_000_000)
     app = build_app(POLICY, MemoryStore(clock))
     async with serving(app) as http:
-        for _ in range(3):
+        for _ in range(3):  # allowed, allowed, refused
             await http.post("/v1/check", json={"user": "ann", "tool": "terminal"})
         await flushed(app)
-        clock.advance(60_000)
-        await http.post("/v1/check", json={"user": "ann", "tool": "evil"})
+        clock.advance(61_000)  # the next minute: her window is empty again
+        for tool in ("terminal", "terminal", "evil"):  # allowed, allowed, refused
+            await http.post("/v1/check", json={"user": "ann", "tool": tool})
         await flushed(app)
         user = (await http.get("/v1/admin/activity", params={"user": "ann"})).json()
         assert len(user["times"]) == 60
         assert user["times"][-1] % 60 == 0
         [series] = user["series"]
-        assert (series["decisions"][-2:], series["refusals"][-2:]) == ([3, 1], [1, 1])
+        # Refused once, she is watched: her allowed calls count from then on.
+        assert (series["decisions"][-2:], series["refusals"][-2:]) == ([1, 3], [1, 1])
         rule = (await http.get("/v1/admin/activity", params={"rule": "no-evil"})).json()
         assert rule["series"][0]["refusals"][-2:] == [0, 1]
         top = (await http.get("/v1/admin/activity", params={"resolution": "hour"})).json()
@@ -362,7 +368,7 @@ async def test_a_decision_asks_the_store_for_nothing_more() -> None:
         await flushed(app)
         flush = store.operations[before + len(during) :]
     assert during == ["evaluate"] * 50
-    assert flush == ["add_to_sketches"]
+    assert flush == ["read_sketches", "add_to_sketches"]  # whom the fleet refused; the tally
 
 
 class Refusing(Layer):
@@ -388,3 +394,34 @@ async def test_a_flush_the_store_refuses_is_dropped_and_said_once(
     assert tally.take() is None  # dropped, not kept to grow
     said = [r for r in caplog.records if "not stored" in r.getMessage()]
     assert len(said) == 1  # once a minute at most
+
+
+async def test_a_user_refused_by_another_process_is_watched_here_too() -> None:
+    clock = FakeClock(1_700_000_000_000)
+    store = MemoryStore(clock)
+    here, there = Tally(), Tally()
+    recorders = ActivityRecorder(here, store, clock), ActivityRecorder(there, store, clock)
+    there.count(denied("r"), Call("ann", "terminal", "c"))
+    await recorders[1].flush()
+    here.count(allowed("r"), Call("ann", "terminal", "c"))
+    before = here.take()
+    assert before is not None
+    assert before[DECIDED] == {}  # not watched here yet: counted for its rule only
+    await recorders[0].flush()  # a flush reads whom the fleet refused (every 10 s)
+    assert here.watched == {"ann"}
+    here.count(allowed("r"), Call("ann", "terminal", "c"))
+    adds = here.take()
+    assert adds is not None
+    assert adds[DECIDED] == {'"ann"': 1}
+
+
+def test_the_watched_users_here_are_bounded_and_expire() -> None:
+    clock = FakeClock(1_700_000_000_000)
+    tally = Tally()
+    recorder = ActivityRecorder(tally, MemoryStore(clock), clock)
+    recorder._watch([f"user-{n}" for n in range(SKETCH_KEEP + 500)], clock.now_ms())
+    assert len(tally.watched) == SKETCH_KEEP
+    assert "user-0" not in tally.watched  # the oldest go first
+    clock.advance(3_600_001)
+    recorder._watch(["fresh"], clock.now_ms())
+    assert tally.watched == {"fresh"}

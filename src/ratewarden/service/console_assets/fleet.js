@@ -109,7 +109,9 @@
     ]);
     const span = answer.resolution === "hour" ? "per hour over the last day" : "per minute over the last hour";
     const total = (values) => values.reduce((sum, n) => sum + n, 0);
-    note.textContent = `${total(mine.decisions)} decisions, ${total(mine.refusals)} refusals, ${span}, every daemon on the store.`;
+    note.textContent =
+      `${total(mine.decisions)} decisions, ${total(mine.refusals)} refusals, ${span}, every daemon on the store ` +
+      "(a user's decisions are counted from their first refusal, for an hour after the last).";
   }
 
   // -- drawing -----------------------------------------------------------------------------
