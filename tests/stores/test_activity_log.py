@@ -89,3 +89,11 @@ async def test_a_layer_passes_the_activity_operations_through(
     assert await layered.sketch_scores(["m1"], "s", "a") == [1]
     await layered.push_user_denials([("u", "e")], clock.now_ms(), CAPS)
     assert await layered.user_denials("u", 5) == ["e"]
+
+
+async def test_an_empty_sketch_adds_nothing(store: Store) -> None:
+    await store.add_to_sketches([SketchCounts("m1", HOUR_MS, {"s": {}, "t": {"a": 1}})], 5)
+    assert await store.read_sketches(["m1"], "s") == [{}]
+    assert await store.read_sketches(["m1"], "t") == [{"a": 1}]
+    await store.add_to_sketches([SketchCounts("m2", HOUR_MS, {"s": {}})], 5)
+    assert await store.read_sketches(["m2"], "s") == [{}]

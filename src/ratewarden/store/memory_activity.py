@@ -42,6 +42,8 @@ class MemoryActivity:
             bucket = self._buckets.setdefault(add.bucket, _Bucket(now + add.ttl_ms))
             bucket.expires_at = now + add.ttl_ms
             for sketch, counts in add.counts.items():
+                if not counts:
+                    continue
                 found = bucket.sketches.setdefault(sketch, {})
                 for member, count in counts.items():
                     found[member] = found.get(member, 0) + count

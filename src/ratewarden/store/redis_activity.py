@@ -81,11 +81,14 @@ class RedisActivity:
                 keys: list[str] = []
                 args: list[Any] = [keep, add.ttl_ms]
                 for sketch, counts in add.counts.items():
+                    if not counts:
+                        continue  # nothing to add, nothing to trim
                     keys.append(activity_key(add.bucket, sketch))
                     args.append(len(counts))
                     for member, count in counts.items():
                         args += (member, count)
-                await self._client.eval(_ADD_TO_SKETCHES, len(keys), *keys, *args)
+                if keys:
+                    await self._client.eval(_ADD_TO_SKETCHES, len(keys), *keys, *args)
 
     async def read_sketches(self, buckets: Sequence[str], sketch: str) -> list[dict[str, int]]:
         with store_errors():
