@@ -28,7 +28,7 @@ from tests.helpers.redis_server import running_redis
 pytestmark = [pytest.mark.browser, pytest.mark.redis, pytest.mark.timeout(300)]
 
 OpenConsole = Callable[..., Console]
-FLUSHED_MS = 15_000  # a flush (every second) and an overview refresh (every 5 s), with room
+FLUSHED_MS = 20_000  # a flush and an overview refresh (every 5 s each), with room
 # The refusal colour of both charts (#b42318), as drawn on the canvas: anti-aliasing aside.
 REFUSAL_PIXELS = """(id) => {
   const canvas = document.querySelector(`#${id} canvas`);

@@ -21,6 +21,7 @@ from ratewarden.clock import FakeClock
 from ratewarden.engine import Decision, Verdict
 from ratewarden.service.activity import (
     DECIDED,
+    FLUSH_EVERY_S,
     OTHERS,
     REFUSED,
     RULE_DECIDED,
@@ -258,8 +259,8 @@ def get(daemon: Daemon, path: str, **params: Any) -> Any:
         return answer.json()
 
 
-def eventually(probe: Any, within_s: float = 10.0) -> Any:
-    """`probe()` once it is truthy (the daemons flush every second), boundedly."""
+def eventually(probe: Any, within_s: float = 15.0) -> Any:
+    """`probe()` once it is truthy (the daemons flush every 5 s), boundedly."""
     deadline = time.monotonic() + within_s
     while True:
         found = probe()
@@ -323,7 +324,7 @@ def test_ten_thousand_users_keep_every_key_within_its_cap(
         return bool(answer["approximate"]) and counted == 100
 
     assert eventually(flushed_all, 30)
-    time.sleep(2)  # the last flushes of both daemons
+    time.sleep(FLUSH_EVERY_S + 1)  # the last flushes of both daemons
     sketches = list(client.scan_iter(match="rw:activity:*", count=1000))
     assert sketches, "no sketch written"
     sizes = {key: client.zcard(key) for key in sketches}

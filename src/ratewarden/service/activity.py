@@ -16,6 +16,7 @@ Three parts, none of which adds a store round trip to a decision:
   many users there are. Within a bucket the counts are exact while a sketch holds fewer
   than `SKETCH_KEEP` members; past that, members below the K-th are dropped (a user
   counted again later starts from their new count), and the answers say `approximate`.
+  A count lands in the minute of the flush that carries it: up to `FLUSH_EVERY_S` late.
 - The reads, for the console (`GET /v1/admin/blocked`, `GET /v1/admin/activity`): the
   buckets of a window read in one pipeline and summed here.
 
@@ -52,7 +53,11 @@ from ratewarden.wire.bodies import ErrorResponse, FieldError
 log = logging.getLogger("ratewarden.activity")
 T = TypeVar("T")
 
-FLUSH_EVERY_S = 1.0
+# As often as the overview reads it (console.py's sampler): a flush is a few hundred
+# microseconds of Python and two scripts, whatever the traffic; under callgrind, where
+# the daemon runs some fifty times slower, flushing every second came to 0.8 % of the
+# daemon's instructions per decision (bench/instructions.py), every 5 s to a fifth.
+FLUSH_EVERY_S = 5.0
 WATCH_EVERY_MS = 10_000  # how often a process reads whom the fleet refused (the watched)
 USERS_PER_FLUSH = 5_000  # distinct users (and triples, rules) a process counts per flush
 MINUTE_MS, HOUR_MS = 60_000, 3_600_000
@@ -79,7 +84,7 @@ class Tally:
     hour, here or by any process on the store (`ActivityRecorder` keeps the set). The
     calls of the users never refused, most of them, cost a set lookup here and nothing in
     the store: counting every user's every decision cost the store a sorted-set write per
-    user per second (bench/instructions.py: 16 % more Redis work per decision with 20 000
+    user per flush (bench/instructions.py: 16 % more Redis work per decision with 20 000
     users). Every rule's decisions are counted: rules are few."""
 
     def __init__(self, cap: int = USERS_PER_FLUSH) -> None:

@@ -70,7 +70,7 @@ def create_app(
         raw_store, reloader, metrics, clock=timed.clock, timeout_s=poll_timeout_s
     )
     fleet = _fleet(raw_store, engine, reloader, runtime, console_stats, settings, poll_timeout_s)
-    # Who is blocked: counted per decision in process, flushed every second on the bare
+    # Who is blocked: counted per decision in process, flushed every 5 s on the bare
     # store (as the fleet's poll: never against the decisions' breaker).
     tally = activity.Tally()
     recorder = activity.ActivityRecorder(tally, raw_store, timed.clock, poll_timeout_s)
@@ -158,7 +158,7 @@ class _Services:
         self.metrics.policy_loaded(self.policy)
         self.audit.start()
         if self.activity is not None:
-            self.activity.start()  # who is blocked, flushed every second
+            self.activity.start()  # who is blocked, flushed every 5 s
         self.reloader.start()
         self.stats.start()  # reads the counters every few seconds, off the hot path
         await self.fleet.start()  # applies the store's overrides, reports; then every second
