@@ -53,10 +53,10 @@ from ratewarden.wire.bodies import ErrorResponse, FieldError
 log = logging.getLogger("ratewarden.activity")
 T = TypeVar("T")
 
-# As often as the overview reads it (console.py's sampler): a flush is a few hundred
-# microseconds of Python and two scripts, whatever the traffic; under callgrind, where
-# the daemon runs some fifty times slower, flushing every second came to 0.8 % of the
-# daemon's instructions per decision (bench/instructions.py), every 5 s to a fifth.
+# As often as the overview reads it (console.py's sampler): a flush costs the same
+# whatever the traffic, and under callgrind, where the daemon answers a small fraction of
+# its usual decisions per second, flushing every second came to 0.8 % of the daemon's
+# instructions per decision (bench/instructions.py), every 5 s to 0.4 %.
 FLUSH_EVERY_S = 5.0
 WATCH_EVERY_MS = 10_000  # how often a process reads whom the fleet refused (the watched)
 USERS_PER_FLUSH = 5_000  # distinct users (and triples, rules) a process counts per flush
