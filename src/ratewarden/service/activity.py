@@ -9,7 +9,7 @@ Three parts, none of which adds a store round trip to a decision:
   user's allowed calls are counted only while the user is watched (refused in the last
   hour, anywhere in the fleet): see `Tally`.
 - `ActivityRecorder`, a background task: every `FLUSH_EVERY_S` it takes the tally and adds
-  it, in one script per bucket (store/redis_activity.py), to the current minute's and the
+  it, in one pipeline (store/redis_activity.py), to the current minute's and the
   current hour's sketches: sorted sets of counts, each trimmed to its `SKETCH_KEEP`
   highest members, the minutes kept two hours and the hours 26 (store/keys.py). So the
   store holds at most (120 + 26) buckets x 5 sketches x `SKETCH_KEEP` members, however

@@ -36,14 +36,14 @@ Who is blocked (service/activity.py; none of these is read or written by a decis
   other" past the in-process cap), its scores counts. A bucket is a minute
   (`m<minutes since the epoch>`, kept `MINUTE_BUCKET_TTL_MS`) or an hour (`h<hours since
   the epoch>`, kept `HOUR_BUCKET_TTL_MS`); each sketch is trimmed to its `SKETCH_KEEP`
-  highest members at every flush. One hash tag per bucket: a flush of a bucket is one
-  script on one cluster node.
+  highest members at every flush. One hash tag per bucket: a bucket's commands go to
+  one cluster node.
 - `rw:denials:{users}` (a sorted set of percent-encoded users by their last refusal, ms)
   and `rw:denials:{users}:<encoded user>` (a list of that user's newest audit entries,
   like `rw:denials`): each list capped at `USER_DENIALS_KEEP` entries and kept
   `USER_DENIALS_TTL_MS` from its last refusal; the index capped at `USER_DENIALS_USERS`
   users, the lists of the users trimmed out deleted with them. One hash tag: the
-  lists and their index change in one script on one node.
+  lists and their index are on one node, and the trim is one script there.
 Both prefixes are out of reach of counter patterns (`rw:{...`): `ratewarden reset` and
 `POST /v1/admin/reset` forget counters, not the record of who was refused.
 

@@ -1,9 +1,12 @@
 """Who is refused, on Redis and Redis Cluster (store/base.py `ActivityLog`).
 
 A bucket's sketches share a hash tag, and so do the per-user lists and their index
-(store/keys.py): each write is one script on one node, each read one pipeline (a
-cluster's splits it by node). Nothing here is on the decision path: the writes come from
-background flushes (service/activity.py, service/audit.py), the reads from the console.
+(store/keys.py). Writes and reads are pipelines of plain commands (a cluster's splits
+them by node); one script trims the index, and the lists of the users it drops, when it
+has grown past its cap. No script runs for them otherwise: a store's scripts stay the
+decisions' (tests/stores/test_refusal_cache_redis.py counts them). Nothing here is on
+the decision path: the writes come from background flushes (service/activity.py,
+service/audit.py), the reads from the console.
 """
 
 from __future__ import annotations
@@ -20,49 +23,17 @@ from ratewarden.store.keys import (
 )
 from ratewarden.store.redis_errors import store_errors
 
-# KEYS: one bucket's sketches. ARGV: keep, ttl (ms), then per key: n, then n pairs of
-# member, count. Each sketch keeps its `keep` highest members: a bounded top-k.
-_ADD_TO_SKETCHES = """
-local keep, ttl, at = tonumber(ARGV[1]), ARGV[2], 3
-for i = 1, #KEYS do
-  local n = tonumber(ARGV[at])
-  at = at + 1
-  for _ = 1, n do
-    redis.call('ZINCRBY', KEYS[i], ARGV[at + 1], ARGV[at])
-    at = at + 2
-  end
-  redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -keep - 1)
-  redis.call('PEXPIRE', KEYS[i], ttl)
+# KEYS: the index. ARGV: how many users to keep. Drops the users refused longest ago past
+# that, their lists with them (same hash tag: same node), in one step: a list is never
+# left without its index entry, nor an entry without its list being deleted.
+_TRIM_USER_DENIALS = """
+local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
+if over <= 0 then return 0 end
+for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, over - 1)) do
+  redis.call('DEL', KEYS[1] .. ':' .. member)
 end
-return 0
-"""
-# KEYS: the index, then one list per user. ARGV: keep, users, ttl (ms), now (ms), then per
-# list: the user's index member (encoded), n, n entries oldest first. The users trimmed
-# out of the index lose their lists in the same step (same hash tag: same node).
-_PUSH_USER_DENIALS = """
-local keep, users, ttl, now = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local at = 5
-for i = 2, #KEYS do
-  local member, n = ARGV[at], tonumber(ARGV[at + 1])
-  at = at + 2
-  for _ = 1, n do
-    redis.call('LPUSH', KEYS[i], ARGV[at])
-    at = at + 1
-  end
-  redis.call('LTRIM', KEYS[i], 0, keep - 1)
-  redis.call('PEXPIRE', KEYS[i], ttl)
-  redis.call('ZADD', KEYS[1], now, member)
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ttl))
-local over = redis.call('ZCARD', KEYS[1]) - users
-if over > 0 then
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, over - 1)) do
-    redis.call('DEL', KEYS[1] .. ':' .. member)
-  end
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1)
-end
-redis.call('PEXPIRE', KEYS[1], ttl)
-return 0
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1)
+return over
 """
 
 
@@ -76,19 +47,21 @@ class RedisActivity:
     _client: Any  # redis.asyncio.Redis or RedisCluster
 
     async def add_to_sketches(self, adds: Sequence[SketchCounts], keep: int) -> None:
+        """Plain commands in one pipeline, no script: each is atomic, and the sketch is a
+        count, not an invariant to keep (a trim racing another flush's increment keeps a
+        top K all the same). A cluster's pipeline sends each bucket's to its node."""
         with store_errors():
-            for add in adds:  # one script per bucket: one hash tag each
-                keys: list[str] = []
-                args: list[Any] = [keep, add.ttl_ms]
-                for sketch, counts in add.counts.items():
-                    if not counts:
-                        continue  # nothing to add, nothing to trim
-                    keys.append(activity_key(add.bucket, sketch))
-                    args.append(len(counts))
-                    for member, count in counts.items():
-                        args += (member, count)
-                if keys:
-                    await self._client.eval(_ADD_TO_SKETCHES, len(keys), *keys, *args)
+            async with self._client.pipeline(transaction=False) as pipe:
+                for add in adds:
+                    for sketch, counts in add.counts.items():
+                        if not counts:
+                            continue  # nothing to add, nothing to trim
+                        key = activity_key(add.bucket, sketch)
+                        for member, count in counts.items():
+                            pipe.zincrby(key, count, member)
+                        pipe.zremrangebyrank(key, 0, -keep - 1)
+                        pipe.pexpire(key, add.ttl_ms)
+                await pipe.execute()
 
     async def read_sketches(self, buckets: Sequence[str], sketch: str) -> list[dict[str, int]]:
         with store_errors():
@@ -109,19 +82,28 @@ class RedisActivity:
     async def push_user_denials(
         self, entries: Sequence[tuple[str, str]], now_ms: int, caps: UserDenialCaps
     ) -> None:
+        """Each user's entries, the index's times and its count in one pipeline of plain
+        commands; past `caps.users`, one script trims the index and the lists together."""
         by_user: dict[str, list[str]] = {}
         for user, line in entries:
             by_user.setdefault(user, []).append(line)
         if not by_user:
             return
-        keys = [USER_DENIALS_INDEX_KEY]
-        args: list[Any] = [caps.keep, caps.users, caps.ttl_ms, now_ms]
-        for user, lines in by_user.items():
-            kept = lines[-caps.keep :]  # the older ones would be trimmed at once
-            keys.append(user_denials_key(user))
-            args += (encode.__wrapped__(user), len(kept), *kept)
+        index = USER_DENIALS_INDEX_KEY
         with store_errors():
-            await self._client.eval(_PUSH_USER_DENIALS, len(keys), *keys, *args)
+            async with self._client.pipeline(transaction=False) as pipe:
+                for user, lines in by_user.items():
+                    key = user_denials_key(user)
+                    pipe.lpush(key, *lines[-caps.keep :])  # older ones: trimmed at once
+                    pipe.ltrim(key, 0, caps.keep - 1)
+                    pipe.pexpire(key, caps.ttl_ms)
+                    pipe.zadd(index, {encode.__wrapped__(user): now_ms})
+                pipe.zremrangebyscore(index, "-inf", now_ms - caps.ttl_ms)  # lists expired
+                pipe.pexpire(index, caps.ttl_ms)
+                pipe.zcard(index)
+                indexed = (await pipe.execute())[-1]
+            if int(indexed) > caps.users:
+                await self._client.eval(_TRIM_USER_DENIALS, 1, index, caps.users)
 
     async def user_denials(self, user: str, count: int) -> list[str]:
         with store_errors():
