@@ -50,6 +50,7 @@ def create_app(
         timeout_ms=settings.store_timeout_ms,
         state_file=_state_file(settings),
         state_interval_s=settings.state_interval_s,
+        spend_retention_days=settings.spend_retention_days,
     )
     metrics = Metrics(registry or CollectorRegistry())
     breaker, timed = _guarded(raw_store, settings, metrics)

@@ -13,9 +13,9 @@ if the machine loses power mid-write.
 
 Each cell's value is tagged by its type (see `limiter.reference`): `ring` (a sliding
 log), `tat` (a token bucket's theoretical arrival time), `window` (a fixed window's
-`[start, count]`), `budget`, `slots` (concurrency leases) and `record` (an allowed
-call). Expiry times are absolute epoch milliseconds, so cells that expired while the
-daemon was down are dropped on load.
+`[start, count]`), `budget`, `spend` (a budget's spend record of one day, micro-units),
+`slots` (concurrency leases) and `record` (an allowed call). Expiry times are absolute
+epoch milliseconds, so cells that expired while the daemon was down are dropped on load.
 
 A file that cannot be read or parsed is refused with `StateFileError` (the daemon does
 not start): starting empty would silently reset everyone's spend.
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ratewarden.errors import RatewardenError
-from ratewarden.limiter.reference import Budget, Record, Ring
+from ratewarden.limiter.reference import Budget, DaySpend, Record, Ring
 
 FORMAT = "ratewarden-state"
 VERSION = 1
@@ -85,6 +85,8 @@ def encode_value(value: Any) -> dict[str, Any]:
                 "settled": value.settled,
             }
         }
+    if isinstance(value, DaySpend):  # a budget's spend record of one day
+        return {"spend": value.amount}
     if isinstance(value, tuple) and len(value) == 2:
         return {"window": [value[0], value[1]]}
     if isinstance(value, dict):
@@ -183,6 +185,8 @@ def decode_value(tagged: Any, what: str) -> Any:
         )
     if tag in _SCALARS:  # a token bucket's TAT, a loop rule's last result
         return _SCALARS[tag](body, where)
+    if tag == "spend":
+        return DaySpend(_int(body, where))
     if tag == "window":
         start, count = _list(body, where, 2)
         return (_int(start, f"{where} start"), _int(count, f"{where} count"))

@@ -9,6 +9,13 @@
 -- reservation in flight when the period ends is carried into the new one. The hash is
 -- written only when something changed, so refused calls and usage reads create nothing.
 --
+-- Every change to spent (a settle, an expired reservation charged at its estimate, a late
+-- settle's correction, which may be negative) is counted in b.charged and added, by
+-- budget_save, to the counter's spend record of the day (UTC, by the script's clock):
+-- `rw:spend:{<the counter's tag>}:<days since the epoch>`, a string of micro-units that
+-- lives SPEND_RETENTION_DAYS past its day (store/keys.py). One GET and one SET per
+-- counter charged; nothing when nothing was charged (a reservation, a refusal, a read).
+--
 -- Money never wraps: spent saturates at CEILING and then stays there until the period
 -- ends (so it still denies: no budget exceeds CEILING), and a reservation takes at most
 -- what is left below CEILING. Every figure stays below 3 x CEILING, far inside the
@@ -20,6 +27,21 @@ local function spend(spent, delta)  -- spent plus delta (may be negative), satur
   return math.min(math.max(0, spent + delta), CEILING)
 end
 
+local function charge(b, delta)  -- spent plus delta, and what it really moved, for the day
+  local spent = spend(b.s, delta)
+  b.charged, b.s = (b.charged or 0) + spent - b.s, spent
+end
+
+local DAY_MS = 86400000
+
+local function record_spend(key, amount)  -- the counter's record of today, plus amount
+  if SPEND_RETENTION_DAYS == 0 or amount == 0 then return end
+  local day = math.floor(now / DAY_MS)
+  local record = 'rw:spend:' .. string.sub(key, 4, -4) .. ':' .. int(day)  -- rw:{tag}:bg
+  local total = (tonumber(redis.call('GET', record)) or 0) + amount
+  redis.call('SET', record, int(total), 'PX', (day + 1 + SPEND_RETENTION_DAYS) * DAY_MS - now)
+end
+
 local function charge_expired(key, b, upto, mark)
   if not b.n or b.n > upto then return end
   local fields = redis.call('HGETALL', key)
@@ -29,7 +51,8 @@ local function charge_expired(key, b, upto, mark)
       local amount, expiry = string.match(fields[i + 1], '^(%d+):(%d+)$')
       amount, expiry = tonumber(amount), tonumber(expiry)
       if expiry <= upto then
-        b.s, b.r, b.dirty = spend(b.s, amount), b.r - amount, true
+        charge(b, amount)
+        b.r, b.dirty = b.r - amount, true
         redis.call('HDEL', key, fields[i])
         if mark then redis.call('HSET', key, 'x:' .. string.sub(fields[i], 3), int(amount)) end
       elseif not next_expiry or expiry < next_expiry then
@@ -71,6 +94,8 @@ end
 
 local function budget_save(key, b, min_ttl)
   if not b.dirty then return end
+  record_spend(key, b.charged or 0)
+  b.charged = 0  -- recorded: a second save of the same load adds nothing
   redis.call('HSET', key, 'p', int(b.p), 's', int(b.s), 'r', int(b.r))
   if b.n then redis.call('HSET', key, 'n', int(b.n)) else redis.call('HDEL', key, 'n') end
   -- Live through the period, every reservation, and the period in which the latest
