@@ -25,7 +25,6 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
 
 from ratewarden.engine import Engine
 from ratewarden.limiter.algorithms.budget import DAY_MS
@@ -35,7 +34,13 @@ from ratewarden.service.errors import error_response
 from ratewarden.store import StoreError
 from ratewarden.store.keys import parse_spend_key, spend_patterns
 from ratewarden.vocabulary import MAX_NAME
-from ratewarden.wire.bodies import ErrorResponse, FieldError
+from ratewarden.wire.bodies import (
+    ErrorResponse,
+    FieldError,
+    SpendResponse,
+    SpendRow,
+    SpendTotal,
+)
 
 router = APIRouter()
 
@@ -51,31 +56,6 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 # names a rule.
 Name = Annotated[str | None, Query(min_length=1, max_length=MAX_NAME)]
 RuleName = Annotated[str | None, Query(min_length=1, max_length=64)]
-
-
-class SpendRow(BaseModel):
-    day: str = Field(description="the UTC day, YYYY-MM-DD")
-    rule: str
-    scope: dict[str, str] = Field(description="the budget's dimensions: user, team, ...")
-    amount: float = Field(description="money charged that day; negative: a late refund")
-    currency: str | None = Field(description="the rule's currency; null: none or rule gone")
-
-
-class SpendTotal(BaseModel):
-    currency: str | None
-    amount: float
-
-
-class SpendResponse(BaseModel):
-    since: str = Field(description="the first day counted, YYYY-MM-DD (UTC)")
-    until: str = Field(description="the last day counted, YYYY-MM-DD (UTC), inclusive")
-    rows: list[SpendRow] = Field(description="per day, rule and scope, oldest day first")
-    totals: list[SpendTotal] = Field(description="the rows' sum, per currency")
-    truncated: bool = Field(
-        description=f"more records than this answer holds ({MAX_ROWS} rows, "
-        f"{SCAN_CAP} records read): narrow by user, team, rule or dates"
-    )
-    retention_days: int = Field(description="how many days past its day a record is kept")
 
 
 @dataclass(frozen=True, slots=True)
