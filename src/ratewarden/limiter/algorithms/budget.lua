@@ -22,24 +22,13 @@
 -- integers a double holds exactly (2^53).
 local CEILING = 1000000000000000  -- micro-units; reference.MONEY_CEILING
 
-local function spend(spent, delta)  -- spent plus delta (may be negative), saturating
-  if spent >= CEILING then return CEILING end
-  return math.min(math.max(0, spent + delta), CEILING)
-end
-
-local function charge(b, delta)  -- spent plus delta, and what it really moved, for the day
-  local spent = spend(b.s, delta)
+-- Spent plus delta (may be negative), saturating; what it really moved is kept for the
+-- day's record. (The twin's `spend` and `charge` in one: every function the script defines
+-- is made again at each call, a decision's too, so none is added for spend records.)
+local function charge(b, delta)
+  local spent = CEILING
+  if b.s < CEILING then spent = math.min(math.max(0, b.s + delta), CEILING) end
   b.charged, b.s = (b.charged or 0) + spent - b.s, spent
-end
-
-local DAY_MS = 86400000
-
-local function record_spend(key, amount)  -- the counter's record of today, plus amount
-  if SPEND_RETENTION_DAYS == 0 or amount == 0 then return end
-  local day = math.floor(now / DAY_MS)
-  local record = 'rw:spend:' .. string.sub(key, 4, -4) .. ':' .. int(day)  -- rw:{tag}:bg
-  local total = (tonumber(redis.call('GET', record)) or 0) + amount
-  redis.call('SET', record, int(total), 'PX', (day + 1 + SPEND_RETENTION_DAYS) * DAY_MS - now)
 end
 
 local function charge_expired(key, b, upto, mark)
@@ -94,7 +83,12 @@ end
 
 local function budget_save(key, b, min_ttl)
   if not b.dirty then return end
-  record_spend(key, b.charged or 0)
+  if (b.charged or 0) ~= 0 and SPEND_RETENTION_DAYS > 0 then  -- the day's record (twin:
+    local day = math.floor(now / 86400000)                  -- record_spend), plus charged
+    local record = 'rw:spend:' .. string.sub(key, 4, -4) .. ':' .. int(day)  -- rw:{tag}:bg
+    local total = (tonumber(redis.call('GET', record)) or 0) + b.charged
+    redis.call('SET', record, int(total), 'PX', (day + 1 + SPEND_RETENTION_DAYS) * 86400000 - now)
+  end
   b.charged = 0  -- recorded: a second save of the same load adds nothing
   redis.call('HSET', key, 'p', int(b.p), 's', int(b.s), 'r', int(b.r))
   if b.n then redis.call('HSET', key, 'n', int(b.n)) else redis.call('HDEL', key, 'n') end
