@@ -136,6 +136,9 @@ async def test_a_negative_amount_is_a_number_in_csv() -> None:
         ("since=3661d", "since"),
         ("since=2023-02-30", "since"),
         ("since=7d%0a", "since"),
+        ("since=%D9%A7d", "since"),  # an Arabic-Indic 7
+        ("since=%EF%BC%97d", "since"),  # a fullwidth 7
+        ("until=%D9%A2%D9%A0%D9%A2%D9%A6-01-01", "until"),
         ("since=" + "9" * 40, "since"),
         ("until=tomorrow", "until"),
         ("until=2023-11-13&since=2023-11-14", "since"),

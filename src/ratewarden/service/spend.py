@@ -48,8 +48,8 @@ SCAN_CAP = 100_000  # records read at most per request (every day kept, before t
 MAX_ROWS = 10_000  # rows answered at most
 DEFAULT_SINCE = "7d"
 EPOCH = date(1970, 1, 1)
-_DAYS = re.compile(r"(\d{1,5})d")
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_DAYS = re.compile(r"([0-9]{1,5})d")  # ASCII digits: `\d` takes any script's
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 # As a check names them (wire.bodies.Subject: control characters too), and as a reset
