@@ -167,7 +167,17 @@ def _field(found: dict[str, Any], name: str, what: str) -> Any:
     return found[name]
 
 
-_SCALARS: dict[str, Callable[[Any, str], Any]] = {"tat": _number, "result": _str}
+def _day_spend(value: Any, what: str) -> DaySpend:
+    return DaySpend(_int(value, what))
+
+
+# One number or string each: a token bucket's TAT, a loop rule's last result, a budget's
+# spend record of one day.
+_SCALARS: dict[str, Callable[[Any, str], Any]] = {
+    "tat": _number,
+    "result": _str,
+    "spend": _day_spend,
+}
 
 
 def decode_value(tagged: Any, what: str) -> Any:
@@ -183,10 +193,8 @@ def decode_value(tagged: Any, what: str) -> Any:
             _int(capacity, f"{where} capacity"),
             [_int(s, f"{where} stamp") for s in _list(stamps, f"{where} stamps")],
         )
-    if tag in _SCALARS:  # a token bucket's TAT, a loop rule's last result
+    if tag in _SCALARS:
         return _SCALARS[tag](body, where)
-    if tag == "spend":
-        return DaySpend(_int(body, where))
     if tag == "window":
         start, count = _list(body, where, 2)
         return (_int(start, f"{where} start"), _int(count, f"{where} count"))
