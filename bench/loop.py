@@ -11,7 +11,10 @@ settled is recorded). Rows:
 - **result-keyed loop**: a check and its settle with a `result_digest` under the same
   rule with `same_result: true`; *same result*: every settle brings the result kept (the
   count goes on); *new result*: each settle brings another one (the count restarts);
-  *no digest*: settles that carry none.
+  *no digest*: settles that carry none;
+- **budget**: a check reserving 0.01 under a budget per user and its settle at 0.005 (what
+  a settle charges, and since issue 30 item 2 its day's spend record: one GET and one SET
+  more per budget charged).
 
 Per call: wall-clock µs (the rows alternate in rounds, the median round kept), and
 Redis's script runs and commands (`INFO commandstats` before and after, INFO left out).
@@ -43,6 +46,7 @@ from ratewarden.store.redis_store import RedisStore
 
 USERS = 2_000
 CONCURRENCY = 32
+BUDGET_RULE = "version: 1\nrules:\n  - {name: spend, per: [user], budget: 100000.00/day}\n"
 
 
 def loop_rule(same_result: bool) -> str:
@@ -56,7 +60,8 @@ def loop_rule(same_result: bool) -> str:
 class Row:
     name: str
     policy: str
-    settle: str | None  # None: no settle; "same", "new", "none": the digest it carries
+    settle: str | None  # None: no settle; "same", "new", "none": the digest it carries;
+    # "budget": a reservation settled at half its estimate
 
 
 ROWS = (
@@ -65,6 +70,7 @@ ROWS = (
     Row("result-keyed loop, same result (check + settle)", loop_rule(True), "same"),
     Row("result-keyed loop, new result (check + settle)", loop_rule(True), "new"),
     Row("result-keyed loop, no digest (check + settle)", loop_rule(True), "none"),
+    Row("budget (check + settle)", BUDGET_RULE, "budget"),
 )
 SCRIPTS = ("cmdstat_evalsha", "cmdstat_eval")
 NOT_COUNTED = ("cmdstat_info", "cmdstat_hello", "cmdstat_client|setinfo")
@@ -91,10 +97,14 @@ async def run_row(url: str, row: Row, calls: int, round_no: int) -> tuple[float,
             # As a client sends it: no call_id of its own (the daemon's, which the answer
             # gives back for the settle), so only a call that must be settled is recorded.
             user, args = f"user-{i % USERS}", {"run": i % USERS}
-            call = Call(user, "ci_status", f"r{round_no}-{i}", args=args, named=False)
+            cost = 0.01 if row.settle == "budget" else None
+            call = Call(user, "ci_status", f"r{round_no}-{i}", args=args, named=False, cost=cost)
             decided = await engine.check(call)
             assert decided.allowed, decided.message
             if row.settle is None:
+                continue
+            if row.settle == "budget":
+                assert (await engine.settle(call.call_id, 0.005)).outcome == "settled"
                 continue
             if row.settle == "same":
                 digest: str | None = same

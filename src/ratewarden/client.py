@@ -46,6 +46,7 @@ from ratewarden.wire.bodies import (
     ResetResponse,
     SettleRequest,
     SettleResponse,
+    SpendResponse,
     UsageResponse,
 )
 from ratewarden.wire.names import subject
@@ -92,6 +93,9 @@ def _raise_for(response: httpx.Response) -> None:
     except ValueError:
         message = response.text[:200]
     raise ClientError(response.status_code, message)
+
+
+SPEND_PATH = "/v1/admin/spend"
 
 
 def _settle_path(call_id: str) -> str:
@@ -198,6 +202,22 @@ class Client:
         """Forget counters (an admin token); the answer says what they held."""
         body = request.model_dump(exclude_none=True)
         return ResetResponse.model_validate(self._call("POST", "/v1/admin/reset", json=body))
+
+    def spend(self, **filters: str | None) -> SpendResponse:
+        """What each budget rule charged per day (a viewer or admin token); `filters`:
+        user, team, rule, since, until (docs/api.md, "GET /v1/admin/spend")."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        return SpendResponse.model_validate(self._call("GET", SPEND_PATH, params=params))
+
+    def spend_csv(self, **filters: str | None) -> str:
+        """The same rows as CSV, for chargeback."""
+        params = {k: v for k, v in filters.items() if v is not None} | {"format": "csv"}
+        try:
+            response = self._http.request("GET", SPEND_PATH, params=params)
+        except httpx.HTTPError as exc:
+            raise DaemonUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        _raise_for(response)
+        return response.text
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

@@ -188,6 +188,10 @@ def test_the_loop_benchmark_counts_one_more_write_for_a_digest(redis_url: str) -
     figures = asyncio.run(loop.measure(redis_url, calls=200, rounds=1))
     commands = {name: total for name, (_, _, total) in figures.items()}
     scripts = {name: runs for name, (_, runs, _) in figures.items()}
+    # A budget's check and settle: 20 commands before spend records, 22 with its day's
+    # record (GET, SET); a PEXPIRE now and then, when a settle finds the counter's TTL
+    # ran a millisecond short (issue 30: "at most one more store write").
+    assert 22 <= commands.pop("budget (check + settle)") < 22.5
     assert commands == {
         "one rule (check)": 5,
         "identical-call loop (check)": 5,

@@ -619,7 +619,7 @@ def test_check_prints_its_call_id_and_warnings_so_settle_can_follow(tmp_path: Pa
         assert answer["call_id"] != call_id.removeprefix("call_id=")
 
 
-@pytest.mark.parametrize("command", ["check", "settle", "usage"])
+@pytest.mark.parametrize("command", ["check", "settle", "usage", "spend"])
 def test_every_exit_code_of_a_client_command_is_in_its_help(command: str) -> None:
     from ratewarden.cli.common import EXIT_CODES
 

@@ -654,7 +654,8 @@ ADMIN_KEYS = {
 
 def check_keys(keys: set[str], calls: list[dict[str, str]], call_ids: set[str]) -> None:
     """Every key is in `rw:`, with exactly one `{...}` hash tag (no brace inside), and
-    decodes back to exactly the names of one of `calls` or one of `call_ids`."""
+    decodes back to exactly the names of one of `calls` or one of `call_ids` (a spend
+    record as its budget counter)."""
     for key in keys:
         assert key.isascii(), key
         assert key.startswith("rw:"), key
@@ -678,7 +679,13 @@ def check_keys(keys: set[str], calls: list[dict[str, str]], call_ids: set[str]) 
             call_id = unquote(match.group(1), errors="strict")
             assert call_id in call_ids or GENERATED_CALL_ID.fullmatch(call_id), key
             continue
-        rule, scope = decode_counter(key)
+        counter = key
+        if key.startswith(store_keys.SPEND_PREFIX):  # a budget's day of spend: its counter's tag
+            assert store_keys.parse_spend_key(key) is not None, key
+            tag, _, day = key.removeprefix(store_keys.SPEND_PREFIX).rpartition(":")
+            assert day.isdigit(), key
+            counter = f"rw:{tag}:bg"
+        rule, scope = decode_counter(counter)
         assert any(scope == {d: c.get(d) for d in SCOPES[rule]} for c in calls), (key, calls)
 
 

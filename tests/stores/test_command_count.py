@@ -279,3 +279,64 @@ def test_monitor_line_parsing() -> None:
         "7",
     )
     assert parse_monitor_line("+OK") is None
+
+
+CONNECTING = {"HELLO", "CLIENT", "SELECT"}  # a new pooled connection's own greeting
+# Commands that change the keyspace, as the counters script may run them.
+WRITES = {"SET", "HSET", "HDEL", "DEL", "PEXPIRE", "ZADD", "ZREM", "INCRBY"}
+TWO_BUDGETS = b"""
+version: 1
+defaults: {timezone: UTC}
+rules:
+  - {name: per-user, per: [user], budget: 5.00/day}
+  - {name: per-team, per: [team], budget: 50.00/day}
+  - {name: all-tools, rate: 100/minute}
+"""
+
+
+async def settle_commands(
+    monitor: Monitor, url: str, retention_days: int, call_id: str
+) -> tuple[list[Command], list[Command], list[Command]]:
+    """What the store's connection sends for one check and its settle, and the commands
+    the scripts ran for each, with `retention_days` of spend history."""
+    store = RedisStore(aioredis.Redis.from_url(url), url, None, retention_days)
+    await store.start()
+    try:
+        engine = Engine(parse_policy(TWO_BUDGETS), store, remember_refusals=False)
+        with recording(monitor, scripts=True) as check:
+            call = Call(user=call_id, tool="t1", call_id=call_id, team=call_id, cost=0.25)
+            assert (await engine.check(call)).allowed
+        with recording(monitor, scripts=True) as settle:
+            assert (await engine.settle(call_id, 0.20)).outcome == "settled"
+    finally:
+        await store.close()
+    sent = [c for c in settle if not c[0].endswith("lua") and c[1] not in CONNECTING]
+    in_script = [c for c in settle if c[0].endswith("lua")]
+    return [c for c in check if c[0].endswith("lua")], sent, in_script
+
+
+async def test_a_settle_costs_one_more_write_per_budget_and_a_check_none(
+    monitor: Monitor, redis_url: str
+) -> None:
+    """Spend history, counted: with it off (0 days: the script as it was before spend
+    records), a settle of a call under two budgets ran N writes; with it on, N + 2 (one
+    SET per budget charged) and two GETs, in the same one script call. The check that
+    reserved writes exactly the same commands either way."""
+    check_off, sent_off, settle_off = await settle_commands(monitor, redis_url, 0, "off")
+    check_on, sent_on, settle_on = await settle_commands(monitor, redis_url, 90, "on")
+    assert names_and_numkeys(sent_on) == names_and_numkeys(sent_off)  # one round trip each:
+    assert [c[1] for c in sent_on] == ["HMGET", "EVALSHA"]  # read the holds, then settle
+
+    def writes(commands: list[Command]) -> list[str]:
+        # Not PEXPIRE: a budget's TTL is stretched only when it must grow, which depends
+        # on the milliseconds between the check and the settle, not on spend history.
+        return [c[1] for c in commands if c[1] in WRITES - {"PEXPIRE"}]
+
+    assert writes(check_on) == writes(check_off)  # nothing more on the decision path
+    assert [c[1] for c in check_on] == [c[1] for c in check_off]
+    assert len(writes(settle_on)) == len(writes(settle_off)) + 2
+    extra = [c for c in settle_on if len(c) > 2 and c[2].startswith("rw:spend:")]
+    assert [c[1] for c in extra] == ["GET", "SET", "GET", "SET"]
+    assert {c[2].split(":")[2] for c in extra} == {"{per-user|user=on}", "{per-team|team=on}"}
+    assert all(c[4] == "PX" for c in extra if c[1] == "SET")
+    assert [c[3] for c in extra if c[1] == "SET"] == ["200000", "200000"]

@@ -69,7 +69,7 @@ rules:
     rate: 1000/day
     same_result: true
 """
-EVERY_TAG = {"ring", "tat", "window", "slots", "budget", "record", "result"}
+EVERY_TAG = {"ring", "tat", "window", "slots", "budget", "spend", "record", "result"}
 # For a stream of calls that are all allowed.
 ROOMY = """\
 version: 1
@@ -190,16 +190,21 @@ async def test_cells_that_expired_while_stopped_are_dropped(
     engine = Engine(policy, store, clock=clock)
     assert (await engine.check(Call(user="u", tool="t", cost=2.0, call_id="c"))).allowed
     await engine.settle("c")
+    day = clock.now_ms() // 86_400_000
     await store.close()
-    assert len(json.loads(path.read_text())["cells"]) == 3  # ring, budget, call record
+    # ring, budget, call record, the budget's spend record of the day
+    assert len(json.loads(path.read_text())["cells"]) == 4
 
     clock.advance(2 * 3_600_000)  # the minute window and the 1 h call record are gone
     reopened = open_store(path, clock)
-    assert [key.split(":")[1] for key in reopened._cells.values] == ["{spend|user=u}"]
+    assert sorted(reopened._cells.values) == [
+        f"rw:spend:{{spend|user=u}}:{day}",
+        "rw:{spend|user=u}:bg",
+    ]
     usage = {u.rule: u.used for u in await Engine(policy, reopened, clock=clock).usage("u")}
     assert usage == {"per-minute": 0, "spend": 2.0}
     await reopened.close()
-    assert len(json.loads(path.read_text())["cells"]) == 1  # the load rewrote it at once
+    assert len(json.loads(path.read_text())["cells"]) == 2  # the load rewrote it at once
 
 
 async def test_a_snapshot_is_written_only_when_something_changed(
@@ -487,8 +492,9 @@ def test_a_clean_restart_keeps_every_counter_budget_record_and_denial(tmp_path: 
     state = tmp_path / "ratewarden-state.json"
     assert tags_in(state) == EVERY_TAG
     saved = len(json.loads(state.read_text())["cells"])
-    # 6 counters each for alice and bob, alice's loop result, 5 call records
-    assert saved == 18
+    # 6 counters each for alice and bob, alice's loop result, 5 call records, and the
+    # spend record of the day of the one budget settled
+    assert saved == 19
 
     with serve(tmp_path) as again, httpx.Client(trust_env=False, timeout=10) as http:
         assert everything(http, again.url) == before

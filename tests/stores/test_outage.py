@@ -262,6 +262,11 @@ class HangingStore(MemoryStore):
         await asyncio.sleep(self.reset_delay_s)
         return await super().reset(pattern)
 
+    async def spend_records(self, pattern: str, cap: int) -> list[tuple[str, int]]:
+        await self._trouble()
+        await asyncio.sleep(self.reset_delay_s)  # a scan, as reset's
+        return await super().spend_records(pattern, cap)
+
     async def ping(self) -> None:
         await self._trouble()
 
@@ -305,6 +310,19 @@ async def test_a_reset_may_take_longer_than_the_timeout() -> None:
     store.reset_delay_s = 3 * TIMEOUT_S
     guarded = GuardedStore(store, TIMEOUT_MS)
     assert await guarded.reset("rw:*") == 0
+
+
+async def test_reading_spend_may_take_longer_than_the_timeout_and_fails_like_the_rest() -> None:
+    """GET /v1/admin/spend scans the keyspace as a reset does: the whole scan may outlast
+    the store timeout; a store that refuses it is a StoreError through the breaker."""
+    store = HangingStore()
+    store.reset_delay_s = 3 * TIMEOUT_S
+    guarded = GuardedStore(store, TIMEOUT_MS)
+    assert await guarded.spend_records("rw:spend:*", 10) == []
+    store.failing = True
+    elapsed, result = await timed(guarded.spend_records("rw:spend:*", 10))
+    assert isinstance(result, StoreError), result
+    assert elapsed < TIMEOUT_S
 
 
 async def test_after_n_timeouts_a_dead_store_costs_no_timeout_per_call() -> None:

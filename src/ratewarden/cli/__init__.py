@@ -1,6 +1,6 @@
-"""The `ratewarden` command: serve, check, settle, usage, hook, policy check, policy explain
-(one module each: serve.py, check.py for check/settle/usage, policy.py, override.py,
-reset.py; what they share is common.py).
+"""The `ratewarden` command: serve, check, settle, usage, hook, policy check, policy explain,
+override, reset, spend (one module each: serve.py, check.py for check/settle/usage,
+policy.py, override.py, reset.py, spend.py; what they share is common.py).
 
 Exit codes of `check`: 0 allow, 1 deny (reason on stderr), 3 ask, 4 daemon unreachable,
 2 bad usage (a flag, a request the daemon refused, or auth); those of `settle` and `usage`
@@ -20,6 +20,7 @@ from ratewarden import __version__
 from ratewarden.cli import check, policy, serve
 from ratewarden.cli import override as cli_override
 from ratewarden.cli import reset as cli_reset
+from ratewarden.cli import spend as cli_spend
 from ratewarden.cli.common import (
     EXIT_USAGE,
     add_client_flags,
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_parser(commands)
     cli_override.add_parser(commands, add_client_flags)
     cli_reset.add_parser(commands, add_client_flags)
+    cli_spend.add_parser(commands)
     return parser
 
 

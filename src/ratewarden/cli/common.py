@@ -38,6 +38,7 @@ EXIT_CODES: dict[str, dict[int, str]] = {
     }
     | _EXIT_SHARED,
     "usage": {0: "the table (or --json) was printed"} | _EXIT_SHARED,
+    "spend": {0: "the table (or --csv, --json) was printed"} | _EXIT_SHARED,
 }
 # What the `daemon` extra brings, imported by `serve` and `policy` (a host installs only the
 # client: there, these commands say what to install instead of failing on an import).

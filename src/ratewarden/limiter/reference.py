@@ -14,7 +14,9 @@ from ratewarden.limiter.algorithms import Check, Table
 from ratewarden.limiter.algorithms.budget import (
     MONEY_CEILING,
     Budget,
+    DaySpend,
     budget,
+    charge,
     load_budget,
     save_budget,
     spend,
@@ -148,11 +150,11 @@ def settle(
         if call_id in budget.holds:  # still reserved: swap the reservation for the actual cost
             amount, _ = budget.holds.pop(call_id)
             budget.reserved -= amount
-            budget.spent = spend(budget.spent, cost)
+            charge(budget, cost)
         elif call_id in budget.charged:  # charged when it expired, in this period: correct it
-            budget.spent = spend(budget.spent, cost - budget.charged.pop(call_id))
+            charge(budget, cost - budget.charged.pop(call_id))
         else:  # charged in an earlier period (or nothing reserved): only an excess lands here
-            budget.spent = spend(budget.spent, max(0, cost - hold.estimate))
+            charge(budget, max(0, cost - hold.estimate))
         budget.dirty = True
         save_budget(table, hold.key, budget, 0, now)
         charged.append(cost)
@@ -179,6 +181,7 @@ __all__ = [
     "MONEY_CEILING",
     "Budget",
     "Check",
+    "DaySpend",
     "Record",
     "Ring",
     "Table",

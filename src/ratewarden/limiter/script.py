@@ -1,10 +1,11 @@
 """The contract between Python and the counters script: its one home.
 
 The script is assembled at import from Lua files split by concern, into one source (one
-SHA, one EVALSHA per decision): `codec.lua` (the mode, the clock, number codecs), one
-file per algorithm in `algorithms/` beside its Python twin of the same name and shape,
-`decide.lua` and `settle.lua` (twins in reference.py), `cluster.lua` (no twin) and
-`modes.lua` (the entry point). The conformance tests hold each pair to the same answers.
+SHA, one EVALSHA per decision), after one line that sets its spend retention (`source`):
+`codec.lua` (the mode, the clock, number codecs), one file per algorithm in
+`algorithms/` beside its Python twin of the same name and shape, `decide.lua` and
+`settle.lua` (twins in reference.py), `cluster.lua` (no twin) and `modes.lua` (the entry
+point). The conformance tests hold each pair to the same answers.
 
 Every mode's KEYS, ARGV and reply, as both sides read them (times are ms since the
 epoch, money integer micro-units; `now` is '' for Redis `TIME`):
@@ -84,8 +85,31 @@ _PARTS = (
     "modes.lua",
 )
 _HERE = resources.files("ratewarden.limiter")
-SOURCE = "\n".join(_HERE.joinpath(part).read_text() for part in _PARTS)
-SHA = hashlib.sha1(SOURCE.encode()).hexdigest()
+_BODY = "\n".join(_HERE.joinpath(part).read_text() for part in _PARTS)
+
+# How long a day's spend record lives past its day (RATEWARDEN_SPEND_RETENTION_DAYS; 0:
+# keep none). A constant of the script, not an argument: a decision's ARGV stays as it
+# was, and a store running with another retention simply loads its own script (SHA).
+SPEND_RETENTION_DAYS = 90
+MAX_SPEND_RETENTION_DAYS = 3660  # ten years: past this, a typo more likely than a need
+
+
+def source(spend_retention_days: int = SPEND_RETENTION_DAYS) -> str:
+    """The whole script, with its spend retention (days) as its first line."""
+    if not 0 <= spend_retention_days <= MAX_SPEND_RETENTION_DAYS:
+        raise ValueError(
+            f"spend retention must be 0 to {MAX_SPEND_RETENTION_DAYS} days, "
+            f"not {spend_retention_days}"
+        )
+    return f"local SPEND_RETENTION_DAYS = {int(spend_retention_days)}\n{_BODY}"
+
+
+def sha(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
+SOURCE = source()
+SHA = sha(SOURCE)
 
 
 class ScriptMode(StrEnum):

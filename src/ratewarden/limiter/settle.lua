@@ -16,12 +16,12 @@ local function settle_hold(key, a, call_id, actual)
   if found[1] then  -- still reserved: swap the reservation for the actual cost
     b.r = b.r - tonumber(string.match(found[1], '^(%d+):'))
     redis.call('HDEL', key, 'h:' .. call_id)
-    b.s = spend(b.s, cost)
+    charge(b, cost)
   elseif found[2] then  -- charged when it expired, in this period: correct by the difference
     redis.call('HDEL', key, 'x:' .. call_id)
-    b.s = spend(b.s, cost - tonumber(found[2]))
+    charge(b, cost - tonumber(found[2]))
   else  -- charged in an earlier period (or nothing reserved): only an excess lands here
-    b.s = spend(b.s, math.max(0, cost - estimate))
+    charge(b, math.max(0, cost - estimate))
   end
   b.dirty = true
   budget_save(key, b, 0)

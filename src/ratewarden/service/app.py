@@ -18,7 +18,7 @@ from ratewarden import __version__
 from ratewarden.engine import Engine
 from ratewarden.http.limits import BodySizeLimit
 from ratewarden.policy import Policy, load_example_policy, load_policy
-from ratewarden.service import activity, apidocs, auth, console, hooks, overrides
+from ratewarden.service import activity, apidocs, auth, console, hooks, overrides, spend
 from ratewarden.service.audit import AuditTrail
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.fleet import Fleet, daemon_name
@@ -50,6 +50,7 @@ def create_app(
         timeout_ms=settings.store_timeout_ms,
         state_file=_state_file(settings),
         state_interval_s=settings.state_interval_s,
+        spend_retention_days=settings.spend_retention_days,
     )
     metrics = Metrics(registry or CollectorRegistry())
     breaker, timed = _guarded(raw_store, settings, metrics)
@@ -101,6 +102,7 @@ def create_app(
     app.include_router(overrides.router)
     app.include_router(console.router)
     app.include_router(activity.router)
+    app.include_router(spend.router)
     app.include_router(auth.router)
     app.include_router(apidocs.router)
     install_error_handlers(app)

@@ -1,6 +1,6 @@
 """The operator's console: a static page at `/console`, and `GET /v1/admin/stats` for it.
 
-The page (console_assets/) is a shell of HTML, CSS and one script, packaged with the
+The page (console_assets/) is a shell of HTML, CSS and its scripts, packaged with the
 daemon: no external request, no build step, no inline script or style. It holds no data
 and no secret, so it is served without a token (auth.py lists it as open). Every piece
 of data comes from the admin API, called by the page's script with `Authorization:
@@ -70,6 +70,7 @@ ASSETS = {
     # uPlot 1.6.32 (MIT, uplot.LICENSE), as npm ships it: the charts, drawn in the page.
     "uplot.min.js": "text/javascript; charset=utf-8",
     "uplot.min.css": "text/css; charset=utf-8",
+    "spend.js": "text/javascript; charset=utf-8",  # the Spend view (GET /v1/admin/spend)
 }
 SHELL = "index.html"
 

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from ratewarden.http.settings import ConnectionSettings
+from ratewarden.limiter.script import MAX_SPEND_RETENTION_DAYS, SPEND_RETENTION_DAYS
 from ratewarden.vocabulary import DEFAULT_HOST, DEFAULT_PORT
 
 TokenList = Annotated[list[str], NoDecode]
@@ -81,6 +82,9 @@ class Settings(ConnectionSettings):
     # loses at most the last interval. Unused with Redis.
     state_file: str = "ratewarden-state.json"
     state_interval_s: float = Field(5.0, gt=0, le=3600)
+    # Days each budget's spend of a day is kept in the store (GET /v1/admin/spend); 0 keeps
+    # none. Written by the settle that charges it, in the same script (docs/operations.md).
+    spend_retention_days: int = Field(SPEND_RETENTION_DAYS, ge=0, le=MAX_SPEND_RETENTION_DAYS)
     log_format: Literal["json", "text"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Audit lines (one JSON object per deny, ask, shadow deny, approved ask): "-" for

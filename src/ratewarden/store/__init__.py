@@ -9,6 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ratewarden.clock import Clock
 from ratewarden.errors import RatewardenError
+from ratewarden.limiter.script import SPEND_RETENTION_DAYS
 from ratewarden.store.base import Store, StoreError
 from ratewarden.store.deadlines import STALL_CAP
 from ratewarden.store.memory import MemoryStore
@@ -28,8 +29,11 @@ def store_from_url(
     clock: Clock | None = None,
     state_file: Path | None = None,
     state_interval_s: float = 5.0,
+    spend_retention_days: int = SPEND_RETENTION_DAYS,
 ) -> Store:
     """Build the store `url` names. Nothing connects until `start()`.
+
+    `spend_retention_days`: how long each budget's spend of a day is kept (0: none).
 
     `state_file` (memory:// only) is loaded here: a file that cannot be used is refused
     with StoreURLError, before the daemon binds its port.
@@ -37,9 +41,10 @@ def store_from_url(
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         if state_file is None:
-            return MemoryStore(clock)
+            return MemoryStore(clock, spend_retention_days=spend_retention_days)
         try:
-            return MemoryStore(clock, StateFile(state_file, state_interval_s))
+            state = StateFile(state_file, state_interval_s)
+            return MemoryStore(clock, state, spend_retention_days)
         except StateFileError as exc:
             raise StoreURLError(str(exc)) from exc
     if scheme in REDIS_SCHEMES:
@@ -59,9 +64,9 @@ def store_from_url(
             decode_responses=False,
             **connection_options(),
         )
-        return RedisStore(client, redact(url), clock)
+        return RedisStore(client, redact(url), clock, spend_retention_days)
     if scheme in ("redis+sentinel", "redis+cluster"):
-        return _replicated_store(url, scheme, timeout_ms, clock)
+        return _replicated_store(url, scheme, timeout_ms, clock, spend_retention_days)
     raise StoreURLError(
         f"unsupported store URL {redact(url)!r}; use memory://, redis://HOST:PORT/DB, "
         "rediss://HOST:PORT/DB, unix:///path/to/redis.sock, "
@@ -73,7 +78,9 @@ SENTINEL_FORM = "redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/
 CLUSTER_FORM = "redis+cluster://[:PASSWORD@]HOST:PORT[,HOST:PORT...]"
 
 
-def _replicated_store(url: str, scheme: str, timeout_ms: int, clock: Clock | None) -> Store:
+def _replicated_store(
+    url: str, scheme: str, timeout_ms: int, clock: Clock | None, spend_retention_days: int
+) -> Store:
     """Sentinel (the single-node store on the current master) or Cluster (per slot)."""
     from ratewarden.store.cluster import cluster_store_from_url
     from ratewarden.store.sentinel import sentinel_store_from_url
@@ -81,8 +88,20 @@ def _replicated_store(url: str, scheme: str, timeout_ms: int, clock: Clock | Non
 
     try:
         if scheme == "redis+sentinel":
-            return sentinel_store_from_url(url, redact(url), timeout_ms=timeout_ms, clock=clock)
-        return cluster_store_from_url(url, redact(url), timeout_ms=timeout_ms, clock=clock)
+            return sentinel_store_from_url(
+                url,
+                redact(url),
+                timeout_ms=timeout_ms,
+                clock=clock,
+                spend_retention_days=spend_retention_days,
+            )
+        return cluster_store_from_url(
+            url,
+            redact(url),
+            timeout_ms=timeout_ms,
+            clock=clock,
+            spend_retention_days=spend_retention_days,
+        )
     except URLProblem as exc:
         form = SENTINEL_FORM if scheme == "redis+sentinel" else CLUSTER_FORM
         raise StoreURLError(f"bad store URL {redact(url)!r}: {exc}; expected {form}") from exc

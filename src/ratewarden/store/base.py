@@ -6,6 +6,7 @@
 - `FleetLog`: what every process announces and reports (service/fleet.py);
 - `ActivityLog`: who is refused, counted in bounded sketches per minute and hour, and
   each user's own recent refusals (service/activity.py);
+- `SpendLog`: the budgets' spend per day, what the spend report reads;
 - `Store`: both, with the store's life cycle and its clock.
 
 A `Layer` is a store around a store; each operation passes through its `around`, so a
@@ -172,7 +173,17 @@ class UserDenialCaps:
     ttl_ms: int  # a list's life after its last entry
 
 
-class Store(Counters, DenialLog, OverrideLog, FleetLog, ActivityLog, Protocol):
+class SpendLog(Protocol):
+    """What each budget counter charged per UTC day (written by the counters script,
+    `spend_key` in keys.py), kept for the store's spend retention."""
+
+    async def spend_records(self, pattern: str, cap: int) -> list[tuple[str, int]]:
+        """The day records whose keys match the glob `pattern`, each with its amount
+        (micro-units, may be negative: a late settle's refund); at most `cap` of them."""
+        ...
+
+
+class Store(Counters, DenialLog, OverrideLog, FleetLog, SpendLog, ActivityLog, Protocol):
     """A store: counters and the denial log, with a life cycle and a clock."""
 
     @property
@@ -251,6 +262,9 @@ class Layer:
 
     async def reset(self, pattern: str) -> int:
         return await self.around("reset", self.inner.reset, pattern)
+
+    async def spend_records(self, pattern: str, cap: int) -> list[tuple[str, int]]:
+        return await self.around("spend_records", self.inner.spend_records, pattern, cap)
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
         await self.around("push_denials", self.inner.push_denials, entries, keep)

@@ -170,13 +170,16 @@ class CircuitBreaker:
         )
 
 
+_SCANS = ("reset", "spend_records")  # no overall deadline: see GuardedStore
+
+
 class GuardedStore(Layer):
     """A store whose every operation answers within `timeout_ms`, through `breaker`.
 
-    `reset` (an admin operation that scans the keyspace in many round trips) is the one
-    exception to the overall deadline: each of its round trips is still bounded by the
-    client's socket timeout (for `redis://`, the deadline's cap), and it still goes
-    through the breaker.
+    `reset` and `spend_records` (admin operations that scan the keyspace in many round
+    trips) are the exceptions to the overall deadline: each of their round trips is still
+    bounded by the client's socket timeout (for `redis://`, the deadline's cap), and they
+    still go through the breaker.
     """
 
     def __init__(
@@ -196,7 +199,7 @@ class GuardedStore(Layer):
         probe = self.breaker.admit()
         deadline = self._deadlines()
         try:
-            if operation != "reset":  # see the class docstring
+            if operation not in _SCANS:  # see the class docstring
                 async with deadline:
                     result = await function(*args)
             else:

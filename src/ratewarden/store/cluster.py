@@ -49,8 +49,7 @@ from ratewarden.limiter.script import (
     GROUP_NUMBERS,
     NUMBERS,
     RECORD_FIELDS,
-    SHA,
-    SOURCE,
+    SPEND_RETENTION_DAYS,
     ScriptMode,
     SettleStatus,
     Status,
@@ -61,6 +60,8 @@ from ratewarden.limiter.script import (
     recorded,
     results_from,
     settle_head,
+    sha,
+    source,
 )
 from ratewarden.store.base import StoreError
 from ratewarden.store.keys import DENIALS_KEY
@@ -80,7 +81,12 @@ MAX_IN_FLIGHT = 256
 
 
 def cluster_store_from_url(
-    url: str, description: str, *, timeout_ms: int = 100, clock: Clock | None = None
+    url: str,
+    description: str,
+    *,
+    timeout_ms: int = 100,
+    clock: Clock | None = None,
+    spend_retention_days: int = SPEND_RETENTION_DAYS,
 ) -> ClusterStore:
     """`redis+cluster://[[user]:password@]host1:7000,host2:7001[/0]`: startup nodes."""
     parts = urlsplit(url)
@@ -100,7 +106,13 @@ def cluster_store_from_url(
         decode_responses=False,
         max_connections=2 * MAX_IN_FLIGHT,
     )
-    return ClusterStore(client, description, clock, timeout_ms=timeout_ms)
+    return ClusterStore(
+        client,
+        description,
+        clock,
+        timeout_ms=timeout_ms,
+        spend_retention_days=spend_retention_days,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,8 +294,11 @@ class ClusterStore(RedisKeyspace):
         *,
         timeout_ms: int = 100,
         precheck: bool = True,
+        spend_retention_days: int = SPEND_RETENTION_DAYS,
     ) -> None:
         self._client = client
+        self._source = source(spend_retention_days)
+        self._sha = sha(self._source)
         self._description = description
         self._clock = clock
         self._timeout_s = timeout_ms / 1000
@@ -302,7 +317,7 @@ class ClusterStore(RedisKeyspace):
     async def start(self) -> None:
         """Load the script on every primary (a node that lacks it later gets it by EVAL)."""
         try:
-            await self._client.script_load(SOURCE)
+            await self._client.script_load(self._source)
         except REDIS_ERRORS as exc:
             raise StoreError(f"cannot load the counters script: {exc}") from exc
 
@@ -472,6 +487,11 @@ class ClusterStore(RedisKeyspace):
             await self._client.lpush(DENIALS_KEY, *entries)
             await self._client.ltrim(DENIALS_KEY, 0, keep - 1)
 
+    async def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of `keys`, which sit in many slots: one MGET per node."""
+        values: list[bytes | None] = await self._client.mget_nonatomic(keys)
+        return values
+
     async def close(self) -> None:
         if self._background:  # let interrupted calls finish giving back, briefly
             await asyncio.wait(self._background, timeout=max(1.0, 10 * self._timeout_s))
@@ -493,8 +513,10 @@ class ClusterStore(RedisKeyspace):
         with store_errors():
             async with self._in_flight:
                 try:
-                    reply: list[int] = await self._client.evalsha(SHA, len(keys), *keys, *args)
+                    reply: list[int] = await self._client.evalsha(
+                        self._sha, len(keys), *keys, *args
+                    )
                 except NoScriptError:  # this node restarted, failed over or joined:
                     # EVAL runs the script there and caches it, whatever the other nodes do
-                    reply = await self._client.eval(SOURCE, len(keys), *keys, *args)
+                    reply = await self._client.eval(self._source, len(keys), *keys, *args)
         return reply

@@ -27,6 +27,14 @@ Call records: `rw:call:{<call_id>}`, a hash kept for allowed calls that hold som
 chose the call_id. Their own prefix keeps them out of reach of counter patterns
 (`rw:{...`), whatever the rules are named.
 
+Spend records: `rw:spend:{<rule>|<dimension>=<value>|...}:<day>`, a string of the
+micro-units one budget counter charged on one UTC day (days since the epoch, by the
+store's clock; negative when a late settle refunded more than was charged that day),
+written by the counters script with the charge itself (budget.lua `record_spend`). The
+counter's hash tag (one cluster slot with its counter); the `spend:` prefix keeps them
+out of reach of counter patterns (`rw:{...`): a reset clears a user's counters, not the
+history of what was spent.
+
 Recent denials: `rw:denials`, a list capped at its length (1000 audit entries), no TTL:
 it is the operator's window on what was blocked, and never grows.
 
@@ -60,6 +68,9 @@ TTLs (each key expires once it can no longer change a decision):
 - a loop rule's kept result (`:r`): the rule's window, from the settle that kept it: a
   result older than that no longer restarts a count (every call it could have joined has
   left a sliding window by then).
+- spend record: until the end of its day plus RATEWARDEN_SPEND_RETENTION_DAYS (default
+  90; set from the day, not from the last write): so the history is bounded in time, and
+  in size by the budget counters charged per day times the days kept.
 - call record: the policy's `call_ttl` (default 1 h, at least the lease timeout and the
   reservation TTL), so a late settle still finds what its call holds.
 """
@@ -69,7 +80,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from ratewarden.calls import Call
 from ratewarden.limiter.ops import Kind
@@ -176,6 +187,50 @@ def _dimension_name(dim: str) -> str:
 def all_keys_pattern() -> str:
     """A SCAN pattern matching every counter ratewarden owns (not the call records)."""
     return f"{PREFIX}:{{*"
+
+
+SPEND_PREFIX = f"{PREFIX}:spend:"
+
+
+def spend_patterns(rule: str | None, user: str | None, team: str | None) -> list[str]:
+    """SCAN patterns for the spend records of `rule` (any), narrowed by `user` (or else
+    `team`); a caller still compares every record it reads (`parse_spend_key`) with all
+    three. Encoded parts hold no glob character (`*?[]\\` are percent-encoded)."""
+    rule_part = "*" if rule is None else encode(rule)
+    for name, value in (("user", user), ("team", team)):
+        if value is not None:
+            return [f"{SPEND_PREFIX}{{{rule_part}|*{name}={encode(value)}[|}}]*"]
+    if rule is None:
+        return [f"{SPEND_PREFIX}{{*"]
+    return [f"{SPEND_PREFIX}{{{rule_part}|*", f"{SPEND_PREFIX}{{{rule_part}}}:*"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpendKey:
+    """A spend record's key, read back: whose budget, and which day."""
+
+    rule: str
+    scope: tuple[tuple[str, str], ...]  # (dimension, value) in the rule's order
+    day: int  # days since 1970-01-01, UTC
+
+
+def parse_spend_key(key: str) -> SpendKey | None:
+    """The parts of a key `spend_key` made; None for anything else."""
+    if not key.startswith(SPEND_PREFIX + "{") or "}:" not in key:
+        return None
+    inner, _, day = key[len(SPEND_PREFIX) + 1 :].rpartition("}:")
+    if not day.isascii() or not day.isdigit():
+        return None
+    rule, *parts = inner.split("|")
+    scope = []
+    for part in parts:
+        name, equals, value = part.partition("=")
+        if not equals:
+            return None
+        if name.startswith("args["):  # args[PATH]: its path is encoded, its value a digest
+            name = ARGS_DIMENSION + unquote(name[5:-1])
+        scope.append((name, unquote(value)))
+    return SpendKey(unquote(rule), tuple(scope), int(day))
 
 
 def record_key(call_id: str) -> str:

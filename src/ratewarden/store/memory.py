@@ -25,7 +25,7 @@ from typing import Any
 from ratewarden.clock import Clock, SystemClock
 from ratewarden.limiter import reference
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Recorded
-from ratewarden.limiter.script import SettleStatus
+from ratewarden.limiter.script import SPEND_RETENTION_DAYS, SettleStatus
 from ratewarden.store import snapshot
 from ratewarden.store.base import FleetState, SketchCounts, UserDenialCaps
 from ratewarden.store.memory_activity import MemoryActivity
@@ -40,7 +40,8 @@ _SWEEP_EVERY_MS = 1_000
 class _Cells:
     """Values with an expiry time, like Redis string keys."""
 
-    def __init__(self) -> None:
+    def __init__(self, spend_retention_days: int) -> None:
+        self.spend_retention_days = spend_retention_days
         self.values: dict[str, tuple[Any, int]] = {}
         self._next_sweep = 0
 
@@ -76,10 +77,16 @@ class _Cells:
 class MemoryStore:
     """`memory://`: counters in this process; for one worker, tests and local use."""
 
-    def __init__(self, clock: Clock | None = None, state_file: StateFile | None = None) -> None:
-        """`state_file`: load it now (StateFileError if it is unusable), then keep it saved."""
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        state_file: StateFile | None = None,
+        spend_retention_days: int = SPEND_RETENTION_DAYS,
+    ) -> None:
+        """`state_file`: load it now (StateFileError if it is unusable), then keep it saved.
+        `spend_retention_days`: how long a budget's day of spend is kept (0: not at all)."""
         self.clock = clock or SystemClock()
-        self._cells = _Cells()
+        self._cells = _Cells(spend_retention_days)
         self._lock = threading.Lock()  # atomicity if used from several threads
         self._denials: collections.deque[str] = collections.deque()
         self._overrides: dict[str, str] = {}
@@ -156,6 +163,19 @@ class MemoryStore:
                 del self._cells.values[key]
             self._changes += 1
             return len(doomed)
+
+    async def spend_records(self, pattern: str, cap: int) -> list[tuple[str, int]]:
+        with self._lock:
+            now = self.clock.now_ms()
+            found: list[tuple[str, int]] = []
+            for key in list(self._cells.values):
+                if len(found) >= cap:
+                    break
+                if fnmatch.fnmatchcase(key, pattern):
+                    value = self._cells.get(key, now)
+                    if isinstance(value, reference.DaySpend):
+                        found.append((key, value.amount))
+            return found
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
         with self._lock:

@@ -26,7 +26,7 @@ from ratewarden.limiter.ops import (
 )
 from ratewarden.limiter.script import (
     RECORD_FIELDS,
-    SOURCE,
+    SPEND_RETENTION_DAYS,
     ScriptMode,
     SettleStatus,
     decide_head,
@@ -37,6 +37,7 @@ from ratewarden.limiter.script import (
     recorded,
     rule_values,
     settle_head,
+    source,
 )
 from ratewarden.store.base import FleetState, StoreError
 from ratewarden.store.coalesce import Encoded, ScriptPipeline, encoded
@@ -170,6 +171,25 @@ class RedisKeyspace(RedisActivity):
                 deleted += await self._client.unlink(*batch)
         return deleted
 
+    async def spend_records(self, pattern: str, cap: int) -> list[tuple[str, int]]:
+        found: list[tuple[str, int]] = []
+        with store_errors():
+            keys: list[bytes] = []
+            async for key in self._client.scan_iter(match=pattern, count=_RESET_BATCH):
+                keys.append(key)
+                if len(keys) >= cap:
+                    break
+            for start in range(0, len(keys), _RESET_BATCH):
+                batch = keys[start : start + _RESET_BATCH]
+                values = await self._get_many(batch)
+                found += [(_text(k), int(v)) for k, v in zip(batch, values, strict=True) if v]
+        return found
+
+    async def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of `keys` (None for one that expired since the scan)."""
+        values: list[bytes | None] = await self._client.mget(keys)
+        return values
+
     async def recent_denials(self, count: int) -> list[str]:
         with store_errors():
             found: list[bytes | str] = await self._client.lrange(DENIALS_KEY, 0, count - 1)
@@ -262,12 +282,16 @@ class RedisStore(RedisKeyspace):
     """
 
     def __init__(
-        self, client: aioredis.Redis, description: str, clock: Clock | None = None
+        self,
+        client: aioredis.Redis,
+        description: str,
+        clock: Clock | None = None,
+        spend_retention_days: int = SPEND_RETENTION_DAYS,
     ) -> None:
         self._client = client
         self._description = description
         self._clock = clock
-        self._script = ScriptPipeline(client, SOURCE)
+        self._script = ScriptPipeline(client, source(spend_retention_days))
 
     @property
     def description(self) -> str:

@@ -22,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from ratewarden.clock import Clock
+from ratewarden.limiter.script import SPEND_RETENTION_DAYS
 from ratewarden.store.redis_store import RedisStore, connection_options
 from ratewarden.store.urls import URLProblem, parse_hosts
 
@@ -51,8 +52,9 @@ class SentinelStore(RedisStore):
         description: str,
         clock: Clock | None = None,
         watch_interval_s: float = WATCH_INTERVAL_S,
+        spend_retention_days: int = SPEND_RETENTION_DAYS,
     ) -> None:
-        super().__init__(client, description, clock)
+        super().__init__(client, description, clock, spend_retention_days)
         self.sentinel = sentinel
         self.service = service
         self.watch_interval_s = watch_interval_s
@@ -93,7 +95,12 @@ class SentinelStore(RedisStore):
 
 
 def sentinel_store_from_url(
-    url: str, description: str, *, timeout_ms: int = 100, clock: Clock | None = None
+    url: str,
+    description: str,
+    *,
+    timeout_ms: int = 100,
+    clock: Clock | None = None,
+    spend_retention_days: int = SPEND_RETENTION_DAYS,
 ) -> SentinelStore:
     """`redis+sentinel://[[user]:password@]host1:26379,host2:26379/service[/db]`.
 
@@ -133,4 +140,6 @@ def sentinel_store_from_url(
         decode_responses=False,
         **connection_options(),
     )
-    return SentinelStore(sentinel, service, client, description, clock)
+    return SentinelStore(
+        sentinel, service, client, description, clock, spend_retention_days=spend_retention_days
+    )

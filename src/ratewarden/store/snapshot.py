@@ -13,9 +13,9 @@ if the machine loses power mid-write.
 
 Each cell's value is tagged by its type (see `limiter.reference`): `ring` (a sliding
 log), `tat` (a token bucket's theoretical arrival time), `window` (a fixed window's
-`[start, count]`), `budget`, `slots` (concurrency leases) and `record` (an allowed
-call). Expiry times are absolute epoch milliseconds, so cells that expired while the
-daemon was down are dropped on load.
+`[start, count]`), `budget`, `spend` (a budget's spend record of one day, micro-units),
+`slots` (concurrency leases) and `record` (an allowed call). Expiry times are absolute
+epoch milliseconds, so cells that expired while the daemon was down are dropped on load.
 
 A file that cannot be read or parsed is refused with `StateFileError` (the daemon does
 not start): starting empty would silently reset everyone's spend.
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ratewarden.errors import RatewardenError
-from ratewarden.limiter.reference import Budget, Record, Ring
+from ratewarden.limiter.reference import Budget, DaySpend, Record, Ring
 
 FORMAT = "ratewarden-state"
 VERSION = 1
@@ -85,6 +85,8 @@ def encode_value(value: Any) -> dict[str, Any]:
                 "settled": value.settled,
             }
         }
+    if isinstance(value, DaySpend):  # a budget's spend record of one day
+        return {"spend": value.amount}
     if isinstance(value, tuple) and len(value) == 2:
         return {"window": [value[0], value[1]]}
     if isinstance(value, dict):
@@ -165,7 +167,17 @@ def _field(found: dict[str, Any], name: str, what: str) -> Any:
     return found[name]
 
 
-_SCALARS: dict[str, Callable[[Any, str], Any]] = {"tat": _number, "result": _str}
+def _day_spend(value: Any, what: str) -> DaySpend:
+    return DaySpend(_int(value, what))
+
+
+# One number or string each: a token bucket's TAT, a loop rule's last result, a budget's
+# spend record of one day.
+_SCALARS: dict[str, Callable[[Any, str], Any]] = {
+    "tat": _number,
+    "result": _str,
+    "spend": _day_spend,
+}
 
 
 def decode_value(tagged: Any, what: str) -> Any:
@@ -181,7 +193,7 @@ def decode_value(tagged: Any, what: str) -> Any:
             _int(capacity, f"{where} capacity"),
             [_int(s, f"{where} stamp") for s in _list(stamps, f"{where} stamps")],
         )
-    if tag in _SCALARS:  # a token bucket's TAT, a loop rule's last result
+    if tag in _SCALARS:
         return _SCALARS[tag](body, where)
     if tag == "window":
         start, count = _list(body, where, 2)

@@ -534,3 +534,31 @@ class OverridesResponse(BaseModel):
 class OverrideRemoved(BaseModel):
     id: str
     removed: bool
+
+
+# -- GET /v1/admin/spend (service/spend.py) ------------------------------------------
+
+
+class SpendRow(BaseModel):
+    day: str = Field(description="the UTC day, YYYY-MM-DD")
+    rule: str
+    scope: dict[str, str] = Field(description="the budget's dimensions: user, team, ...")
+    amount: float = Field(description="money charged that day; negative: a late refund")
+    currency: str | None = Field(description="the rule's currency; null: none or rule gone")
+
+
+class SpendTotal(BaseModel):
+    currency: str | None
+    amount: float
+
+
+class SpendResponse(BaseModel):
+    since: str = Field(description="the first day counted, YYYY-MM-DD (UTC)")
+    until: str = Field(description="the last day counted, YYYY-MM-DD (UTC), inclusive")
+    rows: list[SpendRow] = Field(description="per day, rule and scope, oldest day first")
+    totals: list[SpendTotal] = Field(description="the rows' sum, per currency")
+    truncated: bool = Field(
+        description="more records than this answer holds (10 000 rows, 100 000 records "
+        "read): narrow by user, team, rule or dates"
+    )
+    retention_days: int = Field(description="how many days past its day a record is kept")

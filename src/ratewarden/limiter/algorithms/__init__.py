@@ -16,6 +16,10 @@ from typing import Any, Protocol
 class Table(Protocol):
     """Key/value cells with expiry, as Redis keys behave."""
 
+    # Days a budget's spend record lives past its day (0: none kept); the script's
+    # SPEND_RETENTION_DAYS (limiter/script.py).
+    spend_retention_days: int
+
     def get(self, key: str, now_ms: int) -> Any: ...
 
     def put(self, key: str, value: Any, ttl_ms: int, now_ms: int) -> None: ...

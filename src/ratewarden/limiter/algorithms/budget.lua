@@ -9,15 +9,26 @@
 -- reservation in flight when the period ends is carried into the new one. The hash is
 -- written only when something changed, so refused calls and usage reads create nothing.
 --
+-- Every change to spent (a settle, an expired reservation charged at its estimate, a late
+-- settle's correction, which may be negative) is counted in b.charged and added, by
+-- budget_save, to the counter's spend record of the day (UTC, by the script's clock):
+-- `rw:spend:{<the counter's tag>}:<days since the epoch>`, a string of micro-units that
+-- lives SPEND_RETENTION_DAYS past its day (store/keys.py). One GET and one SET per
+-- counter charged; nothing when nothing was charged (a reservation, a refusal, a read).
+--
 -- Money never wraps: spent saturates at CEILING and then stays there until the period
 -- ends (so it still denies: no budget exceeds CEILING), and a reservation takes at most
 -- what is left below CEILING. Every figure stays below 3 x CEILING, far inside the
 -- integers a double holds exactly (2^53).
 local CEILING = 1000000000000000  -- micro-units; reference.MONEY_CEILING
 
-local function spend(spent, delta)  -- spent plus delta (may be negative), saturating
-  if spent >= CEILING then return CEILING end
-  return math.min(math.max(0, spent + delta), CEILING)
+-- Spent plus delta (may be negative), saturating; what it really moved is kept for the
+-- day's record. (The twin's `spend` and `charge` in one: every function the script defines
+-- is made again at each call, a decision's too, so none is added for spend records.)
+local function charge(b, delta)
+  local spent = CEILING
+  if b.s < CEILING then spent = math.min(math.max(0, b.s + delta), CEILING) end
+  b.charged, b.s = (b.charged or 0) + spent - b.s, spent
 end
 
 local function charge_expired(key, b, upto, mark)
@@ -29,7 +40,8 @@ local function charge_expired(key, b, upto, mark)
       local amount, expiry = string.match(fields[i + 1], '^(%d+):(%d+)$')
       amount, expiry = tonumber(amount), tonumber(expiry)
       if expiry <= upto then
-        b.s, b.r, b.dirty = spend(b.s, amount), b.r - amount, true
+        charge(b, amount)
+        b.r, b.dirty = b.r - amount, true
         redis.call('HDEL', key, fields[i])
         if mark then redis.call('HSET', key, 'x:' .. string.sub(fields[i], 3), int(amount)) end
       elseif not next_expiry or expiry < next_expiry then
@@ -71,6 +83,13 @@ end
 
 local function budget_save(key, b, min_ttl)
   if not b.dirty then return end
+  if (b.charged or 0) ~= 0 and SPEND_RETENTION_DAYS > 0 then  -- the day's record (twin:
+    local day = math.floor(now / 86400000)                  -- record_spend), plus charged
+    local record = 'rw:spend:' .. string.sub(key, 4, -4) .. ':' .. int(day)  -- rw:{tag}:bg
+    local total = (tonumber(redis.call('GET', record)) or 0) + b.charged
+    redis.call('SET', record, int(total), 'PX', (day + 1 + SPEND_RETENTION_DAYS) * 86400000 - now)
+  end
+  b.charged = 0  -- recorded: a second save of the same load adds nothing
   redis.call('HSET', key, 'p', int(b.p), 's', int(b.s), 'r', int(b.r))
   if b.n then redis.call('HSET', key, 'n', int(b.n)) else redis.call('HDEL', key, 'n') end
   -- Live through the period, every reservation, and the period in which the latest

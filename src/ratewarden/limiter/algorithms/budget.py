@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from ratewarden.limiter.algorithms import Check, Table, noop
 from ratewarden.limiter.ops import CounterOp
 
+DAY_MS = 86_400_000  # a spend record's day: UTC, by the store's clock
+
 # Money never wraps (see budget.lua): spent saturates here and stays until the period
 # ends, a reservation takes at most what is left below it; no budget is larger.
 MONEY_CEILING = 10**15  # micro-units: the largest budget (policy.durations.MAX_AMOUNT)
@@ -33,12 +35,45 @@ class Budget:
     finish: int = 0  # end of the current period (not stored in Redis; recomputed)
     dirty: bool = False  # changed since loaded: write it back
     keep: int = 0  # live until then: the period in which the latest reservation expires
+    # what this load changed spent by (not stored): added to the day's spend record on save
+    charged_now: int = 0
+
+
+@dataclass(slots=True)
+class DaySpend:
+    """A budget counter's spend record of one UTC day: what it charged, in micro-units."""
+
+    amount: int = 0
+
+
+def spend_key(counter_key: str, day: int) -> str:
+    """`rw:spend:{<the counter's tag>}:<day>` for the counter `rw:{<tag>}:bg` (keys.py)."""
+    return f"rw:spend:{counter_key[3:-3]}:{day}"
+
+
+def charge(budget: Budget, delta: int) -> None:
+    """Spent plus `delta`, and what it really moved, for the day's record."""
+    spent = spend(budget.spent, delta)
+    budget.charged_now += spent - budget.spent
+    budget.spent = spent
+
+
+def record_spend(table: Table, key: str, amount: int, now: int) -> None:
+    """Add `amount` to the counter's spend record of today (kept the table's retention)."""
+    days = table.spend_retention_days
+    if days == 0 or amount == 0:
+        return
+    day = now // DAY_MS
+    record = spend_key(key, day)
+    found: DaySpend | None = table.get(record, now)
+    total = (found.amount if found else 0) + amount
+    table.put(record, DaySpend(total), (day + 1 + days) * DAY_MS - now, now)
 
 
 def charge_expired(budget: Budget, upto: int, mark: bool) -> None:
     for call_id, (amount, expiry) in list(budget.holds.items()):
         if expiry <= upto:
-            budget.spent = spend(budget.spent, amount)
+            charge(budget, amount)
             budget.reserved -= amount
             budget.dirty = True
             del budget.holds[call_id]
@@ -48,7 +83,7 @@ def charge_expired(budget: Budget, upto: int, mark: bool) -> None:
 
 def load_budget(budget: Budget, p0: int, p1: int, p2: int, now: int) -> Budget:
     """Roll the period over if it ended, then charge expired reservations at their estimate."""
-    budget.dirty, budget.keep = False, 0
+    budget.dirty, budget.keep, budget.charged_now = False, 0, 0
     if p1 == 0:  # period unknown (a settle for a rule since removed): keep the counter's
         start, budget.finish = (now if budget.period is None else budget.period), now
     else:
@@ -66,6 +101,8 @@ def load_budget(budget: Budget, p0: int, p1: int, p2: int, now: int) -> Budget:
 def save_budget(table: Table, key: str, budget: Budget, min_ttl: int, now: int) -> None:
     if not budget.dirty:
         return
+    record_spend(table, key, budget.charged_now, now)
+    budget.charged_now = 0  # recorded: a second save of the same load adds nothing
     # Live through the period, every reservation, and the period in which the latest
     # reservation expires, so its charge is still there to be read.
     ttl = max(budget.finish - now, min_ttl, budget.keep - now, 1)

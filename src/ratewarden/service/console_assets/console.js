@@ -14,7 +14,10 @@
   const OVERVIEW_EVERY_MS = 5000;
   // "/console" -> "/", "/prefix/console" -> "/prefix/": the API sits beside the page.
   const API_BASE = location.pathname.replace(/console\/?$/, "");
-  const VIEWS = ["overview", "user", "refusals", "policy"];
+  // Views whose script is a file of its own (spend.js), loaded before this one: each is a
+  // function of HELPERS (below), called whenever its view is shown.
+  const EXTRA_VIEWS = window.ratewardenViews || {};
+  const VIEWS = ["overview", "user", "refusals", "policy", ...Object.keys(EXTRA_VIEWS)];
 
   let token = sessionStorage.getItem(TOKEN_KEY);
   let current = null; // the view shown
@@ -301,7 +304,7 @@
       if (link.dataset.view === name) link.setAttribute("aria-current", "page");
       else link.removeAttribute("aria-current");
     }
-    LOADERS[name]();
+    (LOADERS[name] || (() => EXTRA_VIEWS[name](HELPERS)))();
   }
 
   function pickUser(encoded) {
@@ -790,10 +793,19 @@
     policy: () => loadPolicy().catch(() => {}),
   };
 
+  // What a view in a file of its own may use (EXTRA_VIEWS); `authorization` is the header
+  // for a request whose answer is not JSON (a CSV download).
+  const HELPERS = Object.freeze({
+    api, query, el, fillRows, cell, show, money, ApiError,
+    authorization: () => `Bearer ${token}`,
+    isCurrent: (view) => current === view && Boolean(token),
+  });
+
   // What the browser tests compare with the daemon's own wording (tests/browser/).
   window.ratewardenConsole = Object.freeze({ humanizeSeconds, toYaml });
-  // What fleet.js builds its views with: the same calls and the same text-only DOM.
-  window.ratewardenPage = Object.freeze({ api, query, el, cell, fillRows, time });
+  // What fleet.js builds the views of who is blocked with (it listens for this script's
+  // events rather than owning a view): the same helpers.
+  window.ratewardenPage = HELPERS;
 
   // -- start -----------------------------------------------------------------------------
 
