@@ -804,11 +804,15 @@ async def test_the_app_runs_on_a_real_redis(redis_server: RedisServer, redis_url
     assert keys == [b"rw:{terminal-per-minute|user=discord%3A1234}:sw"]
     assert 0 < sync.pttl(keys[0]) <= 60_000
     # The call the caller named is recorded (for 1 h); the one with a generated id is not.
-    # Beside them, only the fleet's report of this process (service/fleet.py).
+    # Beside them, only the fleet's report of this process (service/fleet.py), and who
+    # was decided in this minute and hour (service/activity.py: every sketch has a TTL).
     found = cast("list[bytes]", sync.keys("*"))  # redis-py types both decodings
     fleet = sorted(k for k in found if k.startswith(b"rw:admin:"))
     assert fleet == sorted([FLEET_ALIVE_KEY.encode(), FLEET_REPORTS_KEY.encode()])
-    assert sorted(set(found) - set(fleet)) == sorted([*keys, record_key("c1").encode()])
+    sketches = [k for k in found if k.startswith(b"rw:activity:")]
+    assert all(0 < sync.pttl(k) <= 26 * 3_600_000 for k in sketches)
+    rest = set(found) - set(fleet) - set(sketches)
+    assert sorted(rest) == sorted([*keys, record_key("c1").encode()])
     assert 3_590_000 < sync.pttl(record_key("c1")) <= 3_600_000
     sync.close()
 

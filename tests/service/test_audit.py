@@ -746,7 +746,7 @@ async def test_an_unstored_denial_warns_unless_the_circuit_is_open(
     from ratewarden.service.audit import AuditTrail
 
     trail = AuditTrail(UnwritableDenials(error))
-    trail._pending = ['{"event": "deny"}']
+    trail._pending = [("alice", '{"event": "deny"}')]
     with caplog.at_level(logging.DEBUG, logger="ratewarden"):
         await trail.flush()
     found = [r for r in caplog.records if "recent denials not stored" in r.getMessage()]
@@ -769,7 +769,7 @@ async def test_an_audit_line_takes_its_time_and_id_from_what_it_is_given() -> No
     trail.record(decision, Call("alice", "terminal", "c1"), None)
     clock.advance(1_500)
     trail.record(decision, Call("alice", "terminal", "c1"), None)
-    first, second = (json.loads(line) for line in trail._pending)
+    first, second = (json.loads(line) for _, line in trail._pending)
     assert (first["id"], first["time"]) == ("first", "2023-11-14T22:13:37.345+00:00")
     assert (second["id"], second["time"]) == ("second", "2023-11-14T22:13:38.845+00:00")
 

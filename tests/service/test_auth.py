@@ -57,6 +57,8 @@ ENDPOINTS: dict[str, dict[str, Any]] = {
     "POST /v1/admin/reset": {"json": {"user": "nobody"}},
     "POST /v1/admin/reload": {},
     "GET /v1/admin/stats": {},
+    "GET /v1/admin/blocked": {"params": {"window": "1h"}},
+    "GET /v1/admin/activity": {"params": {"user": "u"}},
     "GET /v1/admin/overrides": {},
     "POST /v1/admin/overrides": {
         "json": {
@@ -90,6 +92,8 @@ GET /v1/policy              401   401   403    200     200
 POST /v1/admin/reset        401   401   403    403     200
 POST /v1/admin/reload       401   401   403    403     200
 GET /v1/admin/stats         401   401   403    200     200
+GET /v1/admin/blocked       401   401   403    200     200
+GET /v1/admin/activity      401   401   403    200     200
 GET /v1/admin/overrides     401   401   403    200     200
 POST /v1/admin/overrides    401   401   403    403     201
 DELETE /v1/admin/overrides/ovr_none  401   401   403    403     404

@@ -545,11 +545,15 @@ def test_serve_on_a_real_redis(tmp_path: Path, redis_server: RedisServer, redis_
         assert [row[:5] for row in usage_rows(usage.stdout)] == [
             ["terminal-per-minute", "rate", "1/minute", "1", "0"]
         ]
-    # The counter, and the recent-denials list the denied call was audited into.
-    # Beside the fleet's bookkeeping (each process's report: docs/operations.md).
+    # The counter, and the recent-denials list the denied call was audited into, shared
+    # and the user's own. Beside the fleet's bookkeeping (each process's report:
+    # docs/operations.md) and who was refused (docs/observability.md), each its own prefix.
     keys = sorted(cast("list[bytes]", redis_server.client().keys("*")))  # not decoded
-    assert [k for k in keys if not k.startswith(b"rw:admin:")] == [
+    bookkeeping = (b"rw:admin:", b"rw:activity:")
+    assert [k for k in keys if not k.startswith(bookkeeping)] == [
         b"rw:denials",
+        b"rw:denials:{users}",
+        b"rw:denials:{users}:discord%3A1234",
         b"rw:{terminal-per-minute|user=discord%3A1234}:sw",
     ]
     assert b"rw:admin:{overrides}:reports" in keys

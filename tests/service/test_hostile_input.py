@@ -616,6 +616,7 @@ CALL_IDS = SUBJECT.map(
 COUNTER_KEY = re.compile(r"rw:\{([A-Za-z0-9._~%|=-]+)\}:(sw|tb|fw|bg|cc)")
 RECORD_KEY = re.compile(r"rw:call:\{([A-Za-z0-9._~%-]+)\}")
 GENERATED_CALL_ID = re.compile(r"rw-[0-9a-f]{32}")
+ACTIVITY_KEY = re.compile(r"rw:activity:\{[mh][0-9]+\}:[a-z_]+")
 
 
 def shared_rules(one: dict[str, str], other: dict[str, str]) -> set[str]:
@@ -663,6 +664,15 @@ def check_keys(keys: set[str], calls: list[dict[str, str]], call_ids: set[str]) 
         assert key.count("{") == 1, key
         assert key.count("}") == 1, key
         assert key.index("{") < key.index("}") - 1, key
+        if key == store_keys.USER_DENIALS_INDEX_KEY or ACTIVITY_KEY.fullmatch(key):
+            continue  # who was refused: fixed names, a time bucket (service/activity.py)
+        if key.startswith(f"{store_keys.USER_DENIALS_INDEX_KEY}:"):  # a user's own refusals
+            user = unquote(
+                key.removeprefix(f"{store_keys.USER_DENIALS_INDEX_KEY}:"), errors="strict"
+            )
+            assert store_keys.user_denials_key(user) == key, key  # one encoding, one user
+            assert any(c["user"] == user for c in calls), (key, calls)
+            continue
         if key.startswith("rw:call:"):
             match = RECORD_KEY.fullmatch(key)
             assert match, f"malformed record key {key!r}"

@@ -18,7 +18,7 @@ from ratewarden import __version__
 from ratewarden.engine import Engine
 from ratewarden.http.limits import BodySizeLimit
 from ratewarden.policy import Policy, load_example_policy, load_policy
-from ratewarden.service import apidocs, auth, console, hooks, overrides, spend
+from ratewarden.service import activity, apidocs, auth, console, hooks, overrides, spend
 from ratewarden.service.audit import AuditTrail
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.fleet import Fleet, daemon_name
@@ -71,9 +71,13 @@ def create_app(
         raw_store, reloader, metrics, clock=timed.clock, timeout_s=poll_timeout_s
     )
     fleet = _fleet(raw_store, engine, reloader, runtime, console_stats, settings, poll_timeout_s)
+    # Who is blocked: counted per decision in process, flushed every 5 s on the bare
+    # store (as the fleet's poll: never against the decisions' breaker).
+    tally = activity.Tally()
+    recorder = activity.ActivityRecorder(tally, raw_store, timed.clock, poll_timeout_s)
 
     services = _Services(
-        settings, policy, raw_store, timed, metrics, audit, reloader, fleet, console_stats
+        settings, policy, raw_store, timed, metrics, audit, reloader, fleet, console_stats, recorder
     )
     app = Daemon(
         title="ratewarden",
@@ -86,7 +90,8 @@ def create_app(
     )
     app.state.engine = engine
     app.state.settings = settings
-    app.state.observer = Observer(metrics, audit, engine.refusals)
+    app.state.observer = Observer(metrics, audit, engine.refusals, tally)
+    app.state.activity = recorder  # GET /v1/admin/blocked, /v1/admin/activity
     app.state.reloader = reloader
     app.state.overrides = runtime
     app.state.fleet = fleet
@@ -96,6 +101,7 @@ def create_app(
     app.include_router(hooks.router)
     app.include_router(overrides.router)
     app.include_router(console.router)
+    app.include_router(activity.router)
     app.include_router(spend.router)
     app.include_router(auth.router)
     app.include_router(apidocs.router)
@@ -129,6 +135,7 @@ class _Services:
     reloader: PolicyReloader
     fleet: Fleet
     stats: console.StatsSampler
+    activity: activity.ActivityRecorder | None = None
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -152,6 +159,8 @@ class _Services:
             log.warning("store not reachable at start-up (%s); will retry on use", exc)
         self.metrics.policy_loaded(self.policy)
         self.audit.start()
+        if self.activity is not None:
+            self.activity.start()  # who is blocked, flushed every 5 s
         self.reloader.start()
         self.stats.start()  # reads the counters every few seconds, off the hot path
         await self.fleet.start()  # applies the store's overrides, reports; then every second
@@ -180,6 +189,8 @@ class _Services:
         await self.fleet.stop()
         await self.reloader.stop()
         await self.audit.stop()
+        if self.activity is not None:
+            await self.activity.stop()
         await self.timed.close()
 
 

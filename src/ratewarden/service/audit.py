@@ -3,7 +3,10 @@
 Notable: a deny, an ask, a shadow rule that would have blocked, an approved ask. Each is
 written to the audit log at once, and queued for the store's bounded recent-denials
 list (`GET /v1/denials`), which a background task fills in batches: a decision never
-waits for it, so deciding stays one round trip.
+waits for it, so deciding stays one round trip. The same flush adds each entry to its
+user's own list (`USER_DENIALS`: so many per user, for so many users), which `GET
+/v1/denials?user=` reads beside the shared list: one looping agent fills the shared list
+within seconds, never another user's own.
 
 A call's `args` are never written unless the operator sets RATEWARDEN_AUDIT_ARGS=true.
 """
@@ -24,11 +27,14 @@ from ratewarden.clock import Clock, SystemClock
 from ratewarden.engine import Decision, Verdict
 from ratewarden.service.stopping import Stopping
 from ratewarden.store import Store, StoreError
+from ratewarden.store.base import UserDenialCaps
 from ratewarden.store.breaker import CircuitOpenError
+from ratewarden.store.keys import USER_DENIALS_KEEP, USER_DENIALS_TTL_MS, USER_DENIALS_USERS
 from ratewarden.vocabulary import Dimension
 
 log = logging.getLogger("ratewarden.audit")
 RECENT_LIMIT = 1000  # entries kept in the recent-denials list
+USER_DENIALS = UserDenialCaps(USER_DENIALS_KEEP, USER_DENIALS_USERS, USER_DENIALS_TTL_MS)
 _FLUSH_EVERY_S = 0.2
 _STOP_WAIT_S = 5.0  # for the flush under way at shutdown (its store call has a deadline)
 
@@ -52,7 +58,7 @@ def audit_entry(
     # An approval is named after the rules it was let past; anything else after its refusals.
     approved = event == "approved"
     verdicts = decision.approvals if approved else decision.violations or decision.shadow
-    first = _worded(decision, verdicts)
+    first = worded(decision, verdicts)
     entry: dict[str, Any] = {
         "id": entry_id,
         "time": datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="milliseconds"),
@@ -77,7 +83,7 @@ def audit_entry(
     return entry
 
 
-def _worded(decision: Decision, verdicts: Sequence[Verdict]) -> Verdict | None:
+def worded(decision: Decision, verdicts: Sequence[Verdict]) -> Verdict | None:
     """The verdict a record is named after: the one whose sentence the decision carries
     (the binding refusal, which need not be the first to refuse), else the first. So a
     record's `rule`, `reason` and `message` are one rule's, as the hook's detail line is."""
@@ -166,7 +172,7 @@ class AuditTrail:
         self.include_args = include_args
         self.clock = clock or SystemClock()  # injected by tests, as the id maker is
         self.new_id = new_id
-        self._pending: list[str] = []
+        self._pending: list[tuple[str, str]] = []  # (user, audit line)
         self._task: asyncio.Task[None] | None = None
         self._stopping = Stopping()
 
@@ -180,7 +186,7 @@ class AuditTrail:
         assert entry is not None  # it has an event
         line = _json_line(entry)
         log.info(line)
-        self._pending.append(line)
+        self._pending.append((call.user, line))
 
     async def recent(
         self,
@@ -189,27 +195,32 @@ class AuditTrail:
         rule: str | None = None,
         limit: int = 100,
     ) -> list[dict[str, Any]]:
-        """Newest first, filtered; what this process queued is flushed first."""
+        """Newest first, filtered; what this process queued is flushed first. A user's
+        entries are their own list's and the shared list's, together (either may hold
+        some the other has lost)."""
         await self.flush()
-        found = []
-        for line in await self.store.recent_denials(RECENT_LIMIT):
+        lines = await self.store.recent_denials(RECENT_LIMIT)
+        if user:  # after the shared list's: its order stands where times are equal
+            lines += await self.store.user_denials(user, USER_DENIALS.keep)
+        found: dict[str, dict[str, Any]] = {}
+        for line in lines:
             entry = json.loads(line)
             if (user and entry["user"] != user) or (tool and not _names(entry, tool)):
                 continue
             if rule and rule not in entry["rules"]:
                 continue
-            found.append(entry)
-            if len(found) >= limit:
-                break
-        return found
+            found.setdefault(entry["id"], entry)
+        newest = sorted(found.values(), key=lambda e: e["time"], reverse=True)
+        return newest[:limit]
 
     async def flush(self) -> None:
         if not self._pending:
             return
         batch, self._pending = self._pending, []
         try:
-            await self.store.push_denials(batch, RECENT_LIMIT)
-        except StoreError as exc:  # the log lines are written; only the list misses them
+            await self.store.push_denials([line for _, line in batch], RECENT_LIMIT)
+            await self.store.push_user_denials(batch, self.clock.now_ms(), USER_DENIALS)
+        except StoreError as exc:  # the log lines are written; only the lists miss them
             # With the circuit open the breaker has said so once; one line per flush
             # (five a second) would drown the log for the whole outage.
             level = logging.DEBUG if isinstance(exc, CircuitOpenError) else logging.WARNING

@@ -95,6 +95,8 @@ ROLES: dict[str, ApiRole | dict[str, ApiRole]] = {
     "/v1/denials": ApiRole.READ,
     "/v1/policy": ApiRole.READ,
     "/v1/admin/stats": ApiRole.READ,  # the console's overview
+    "/v1/admin/blocked": ApiRole.READ,  # who is blocked, fleet-wide
+    "/v1/admin/activity": ApiRole.READ,  # decisions and refusals over time
     "/v1/admin/spend": ApiRole.READ,  # what each user and team spent, per day
     "/v1/admin/overrides": {"GET": ApiRole.READ, "POST": ApiRole.CHANGE},
     "/v1/admin/overrides/{override_id}": {"DELETE": ApiRole.CHANGE},

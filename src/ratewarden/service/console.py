@@ -63,6 +63,9 @@ SECURITY_HEADERS = {
 ASSETS = {
     "console.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
+    # Who is blocked (service/activity.py): its views' script and style, apart.
+    "fleet.js": "text/javascript; charset=utf-8",
+    "fleet.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
     # uPlot 1.6.32 (MIT, uplot.LICENSE), as npm ships it: the charts, drawn in the page.
     "uplot.min.js": "text/javascript; charset=utf-8",

@@ -9,6 +9,7 @@ from ratewarden.calls import Call
 from ratewarden.engine import Decision, Settlement
 from ratewarden.engine.refusals import RefusalCache
 from ratewarden.policy import Policy
+from ratewarden.service.activity import Tally
 from ratewarden.service.audit import AuditTrail
 from ratewarden.service.metrics import Metrics
 
@@ -20,6 +21,8 @@ class Observer:
     # The engine's remembered refusals: a decision does not say whether it came from them,
     # their count of answers does (read after each decision, for the metric).
     refusals: RefusalCache | None = None
+    # Who is blocked (service/activity.py): counted here, flushed to the store apart.
+    activity: Tally | None = None
 
     def checked(
         self,
@@ -33,6 +36,8 @@ class Observer:
         if self.refusals is not None and not decision.allowed:  # only refusals come from it
             self.metrics.remembered_refusals(self.refusals.hits)
         self.audit.record(decision, call, args)
+        if self.activity is not None:
+            self.activity.count(decision, call)
 
     def settled(self, settlement: Settlement, policy: Policy) -> None:
         self.metrics.observe_settle(settlement, policy)

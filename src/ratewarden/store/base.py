@@ -4,6 +4,8 @@
 - `DenialLog`: the recent-denials list, what the audit trail needs;
 - `OverrideLog`: runtime overrides, what every daemon applies;
 - `FleetLog`: what every process announces and reports (service/fleet.py);
+- `ActivityLog`: who is refused, counted in bounded sketches per minute and hour, and
+  each user's own recent refusals (service/activity.py);
 - `SpendLog`: the budgets' spend per day, what the spend report reads;
 - `Store`: both, with the store's life cycle and its clock.
 
@@ -128,6 +130,49 @@ class FleetLog(Protocol):
         """The reports of the members whose time has not run out, by member."""
 
 
+@dataclass(frozen=True, slots=True)
+class SketchCounts:
+    """What one flush adds to the sketches of one time bucket: by sketch, each member's
+    count to add. Members are JSON strings (store/keys.py)."""
+
+    bucket: str
+    ttl_ms: int
+    counts: Mapping[str, Mapping[str, int]]
+
+
+class ActivityLog(Protocol):
+    """Who is refused, shared by every daemon on the store: per time bucket, sorted sets
+    of counts trimmed to their top (a bounded sketch); and each user's newest refusals,
+    for a bounded number of users. Written by background flushes, read by the console."""
+
+    async def add_to_sketches(self, adds: Sequence[SketchCounts], keep: int) -> None:
+        """Add each bucket's counts, trim each sketch to its `keep` highest members, and
+        keep each bucket its TTL."""
+
+    async def read_sketches(self, buckets: Sequence[str], sketch: str) -> list[dict[str, int]]:
+        """One sketch of each bucket, whole (empty if none), in the buckets' order."""
+
+    async def sketch_scores(self, buckets: Sequence[str], sketch: str, member: str) -> list[int]:
+        """One member's count in one sketch of each bucket (0 if absent), in order."""
+
+    async def push_user_denials(
+        self, entries: Sequence[tuple[str, str]], now_ms: int, caps: UserDenialCaps
+    ) -> None:
+        """Prepend each (user, audit entry), oldest first, to that user's own list; keep
+        `caps.keep` per user, the `caps.users` most recently refused users, each list
+        `caps.ttl_ms` after its last entry."""
+
+    async def user_denials(self, user: str, count: int) -> list[str]:
+        """A user's newest `count` audit entries, newest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserDenialCaps:
+    keep: int  # entries per user
+    users: int  # users kept
+    ttl_ms: int  # a list's life after its last entry
+
+
 class SpendLog(Protocol):
     """What each budget counter charged per UTC day (written by the counters script,
     `spend_key` in keys.py), kept for the store's spend retention."""
@@ -138,7 +183,7 @@ class SpendLog(Protocol):
         ...
 
 
-class Store(Counters, DenialLog, OverrideLog, FleetLog, SpendLog, Protocol):
+class Store(Counters, DenialLog, OverrideLog, FleetLog, SpendLog, ActivityLog, Protocol):
     """A store: counters and the denial log, with a life cycle and a clock."""
 
     @property
@@ -253,6 +298,23 @@ class Layer:
 
     async def reports(self) -> dict[str, str]:
         return await self.around("reports", self.inner.reports)
+
+    async def add_to_sketches(self, adds: Sequence[SketchCounts], keep: int) -> None:
+        await self.around("add_to_sketches", self.inner.add_to_sketches, adds, keep)
+
+    async def read_sketches(self, buckets: Sequence[str], sketch: str) -> list[dict[str, int]]:
+        return await self.around("read_sketches", self.inner.read_sketches, buckets, sketch)
+
+    async def sketch_scores(self, buckets: Sequence[str], sketch: str, member: str) -> list[int]:
+        return await self.around("sketch_scores", self.inner.sketch_scores, buckets, sketch, member)
+
+    async def push_user_denials(
+        self, entries: Sequence[tuple[str, str]], now_ms: int, caps: UserDenialCaps
+    ) -> None:
+        await self.around("push_user_denials", self.inner.push_user_denials, entries, now_ms, caps)
+
+    async def user_denials(self, user: str, count: int) -> list[str]:
+        return await self.around("user_denials", self.inner.user_denials, user, count)
 
     async def ping(self) -> None:
         await self.around("ping", self.inner.ping)

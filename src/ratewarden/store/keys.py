@@ -38,6 +38,23 @@ history of what was spent.
 Recent denials: `rw:denials`, a list capped at its length (1000 audit entries), no TTL:
 it is the operator's window on what was blocked, and never grows.
 
+Who is blocked (service/activity.py; none of these is read or written by a decision):
+- `rw:activity:{<bucket>}:<sketch>`: one sorted set per time bucket and sketch, its
+  members JSON strings (a user, a rule, or `[user, rule, tool]`; `null` stands for "every
+  other" past the in-process cap), its scores counts. A bucket is a minute
+  (`m<minutes since the epoch>`, kept `MINUTE_BUCKET_TTL_MS`) or an hour (`h<hours since
+  the epoch>`, kept `HOUR_BUCKET_TTL_MS`); each sketch is trimmed to its `SKETCH_KEEP`
+  highest members at every flush. One hash tag per bucket: a bucket's commands go to
+  one cluster node.
+- `rw:denials:{users}` (a sorted set of percent-encoded users by their last refusal, ms)
+  and `rw:denials:{users}:<encoded user>` (a list of that user's newest audit entries,
+  like `rw:denials`): each list capped at `USER_DENIALS_KEEP` entries and kept
+  `USER_DENIALS_TTL_MS` from its last refusal; the index capped at `USER_DENIALS_USERS`
+  users, the lists of the users trimmed out deleted with them. One hash tag: the
+  lists and their index are on one node, and the trim is one script there.
+Both prefixes are out of reach of counter patterns (`rw:{...`): `ratewarden reset` and
+`POST /v1/admin/reset` forget counters, not the record of who was refused.
+
 TTLs (each key expires once it can no longer change a decision):
 - sliding window (`sw`): the window length, refreshed at every admission: once the
   newest admission has left the window, the counter holds nothing that counts.
@@ -87,6 +104,24 @@ OVERRIDES_VERSION_KEY = f"{PREFIX}:admin:{{overrides}}:version"
 FLEET_CHANGES_KEY = f"{PREFIX}:admin:{{overrides}}:changes"
 FLEET_REPORTS_KEY = f"{PREFIX}:admin:{{overrides}}:reports"
 FLEET_ALIVE_KEY = f"{PREFIX}:admin:{{overrides}}:alive"
+# Who is blocked (the docstring above): the sketches' buckets and the per-user refusals.
+MINUTE_BUCKET_TTL_MS = 2 * 3_600_000  # the hour the console reads, and a margin
+HOUR_BUCKET_TTL_MS = 26 * 3_600_000  # the day the console reads, and a margin
+SKETCH_KEEP = 1_000  # members each sketch of each bucket keeps: its top
+USER_DENIALS_INDEX_KEY = f"{PREFIX}:denials:{{users}}"
+USER_DENIALS_KEEP = 50  # entries kept per user
+USER_DENIALS_USERS = 500  # users whose lists are kept: the most recently refused
+USER_DENIALS_TTL_MS = 24 * 3_600_000
+
+
+def activity_key(bucket: str, sketch: str) -> str:
+    """One sketch of one time bucket (`m<minute>` or `h<hour>`)."""
+    return f"{PREFIX}:activity:{{{bucket}}}:{sketch}"
+
+
+def user_denials_key(user: str) -> str:
+    """A user's own recent refusals, beside their index (one hash tag)."""
+    return f"{USER_DENIALS_INDEX_KEY}:{encode.__wrapped__(user)}"
 
 
 @lru_cache(maxsize=65_536)

@@ -27,7 +27,8 @@ from ratewarden.limiter import reference
 from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Recorded
 from ratewarden.limiter.script import SPEND_RETENTION_DAYS, SettleStatus
 from ratewarden.store import snapshot
-from ratewarden.store.base import FleetState
+from ratewarden.store.base import FleetState, SketchCounts, UserDenialCaps
+from ratewarden.store.memory_activity import MemoryActivity
 from ratewarden.store.snapshot import StateFile, StateFileError
 
 log = logging.getLogger("ratewarden.store")
@@ -94,6 +95,7 @@ class MemoryStore:
         # the state file: they describe the processes running now, and this is one.
         self._fleet_changes: dict[str, int] = {}
         self._reports: dict[str, tuple[int, str]] = {}
+        self.activity = MemoryActivity(self.clock.now_ms)  # who is refused; not saved either
         self._state = state_file
         self._changes = 0  # bumped by every write; a snapshot is taken only if it moved
         self._saved_changes = 0
@@ -231,6 +233,28 @@ class MemoryStore:
         with self._lock:
             now = self.clock.now_ms()
             return {m: report for m, (until, report) in self._reports.items() if until > now}
+
+    async def add_to_sketches(self, adds: Sequence[SketchCounts], keep: int) -> None:
+        with self._lock:
+            self.activity.add_to_sketches(adds, keep)
+
+    async def read_sketches(self, buckets: Sequence[str], sketch: str) -> list[dict[str, int]]:
+        with self._lock:
+            return self.activity.read_sketches(buckets, sketch)
+
+    async def sketch_scores(self, buckets: Sequence[str], sketch: str, member: str) -> list[int]:
+        with self._lock:
+            return self.activity.sketch_scores(buckets, sketch, member)
+
+    async def push_user_denials(
+        self, entries: Sequence[tuple[str, str]], now_ms: int, caps: UserDenialCaps
+    ) -> None:
+        with self._lock:
+            self.activity.push_user_denials(entries, now_ms, caps)
+
+    async def user_denials(self, user: str, count: int) -> list[str]:
+        with self._lock:
+            return self.activity.user_denials(user, count)
 
     def _bump_overrides(self) -> int:
         self._changes += 1

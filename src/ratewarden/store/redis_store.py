@@ -7,14 +7,12 @@ step, per decision.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from functools import lru_cache
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisClusterException, RedisError
 
 from ratewarden.clock import Clock, SystemClock
 from ratewarden.limiter.ops import (
@@ -51,25 +49,21 @@ from ratewarden.store.keys import (
     OVERRIDES_KEY,
     OVERRIDES_VERSION_KEY,
 )
+from ratewarden.store.redis_activity import RedisActivity
+from ratewarden.store.redis_errors import REDIS_ERRORS, store_error, store_errors
+
+__all__ = [
+    "REDIS_ERRORS",
+    "SYSTEM_CLOCK",
+    "RedisKeyspace",
+    "RedisStore",
+    "connection_options",
+    "store_error",
+    "store_errors",
+]
 
 _RESET_BATCH = 500
-# What redis-py and the network raise (a cluster client adds its own): a StoreError to us.
-REDIS_ERRORS = (RedisError, RedisClusterException, OSError)
 SYSTEM_CLOCK = SystemClock()
-
-
-@contextlib.contextmanager
-def store_errors() -> Iterator[None]:
-    """Raise Redis' and the network's errors as StoreError (the engine's fail mode)."""
-    try:
-        yield
-    except REDIS_ERRORS as exc:
-        raise store_error(exc) from exc
-
-
-def store_error(exc: BaseException) -> StoreError:
-    """What `store_errors` raises for `exc`, one of Redis' or the network's errors."""
-    return StoreError(f"{type(exc).__name__}: {exc}")
 
 
 def connection_options() -> dict[str, Any]:
@@ -153,7 +147,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class RedisKeyspace:
+class RedisKeyspace(RedisActivity):
     """What the single-node and the cluster store do alike: plain commands on `_client`."""
 
     _client: Any  # redis.asyncio.Redis or RedisCluster

@@ -292,8 +292,10 @@
 
   function route() {
     if (!token) return;
-    const wanted = location.hash.replace(/^#/, "");
+    // `#user/<name>` opens the user view on that user (fleet.js links to it).
+    const [wanted, ...named] = location.hash.replace(/^#/, "").split("/");
     const name = VIEWS.includes(wanted) ? wanted : "overview";
+    if (name === "user" && named.length) pickUser(named.join("/"));
     stopTimer();
     current = name;
     for (const view of VIEWS) $(`view-${view}`).hidden = view !== name;
@@ -303,6 +305,15 @@
       else link.removeAttribute("aria-current");
     }
     (LOADERS[name] || (() => EXTRA_VIEWS[name](HELPERS)))();
+  }
+
+  function pickUser(encoded) {
+    try {
+      currentUser = decodeURIComponent(encoded);
+    } catch (error) {
+      return; // not a name this console wrote: the view opens on whoever it showed
+    }
+    $("user-name").value = currentUser;
   }
 
   function stopTimer() {
@@ -360,6 +371,7 @@
     fillRanked($("overview-tools"), stats.top_tools, "no refusals in the last 15 minutes");
     showReload($("overview-reload"), stats.last_reload);
     fillProcesses(stats);
+    document.dispatchEvent(new CustomEvent("ratewarden:overview")); // fleet.js: who is blocked
   }
 
   function counted(n, noun) {
@@ -461,6 +473,7 @@
     fillOverrideRules(user, usage.limits);
     fillDenials($("user-denials"), denials.denials, false, "no recent refusals");
     $("user-result").hidden = false;
+    document.dispatchEvent(new CustomEvent("ratewarden:user", { detail: { user } })); // fleet.js
     await loadOverrides(user);
   }
 
@@ -790,6 +803,9 @@
 
   // What the browser tests compare with the daemon's own wording (tests/browser/).
   window.ratewardenConsole = Object.freeze({ humanizeSeconds, toYaml });
+  // What fleet.js builds the views of who is blocked with (it listens for this script's
+  // events rather than owning a view): the same helpers.
+  window.ratewardenPage = HELPERS;
 
   // -- start -----------------------------------------------------------------------------
 
