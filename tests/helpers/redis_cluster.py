@@ -292,6 +292,7 @@ STORE_SUITES = (
     "tests.conformance.test_concurrency_caps",
     "tests.conformance.test_loop_results",
     "tests.conformance.test_spend_records",
+    "tests.conformance.test_budget_sweep",
 )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -44,12 +44,14 @@ from ratewarden.limiter.script import (
 from ratewarden.store.base import FleetState, StoreError
 from ratewarden.store.coalesce import Encoded, ScriptPipeline, encoded
 from ratewarden.store.keys import (
+    BUDGET_PATTERN,
     DENIALS_KEY,
     FLEET_ALIVE_KEY,
     FLEET_CHANGES_KEY,
     FLEET_REPORTS_KEY,
     OVERRIDES_KEY,
     OVERRIDES_VERSION_KEY,
+    SWEEP_CLAIM_KEY,
 )
 
 _RESET_BATCH = 500
@@ -190,6 +192,45 @@ class RedisKeyspace:
                 values = await self._get_many(batch)
                 found += [(_text(k), int(v)) for k, v in zip(batch, values, strict=True) if v]
         return found
+
+    # The budget sweep (service/sweep.py): a walk of the budget counters that goes on
+    # from call to call (SCAN's cursor, every primary of a cluster), and each counter's
+    # earliest reservation expiry read beside its key, in pipelines of _RESET_BATCH.
+    _budget_walk: AsyncIterator[bytes] | None = None
+
+    async def claim_sweep(self, member: str, ttl_ms: int) -> bool:
+        with store_errors():
+            taken = await self._client.set(SWEEP_CLAIM_KEY, member, nx=True, px=ttl_ms)
+        return bool(taken)
+
+    async def budget_counters(self, count: int) -> tuple[list[tuple[str, int | None]], bool]:
+        walk = self._budget_walk
+        if walk is None:
+            walk = self._client.scan_iter(match=BUDGET_PATTERN, count=_RESET_BATCH)
+        keys: list[bytes] = []
+        ended = False
+        with store_errors():
+            try:
+                while len(keys) < count:
+                    keys.append(await anext(walk))
+            except StopAsyncIteration:
+                ended = True
+            except BaseException:  # a failed or cancelled SCAN: the next call starts again
+                self._budget_walk = None
+                raise
+            self._budget_walk = None if ended else walk
+            found: list[tuple[str, int | None]] = []
+            for start in range(0, len(keys), _RESET_BATCH):
+                batch = keys[start : start + _RESET_BATCH]
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for key in batch:
+                        pipe.hget(key, "n")
+                    dues = await pipe.execute()
+                found += [
+                    (_text(k), None if due is None else int(due))
+                    for k, due in zip(batch, dues, strict=True)
+                ]
+        return found, ended
 
     async def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """The values of `keys` (None for one that expired since the scan)."""
@@ -343,6 +384,10 @@ class RedisStore(RedisKeyspace):
             args += hold_values(hold)
         reply = await self._run([record_key, *hold_keys(holds)], args)
         return SettleStatus(reply[0]), reply[1:]
+
+    async def sweep_budget(self, key: str, period: tuple[int, int, int]) -> int:
+        reply = await self._run([key], [ScriptMode.SWEEP.value, self._now(), *period])
+        return int(reply[0])
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
         with store_errors():

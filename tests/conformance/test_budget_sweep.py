@@ -1,0 +1,174 @@
+"""The budget sweep (service/sweep.py): a reservation left unsettled in a scope no call
+comes back to is charged at its estimate, to its budget and its day's spend record.
+
+On the memory store, fakeredis and a real redis-server, one fake clock (and on Redis
+Cluster and Sentinel, tests/helpers/redis_cluster.py `STORE_SUITES`): a sweep after the
+expiry charges the estimate once, however often it runs; a late settle then corrects it by
+the difference, once; a reservation not yet expired is left alone; a rule since removed
+has its counter charged in the counter's own period; the counter outlives its latest
+reservation long enough for a sweep to find it; and one process at a time holds the claim.
+"""
+
+from __future__ import annotations
+
+from ratewarden.calls import Call
+from ratewarden.clock import FakeClock
+from ratewarden.engine import Engine
+from ratewarden.limiter.algorithms.budget import MAX_SWEEP_INTERVAL_S, SWEEP_GRACE_MS
+from ratewarden.limiter.ops import Kind
+from ratewarden.limiter.script import SOURCE
+from ratewarden.policy import parse_policy
+from ratewarden.service.sweep import BudgetSweeper
+from ratewarden.store import MemoryStore, Store
+from ratewarden.store.keys import counter_key, counter_rule
+from tests.conformance.test_spend_records import DAY_END_MS, records, today
+
+POLICY = """\
+version: 1
+defaults: {timezone: UTC, reservation_ttl: 10m}
+rules:
+  - {name: daily-spend, per: [user], budget: 5.00/day}
+"""
+WITHOUT_IT = """\
+version: 1
+defaults: {timezone: UTC, reservation_ttl: 10m}
+rules:
+  - {name: other, per: [user], budget: 5.00/day}
+"""
+TTL_MS = 10 * 60_000
+ALICE = (("user", "alice"),)
+
+
+def engine_on(store: Store, clock: FakeClock, policy: str = POLICY) -> Engine:
+    return Engine(parse_policy(policy.encode()), store, clock=clock)
+
+
+def sweeper(store: Store, engine: Engine, member: str = "test") -> BudgetSweeper:
+    return BudgetSweeper(store, engine, 60, member, timeout_s=10)
+
+
+async def spent_and_reserved(engine: Engine, user: str = "alice") -> tuple[float, float | None]:
+    (usage,) = await engine.usage(user)
+    return usage.used, usage.reserved
+
+
+async def test_a_sweep_charges_an_expired_reservation_no_call_came_back_for(
+    store: Store, clock: FakeClock
+) -> None:
+    engine = engine_on(store, clock)
+    assert (await engine.check(Call("alice", "t", "c1", cost=0.80))).allowed
+    clock.advance(TTL_MS)  # expired: nothing of alice's scope is called again
+    assert await sweeper(store, engine).sweep() == 800_000
+    assert await records(store, user="alice") == {("daily-spend", ALICE, today(clock)): 800_000}
+    assert await sweeper(store, engine).sweep() == 0  # once, however often it runs
+    assert await spent_and_reserved(engine) == (0.80, 0.0)
+    assert await records(store, user="alice") == {("daily-spend", ALICE, today(clock)): 800_000}
+
+
+async def test_a_late_settle_after_the_sweep_corrects_by_the_difference_once(
+    store: Store, clock: FakeClock
+) -> None:
+    engine = engine_on(store, clock)
+    await engine.check(Call("alice", "t", "c1", cost=0.80))
+    clock.advance(TTL_MS + 1)
+    assert await sweeper(store, engine).sweep() == 800_000
+    settled = await engine.settle("c1", 0.30)
+    assert settled.outcome == "settled"
+    assert (await engine.settle("c1", 0.30)).outcome == "already_settled"
+    assert await sweeper(store, engine).sweep() == 0
+    assert await records(store, user="alice") == {("daily-spend", ALICE, today(clock)): 300_000}
+    assert await spent_and_reserved(engine) == (0.30, 0.0)
+
+
+async def test_a_reservation_not_yet_expired_is_left_alone(store: Store, clock: FakeClock) -> None:
+    engine = engine_on(store, clock)
+    await engine.check(Call("alice", "t", "c1", cost=0.80))
+    await engine.check(Call("alice", "t", "c2", cost=0.10))
+    clock.advance(TTL_MS - 1)
+    assert await sweeper(store, engine).sweep() == 0
+    assert await records(store) == {}
+    clock.advance(1)  # both due now (reserved at the same instant)
+    assert await sweeper(store, engine).sweep() == 900_000
+
+
+async def test_only_the_expired_one_of_two_reservations_is_charged(
+    store: Store, clock: FakeClock
+) -> None:
+    engine = engine_on(store, clock)
+    await engine.check(Call("alice", "t", "c1", cost=0.80))
+    clock.advance(5 * 60_000)
+    await engine.check(Call("alice", "t", "c2", cost=0.10))
+    clock.advance(5 * 60_000)  # c1 due, c2 five minutes from it
+    assert await sweeper(store, engine).sweep() == 800_000
+    assert await spent_and_reserved(engine) == (0.80, 0.10)
+    await engine.settle("c2", 0.05)  # settled in time: its actual cost, not its estimate
+    clock.advance(TTL_MS)
+    assert await sweeper(store, engine).sweep() == 0
+    assert await records(store, user="alice") == {("daily-spend", ALICE, today(clock)): 850_000}
+
+
+async def test_a_removed_rules_counter_is_charged_in_its_own_period(
+    store: Store, clock: FakeClock
+) -> None:
+    await engine_on(store, clock).check(Call("alice", "t", "c1", cost=0.40))
+    clock.advance(TTL_MS)
+    reloaded = engine_on(store, clock, WITHOUT_IT)  # the rule is gone from the policy
+    assert reloaded.budget_period("daily-spend") == (0, 0, 0)
+    assert await sweeper(store, reloaded).sweep() == 400_000
+    assert await records(store, user="alice") == {("daily-spend", ALICE, today(clock)): 400_000}
+    assert await sweeper(store, reloaded).sweep() == 0
+
+
+async def test_a_reservation_expiring_just_before_the_period_ends_is_still_found(
+    store: Store, clock: FakeClock
+) -> None:
+    """Its counter would have expired with the period; it lives 15 minutes past the
+    reservation instead, so a sweep 10 minutes into the next day still charges it (into
+    yesterday's period: the new day's budget starts at zero)."""
+    engine = engine_on(store, clock)
+    clock.advance(DAY_END_MS - clock.now_ms() - TTL_MS - 60_000)  # 11 min before midnight
+    await engine.check(Call("alice", "t", "c1", cost=0.70))
+    key = counter_key("daily-spend", Kind.BUDGET, ALICE)
+    left = await _ttl_ms(store, key)
+    assert left >= TTL_MS + SWEEP_GRACE_MS - 1000, left
+    yesterday = today(clock)
+    clock.advance(TTL_MS + 60_000 + 10 * 60_000)  # 10 min into the next day
+    assert await sweeper(store, engine).sweep() == 700_000
+    assert await records(store, user="alice") == {("daily-spend", ALICE, yesterday + 1): 700_000}
+    assert await spent_and_reserved(engine) == (0.0, 0.0)  # charged to the day it expired in
+
+
+async def test_one_claimant_at_a_time(store: Store, clock: FakeClock) -> None:
+    engine = engine_on(store, clock)
+    first, second = sweeper(store, engine, "one"), sweeper(store, engine, "two")
+    await engine.check(Call("alice", "t", "c1", cost=0.20))
+    clock.advance(TTL_MS)
+    if isinstance(store, MemoryStore):  # one process: always its own
+        assert await store.claim_sweep("two", 1000)
+        return
+    assert await store.claim_sweep("one", 30_000)
+    assert await second.tick() == 0  # held by the first: no walk
+    assert await records(store) == {}
+    assert not await store.claim_sweep("one", 30_000)  # nor again by itself
+    assert await first.sweep() == 200_000
+
+
+def test_a_counter_key_names_its_rule() -> None:
+    for rule in ["daily-spend", "a|b", "}:bg", "ünï {x}", "%41", "*?[]"]:
+        key = counter_key(rule, Kind.BUDGET, [("user", "a|b}c")])
+        assert counter_rule(key) == rule
+        assert counter_rule(counter_key(rule, Kind.BUDGET, [])) == rule
+    assert counter_rule("rw:spend:{x}:1") is None
+    assert counter_rule("other") is None
+
+
+async def _ttl_ms(store: Store, key: str) -> int:
+    if isinstance(store, MemoryStore):
+        return store._cells.ttl(key, store.clock.now_ms())
+    client = store._client  # type: ignore[attr-defined]  # a Redis store, or a cluster's
+    return int(await client.pttl(key))
+
+
+def test_the_script_and_its_twin_keep_counters_the_same_grace() -> None:
+    assert f"local SWEEP_GRACE_MS = {SWEEP_GRACE_MS}\n" in SOURCE
+    assert SWEEP_GRACE_MS >= 3 * MAX_SWEEP_INTERVAL_S * 1000  # three sweeps at the longest
