@@ -172,3 +172,28 @@ async def _ttl_ms(store: Store, key: str) -> int:
 def test_the_script_and_its_twin_keep_counters_the_same_grace() -> None:
     assert f"local SWEEP_GRACE_MS = {SWEEP_GRACE_MS}\n" in SOURCE
     assert SWEEP_GRACE_MS >= 3 * MAX_SWEEP_INTERVAL_S * 1000  # three sweeps at the longest
+
+
+async def test_a_counter_whose_reservation_was_settled_is_not_swept_again(
+    store: Store, clock: FakeClock
+) -> None:
+    """A settle leaves the counter's `n` naming its reservation; the first sweep past it
+    charges nothing and sets `n` right, so the walk no longer finds the counter due."""
+    engine = engine_on(store, clock)
+    await engine.check(Call("alice", "t", "c1", cost=0.80))
+    await engine.settle("c1", 0.25)
+    clock.advance(TTL_MS)
+    key = counter_key("daily-spend", Kind.BUDGET, ALICE)
+    assert await sweeper(store, engine).sweep() == 0
+    assert await _walk(store) == {key: None}
+    assert await records(store, user="alice") == {("daily-spend", ALICE, today(clock)): 250_000}
+
+
+async def _walk(store: Store) -> dict[str, int | None]:
+    found: dict[str, int | None] = {}
+    for _ in range(100):
+        counters, ended = await store.budget_counters(1000)
+        found.update(counters)
+        if ended:
+            return found
+    raise AssertionError("the walk never ended")

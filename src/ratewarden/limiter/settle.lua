@@ -90,5 +90,8 @@ local function sweep()
   local b = budget_load(key, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
   local charged = b.charged or 0
   budget_save(key, b, 0)
+  if not b.dirty then  -- nothing expired: n named a reservation since settled (a settle
+    if b.n then redis.call('HSET', key, 'n', int(b.n)) else redis.call('HDEL', key, 'n') end
+  end  -- leaves n as it was); set right, or every sweep would come back to this counter
   return {charged}
 end
