@@ -189,6 +189,24 @@ async def test_a_counter_whose_reservation_was_settled_is_not_swept_again(
     assert await records(store, user="alice") == {("daily-spend", ALICE, today(clock)): 250_000}
 
 
+async def test_keys_of_the_pattern_that_are_not_budget_counters_are_passed_by(
+    store: Store, clock: FakeClock
+) -> None:
+    """Another program's keys under `rw:{...}:bg`: a string, a hash with a `n` that is
+    no number, a key that is not ASCII. The walk passes them by and sweeps the rest."""
+    if isinstance(store, MemoryStore):
+        return  # no other program writes into it
+    client = store._client  # type: ignore[attr-defined]  # a Redis store, or a cluster's
+    await client.set("rw:{stray}:bg", "text")
+    await client.hset("rw:{odd}:bg", mapping={"n": "soon", "h:x": "1:1"})
+    await client.hset("rw:{ün}:bg".encode(), mapping={"n": "1"})
+    engine = engine_on(store, clock)
+    await engine.check(Call("alice", "t", "c1", cost=0.80))
+    clock.advance(TTL_MS)
+    assert await sweeper(store, engine).sweep() == 800_000
+    assert await client.get("rw:{stray}:bg") == b"text"
+
+
 async def _walk(store: Store) -> dict[str, int | None]:
     found: dict[str, int | None] = {}
     for _ in range(100):

@@ -151,6 +151,14 @@ return {live, redis.call('HMGET', KEYS[1], unpack(live))}
 """
 
 
+def _due(found: object) -> int | None:
+    """A budget counter's `n` as read; None for a key that is not one of ours (another
+    type, whose HGET failed, or a field that is not a number): the walk passes it by."""
+    if isinstance(found, bytes) and found.isdigit():
+        return int(found)
+    return None
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -225,10 +233,11 @@ class RedisKeyspace:
                 async with self._client.pipeline(transaction=False) as pipe:
                     for key in batch:
                         pipe.hget(key, "n")
-                    dues = await pipe.execute()
+                    dues = await pipe.execute(raise_on_error=False)
                 found += [
-                    (_text(k), None if due is None else int(due))
+                    (k.decode(), _due(due))
                     for k, due in zip(batch, dues, strict=True)
+                    if k.isascii()  # ours are percent-encoded; another's is passed by
                 ]
         return found, ended
 
