@@ -215,3 +215,20 @@ async def _walk(store: Store) -> dict[str, int | None]:
         if ended:
             return found
     raise AssertionError("the walk never ended")
+
+
+async def test_a_walk_in_small_steps_reaches_every_counter(store: Store, clock: FakeClock) -> None:
+    """Twenty users' counters (on every primary of a cluster: twenty hash tags), walked
+    three at a time: seven steps charge every one, once."""
+    engine = engine_on(store, clock)
+    users = [f"user-{n}" for n in range(20)]
+    for n, user in enumerate(users):
+        assert (await engine.check(Call(user, "t", f"c{n}", cost=0.10))).allowed
+    clock.advance(TTL_MS)
+    small = BudgetSweeper(store, engine, 60, "test", timeout_s=10, batch=3)
+    charged = [await small.sweep() for _ in range(7)]
+    assert sum(charged) == 20 * 100_000, charged
+    assert max(charged) <= 3 * 100_000  # no step went past its batch
+    assert sum([await small.sweep() for _ in range(8)]) == 0  # a second walk: nothing
+    found = await records(store)
+    assert sorted(found.values()) == [100_000] * 20
