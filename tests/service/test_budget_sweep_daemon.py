@@ -52,6 +52,8 @@ async def test_the_daemon_sweeps_an_unsettled_reservation_into_the_history() -> 
         assert await _spent(http) == []
         clock.advance(10 * 60_000)  # expired; alice never calls again
         assert await _until(lambda: _spent(http)) == [("alice", 0.75)]
+        metrics = (await http.get("/metrics", headers=ADMIN)).text
+        assert "\nratewarden_budget_swept_total 1.0\n" in metrics
 
 
 async def test_an_interval_of_zero_runs_no_sweep() -> None:

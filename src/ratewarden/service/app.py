@@ -75,7 +75,12 @@ def create_app(
 
     # Housekeeping on the bare store, as the fleet's poll: out of the decisions' breaker.
     sweeper = BudgetSweeper(
-        raw_store, engine, settings.sweep_interval_s, fleet.member, poll_timeout_s
+        raw_store,
+        engine,
+        settings.sweep_interval_s,
+        fleet.member,
+        poll_timeout_s,
+        charged=metrics.budget_swept.inc,
     )
     services = _Services(
         settings, policy, raw_store, timed, metrics, audit, reloader, fleet, console_stats,

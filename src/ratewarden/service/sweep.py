@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ratewarden.engine import Engine
@@ -52,8 +52,10 @@ class BudgetSweeper:
         member: str | None = None,
         timeout_s: float = 1.0,
         batch: int = BATCH,
+        charged: Callable[[], None] | None = None,
     ) -> None:
-        self.store, self.engine = store, engine
+        """`charged()`: called for each counter a sweep charged (the metrics count it)."""
+        self.store, self.engine, self.charged = store, engine, charged
         self.interval_s, self.timeout_s, self.batch = interval_s, timeout_s, batch
         self.member = member or f"sweep/{os.getpid()}"
         # Held half an interval: past the tick's work, and free again before the next.
@@ -77,9 +79,11 @@ class BudgetSweeper:
         for key, due in counters:
             if due is None or due > now:
                 continue
-            rule = counter_rule(key)
-            period = (0, 0, 0) if rule is None else self.engine.budget_period(rule)
-            charged += await self._within(self.store.sweep_budget(key, period))
+            period = self.engine.budget_period(counter_rule(key) or "")
+            moved = await self._within(self.store.sweep_budget(key, period))
+            if moved and self.charged is not None:
+                self.charged()
+            charged += moved
         if charged:
             log.info("budget sweep: charged %d micro-units of expired reservations", charged)
         return charged
