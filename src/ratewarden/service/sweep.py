@@ -5,7 +5,8 @@ A budget reservation left unsettled is charged at its estimate, to the budget an
 day's spend record, by the next load of its counter (budget.lua `charge_expired`): a check
 or a settle of that scope. Without one before the counter expires, the estimate would never
 reach the spend history. So every RATEWARDEN_SWEEP_INTERVAL_S (default 60; 0: off) one
-process of the fleet (whichever takes `rw:admin:sweep`, SET NX PX, first) walks on through
+process of the fleet (the one holding `rw:admin:sweep`: SET NX PX, renewed at each of its
+ticks for two intervals, so one walk goes on tick after tick) walks on through
 the budget counters (SCAN `rw:{*}:bg`, every primary of a cluster; at most `BATCH` per
 tick, each read with its earliest reservation expiry) and, for each one due, runs the
 script's `sweep` mode: the same `budget_load` and `budget_save` a check runs, with the
@@ -58,8 +59,9 @@ class BudgetSweeper:
         self.store, self.engine, self.charged = store, engine, charged
         self.interval_s, self.timeout_s, self.batch = interval_s, timeout_s, batch
         self.member = member or f"sweep/{os.getpid()}"
-        # Held half an interval: past the tick's work, and free again before the next.
-        self.claim_ms = max(MIN_CLAIM_MS, int(interval_s * 500))
+        # Renewed at every tick, held two intervals: one process keeps sweeping (and its
+        # walk goes on), and another takes over within two intervals when it stops.
+        self.claim_ms = max(MIN_CLAIM_MS, int(interval_s * 2000))
         self._task: asyncio.Task[None] | None = None
         self._stopping = Stopping()
 

@@ -144,7 +144,8 @@ class BudgetSweep(Protocol):
     budget counters and charges the reservations that expired unsettled."""
 
     async def claim_sweep(self, member: str, ttl_ms: int) -> bool:
-        """Take the sweep for `ttl_ms` unless another member holds it (SET NX PX)."""
+        """Take the sweep for `ttl_ms` unless another member holds it (SET NX PX), or
+        renew it for `ttl_ms` if `member` holds it. True if `member` holds it now."""
         ...
 
     async def budget_counters(self, count: int) -> tuple[list[tuple[str, int | None]], bool]:

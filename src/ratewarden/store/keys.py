@@ -36,9 +36,10 @@ out of reach of counter patterns (`rw:{...`): a reset clears a user's counters, 
 history of what was spent.
 
 The budget sweep's claim: `rw:admin:sweep`, a string naming the process that sweeps
-(service/sweep.py), set NX with a TTL of half the sweep interval: one process of the
-fleet walks the budget counters per tick, and a process that dies holding it is
-replaced at the next tick. Outside the counter prefix (`rw:{...`): no reset reaches it.
+(service/sweep.py), set only if absent (NX) and then kept by its holder, whose every tick
+renews it for two sweep intervals: one process walks the budget counters, tick after tick
+(its walk goes on where it stopped), and when it dies another takes over within two
+intervals. Outside the counter prefix (`rw:{...`): no reset reaches it.
 
 Recent denials: `rw:denials`, a list capped at its length (1000 audit entries), no TTL:
 it is the operator's window on what was blocked, and never grows.

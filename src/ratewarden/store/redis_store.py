@@ -141,6 +141,18 @@ redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), ARGV[1])
 return {tonumber(redis.call('GET', KEYS[1]) or '0'), redis.call('HGETALL', KEYS[2])}
 """
+# KEYS: the sweep's claim. ARGV: member, ttl (ms). Taken if free (SET NX PX), renewed if
+# ours, else left: {1} ours now, {0} another's.
+_CLAIM_SWEEP = """
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if held then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+return 1
+"""
 # KEYS: the reports, the alive set. Returns {members, their reports} of the live ones.
 _REPORTS = """
 local t = redis.call('TIME')
@@ -208,7 +220,7 @@ class RedisKeyspace:
 
     async def claim_sweep(self, member: str, ttl_ms: int) -> bool:
         with store_errors():
-            taken = await self._client.set(SWEEP_CLAIM_KEY, member, nx=True, px=ttl_ms)
+            taken = await self._client.eval(_CLAIM_SWEEP, 1, SWEEP_CLAIM_KEY, member, ttl_ms)
         return bool(taken)
 
     async def budget_counters(self, count: int) -> tuple[list[tuple[str, int | None]], bool]:
