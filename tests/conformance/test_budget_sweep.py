@@ -236,3 +236,16 @@ async def test_a_walk_in_small_steps_reaches_every_counter(store: Store, clock: 
     assert sum([await small.sweep() for _ in range(8)]) == 0  # a second walk: nothing
     found = await records(store)
     assert sorted(found.values()) == [100_000] * 20
+
+
+async def test_a_step_that_meets_the_walks_end_begins_the_next_walk(
+    store: Store, clock: FakeClock
+) -> None:
+    """Three counters walked three at a time: every step finds the three, none is idle
+    (a SCAN's end is only known at the step after its last key)."""
+    engine = engine_on(store, clock)
+    for n in range(3):
+        await engine.check(Call(f"user-{n}", "t", f"c{n}", cost=0.10))
+    for _ in range(3):
+        counters, _ = await store.budget_counters(3)
+        assert len(counters) == 3, counters

@@ -224,21 +224,10 @@ class RedisKeyspace:
         return bool(taken)
 
     async def budget_counters(self, count: int) -> tuple[list[tuple[str, int | None]], bool]:
-        walk = self._budget_walk
-        if walk is None:
-            walk = self._client.scan_iter(match=BUDGET_PATTERN, count=_RESET_BATCH)
-        keys: list[bytes] = []
-        ended = False
         with store_errors():
-            try:
-                while len(keys) < count:
-                    keys.append(await anext(walk))
-            except StopAsyncIteration:
-                ended = True
-            except BaseException:  # a failed or cancelled SCAN: the next call starts again
-                self._budget_walk = None
-                raise
-            self._budget_walk = None if ended else walk
+            keys, ended = await self._walk_budgets(count)
+            if not keys and ended:  # the last step stopped at the walk's very end: begin
+                keys, ended = await self._walk_budgets(count)  # the next, not a tick idle
             found: list[tuple[str, int | None]] = []
             for start in range(0, len(keys), _RESET_BATCH):
                 batch = keys[start : start + _RESET_BATCH]
@@ -252,6 +241,25 @@ class RedisKeyspace:
                     if k.isascii()  # ours are percent-encoded; another's is passed by
                 ]
         return found, ended
+
+    async def _walk_budgets(self, count: int) -> tuple[list[bytes], bool]:
+        """Up to `count` more keys of the walk (a new one if none is under way), and
+        whether it ended."""
+        walk = self._budget_walk
+        if walk is None:
+            walk = self._client.scan_iter(match=BUDGET_PATTERN, count=_RESET_BATCH)
+        keys: list[bytes] = []
+        try:
+            while len(keys) < count:
+                keys.append(await anext(walk))
+        except StopAsyncIteration:
+            self._budget_walk = None
+            return keys, True
+        except BaseException:  # a failed or cancelled SCAN: the next call starts again
+            self._budget_walk = None
+            raise
+        self._budget_walk = walk
+        return keys, False
 
     async def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """The values of `keys` (None for one that expired since the scan)."""
