@@ -17,6 +17,7 @@ import pytest
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import CallIdConflict, Engine
+from ratewarden.limiter.algorithms.budget import SWEEP_GRACE_MS
 from ratewarden.limiter.ops import CallRecord, CounterOp, Kind, Role
 from ratewarden.limiter.reference import Budget
 from ratewarden.limiter.script import SettleStatus
@@ -404,7 +405,8 @@ async def test_a_settle_for_a_removed_budget_rule_creates_and_moves_nothing(
     )
     assert await budget_fields(store, op.key) == (250_000, 250_000)  # "late" still held
 
-    clock.set(start + 600_000 + 7_750)  # past the period and the reservation: expired
+    # past the period, and the reservation by the sweep's grace (store/keys.py): expired
+    clock.set(start + 600_000 + 7_750 + SWEEP_GRACE_MS)
     if isinstance(store, RedisStore):  # Redis expires keys on its own clock, not this one
         await store._client.delete(op.key)
     assert op.key not in await raw_state(store)

@@ -293,6 +293,7 @@ STORE_SUITES = (
     "tests.conformance.test_loop_results",
     "tests.conformance.test_spend_records",
     "tests.stores.test_activity_log",
+    "tests.conformance.test_budget_sweep",
 )
 
 

@@ -428,6 +428,16 @@ class Engine:
             rule=plan.holder,
         )
 
+    def budget_period(self, rule_name: str) -> tuple[int, int, int]:
+        """The current period of the budget rule `rule_name` in force (start, end, next
+        end), as a settle of its hold would pass it; zeros when no such budget rule is in
+        force (the counter keeps its own period). For the budget sweep."""
+        rule = next((r for r in self.policy.rules if r.name == rule_name), None)
+        if rule is None or not isinstance(rule.limit, BudgetLimit):
+            return (0, 0, 0)
+        bounds = self.policy.period(rule.limit.budget.period, self.clock.now_ms())
+        return (bounds.start, bounds.end, bounds.next_end)
+
     def _with_rule(self, hold: Hold, user: str) -> Hold:
         """A hold with what its rule in force says: a budget's current period (so a settle
         rolls periods over too); a loop hold's limit, window and burst for `user` (whose

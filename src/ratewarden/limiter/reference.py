@@ -162,6 +162,20 @@ def settle(
     return SettleStatus.SETTLED, charged
 
 
+def sweep(table: Table, key: str, period: tuple[int, int, int], now: int) -> int:
+    """A budget counter whose earliest reservation expiry is due is loaded and saved, as
+    a check of its scope would: what expired is charged at its estimate, and into the
+    day's spend record. `period`: its rule's in force (zeros: gone). What it charged
+    (twin of settle.lua's `sweep`); a counter with nothing due is not written."""
+    state: Budget | None = table.get(key, now)
+    if state is None or not any(expiry <= now for _, expiry in state.holds.values()):
+        return 0
+    budget = load_budget(state, *period, now)
+    charged = budget.charged_now
+    save_budget(table, key, budget, 0, now)
+    return charged
+
+
 def settle_loop(table: Table, hold: Hold, call_id: str, digest: str | None, now: int) -> None:
     """A loop hold: a result other than the one kept restarts the count, this call its
     first unit; then the result is kept (twin of settle.lua's `settle_loop`)."""
@@ -189,4 +203,5 @@ __all__ = [
     "read_holds",
     "settle",
     "spend",
+    "sweep",
 ]

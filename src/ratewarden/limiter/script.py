@@ -42,6 +42,10 @@ settle_mark   KEYS: the record. ARGV: 'settle_mark', now, fingerprint ('' = any)
 settle_holds  KEYS: the holds of one slot, as for settle (a loop hold's two keys).
               ARGV: 'settle_holds', now, call_id, actual, result digest, then HOLD_VALUES
               per hold. Reply: per hold, what it charged.
+sweep         KEYS: one budget counter. ARGV: 'sweep', now, its rule's period (3; zeros:
+              the rule is gone). When its earliest reservation expiry (`n`) is due, loads
+              and saves it as a check would: expired reservations charged at their
+              estimate, into the day's spend record. Reply: {what it charged}.
 
 A loop hold (an op of a rate kind with a hold line: a rule with `same_result: true`)
 carries its rule's limit, window and burst where a budget's hold carries its period
@@ -124,6 +128,7 @@ class ScriptMode(StrEnum):
     RELEASE = "release"
     SETTLE_MARK = "settle_mark"
     SETTLE_HOLDS = "settle_holds"
+    SWEEP = "sweep"
 
 
 class Status(IntEnum):

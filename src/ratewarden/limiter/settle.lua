@@ -77,3 +77,21 @@ local function settle()
   redis.call('HSET', KEYS[1], 's', 'settled')
   return reply
 end
+
+-- The budget sweep (service/sweep.py): a counter whose earliest reservation expiry (n)
+-- is due is loaded and saved, as a check of its scope would, so what expired unsettled
+-- is charged at its estimate (and into the day's spend record) even when no call of the
+-- scope comes again. ARGV[3..5]: the period of its rule in force (zeros: gone). Returns
+-- {what it charged}; a counter with nothing due is not written.
+local function sweep()
+  local key = KEYS[1]
+  local due = tonumber(redis.call('HGET', key, 'n'))
+  if not due or due > now then return {0} end
+  local b = budget_load(key, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
+  local charged = b.charged or 0
+  budget_save(key, b, 0)
+  if not b.dirty then  -- nothing expired: n named a reservation since settled (a settle
+    if b.n then redis.call('HSET', key, 'n', int(b.n)) else redis.call('HDEL', key, 'n') end
+  end  -- leaves n as it was); set right, or every sweep would come back to this counter
+  return {charged}
+end

@@ -29,6 +29,7 @@ from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.service.routes import router
 from ratewarden.service.settings import Settings
+from ratewarden.service.sweep import BudgetSweeper
 from ratewarden.store import Store, StoreError, store_from_url
 from ratewarden.store.breaker import CircuitBreaker, GuardedStore
 
@@ -76,9 +77,19 @@ def create_app(
     tally = activity.Tally()
     recorder = activity.ActivityRecorder(tally, raw_store, timed.clock, poll_timeout_s)
 
-    services = _Services(
-        settings, policy, raw_store, timed, metrics, audit, reloader, fleet, console_stats, recorder
+    # Housekeeping on the bare store, as the fleet's poll: out of the decisions' breaker.
+    sweeper = BudgetSweeper(
+        raw_store,
+        engine,
+        settings.sweep_interval_s,
+        fleet.member,
+        poll_timeout_s,
+        charged=metrics.budget_swept.inc,
     )
+    services = _Services(
+        settings, policy, raw_store, timed, metrics, audit, reloader, fleet, console_stats,
+        sweeper, recorder,
+    )  # fmt: skip
     app = Daemon(
         title="ratewarden",
         version=__version__,
@@ -135,6 +146,7 @@ class _Services:
     reloader: PolicyReloader
     fleet: Fleet
     stats: console.StatsSampler
+    sweeper: BudgetSweeper
     activity: activity.ActivityRecorder | None = None
 
     @asynccontextmanager
@@ -164,6 +176,7 @@ class _Services:
         self.reloader.start()
         self.stats.start()  # reads the counters every few seconds, off the hot path
         await self.fleet.start()  # applies the store's overrides, reports; then every second
+        self.sweeper.start()  # expired reservations charged, every SWEEP_INTERVAL_S
         settings, policy = self.settings, self.policy
         log.info(
             "ratewarden %s ready on http://%s:%s | %s | store %s | policy %s "
@@ -186,6 +199,7 @@ class _Services:
     async def stop(self) -> None:
         gc.unfreeze()  # collectable again: in a test process, this app is now garbage
         await self.stats.stop()
+        await self.sweeper.stop()
         await self.fleet.stop()
         await self.reloader.stop()
         await self.audit.stop()

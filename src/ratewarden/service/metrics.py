@@ -110,6 +110,9 @@ METRICS = {
     "settled_reservations": Spec(Counter, "ratewarden_budget_settled_reservations_total",
         "Budget reservations released by a settle (what is never settled expires and is "
         "charged at its estimate).", ("rule",)),
+    "budget_swept": Spec(Counter, "ratewarden_budget_swept_total",
+        "Budget counters the budget sweep charged: reservations that expired unsettled in "
+        "scopes no call came back to, at their estimate (the money is in the spend history)."),
     "settles": Spec(Counter, "ratewarden_settles_total",
         "Settle requests, by outcome (settled, already_settled, unknown).", ("outcome",)),
     "reloads": Spec(Counter, "ratewarden_policy_reloads_total",
@@ -169,6 +172,7 @@ class Metrics:
     reload_failed: Gauge
     reservations: Counter
     settled_reservations: Counter
+    budget_swept: Counter
     http_responses: Counter
     override_changes: Counter
     resets: Counter

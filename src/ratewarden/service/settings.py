@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from ratewarden.http.settings import ConnectionSettings
+from ratewarden.limiter.algorithms.budget import MAX_SWEEP_INTERVAL_S
 from ratewarden.limiter.script import MAX_SPEND_RETENTION_DAYS, SPEND_RETENTION_DAYS
 from ratewarden.vocabulary import DEFAULT_HOST, DEFAULT_PORT
 
@@ -85,6 +86,11 @@ class Settings(ConnectionSettings):
     # Days each budget's spend of a day is kept in the store (GET /v1/admin/spend); 0 keeps
     # none. Written by the settle that charges it, in the same script (docs/operations.md).
     spend_retention_days: int = Field(SPEND_RETENTION_DAYS, ge=0, le=MAX_SPEND_RETENTION_DAYS)
+    # Seconds between budget sweeps (service/sweep.py): one process of the fleet charges
+    # the reservations that expired unsettled in scopes no call came back to, into the
+    # budget and the day's spend record. 0 turns it off; at most 300 (a counter outlives
+    # its last reservation by 15 minutes, three sweeps).
+    sweep_interval_s: float = Field(60.0, ge=0, le=MAX_SWEEP_INTERVAL_S)
     log_format: Literal["json", "text"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Audit lines (one JSON object per deny, ask, shadow deny, approved ask): "-" for

@@ -7,6 +7,7 @@
 - `ActivityLog`: who is refused, counted in bounded sketches per minute and hour, and
   each user's own recent refusals (service/activity.py);
 - `SpendLog`: the budgets' spend per day, what the spend report reads;
+- `BudgetSweep`: the budget counters walked in the background (service/sweep.py);
 - `Store`: both, with the store's life cycle and its clock.
 
 A `Layer` is a store around a store; each operation passes through its `around`, so a
@@ -183,7 +184,30 @@ class SpendLog(Protocol):
         ...
 
 
-class Store(Counters, DenialLog, OverrideLog, FleetLog, SpendLog, ActivityLog, Protocol):
+class BudgetSweep(Protocol):
+    """What the budget sweep (service/sweep.py) needs: one process at a time walks the
+    budget counters and charges the reservations that expired unsettled."""
+
+    async def claim_sweep(self, member: str, ttl_ms: int) -> bool:
+        """Take the sweep for `ttl_ms` unless another member holds it (SET NX PX), or
+        renew it for `ttl_ms` if `member` holds it. True if `member` holds it now."""
+        ...
+
+    async def budget_counters(self, count: int) -> tuple[list[tuple[str, int | None]], bool]:
+        """The next `count` budget counters (at most) of this process's walk of them, each
+        with its earliest reservation expiry (ms; None: nothing reserved), and whether the
+        walk ended (the next call starts another)."""
+        ...
+
+    async def sweep_budget(self, key: str, period: tuple[int, int, int]) -> int:
+        """Charge the counter's reservations that expired unsettled at their estimate, as
+        a check of its scope would (`period`: its rule's, zeros if gone). What it charged."""
+        ...
+
+
+class Store(
+    Counters, DenialLog, OverrideLog, FleetLog, SpendLog, ActivityLog, BudgetSweep, Protocol
+):
     """A store: counters and the denial log, with a life cycle and a clock."""
 
     @property
@@ -265,6 +289,15 @@ class Layer:
 
     async def spend_records(self, pattern: str, cap: int) -> list[tuple[str, int]]:
         return await self.around("spend_records", self.inner.spend_records, pattern, cap)
+
+    async def claim_sweep(self, member: str, ttl_ms: int) -> bool:
+        return await self.around("claim_sweep", self.inner.claim_sweep, member, ttl_ms)
+
+    async def budget_counters(self, count: int) -> tuple[list[tuple[str, int | None]], bool]:
+        return await self.around("budget_counters", self.inner.budget_counters, count)
+
+    async def sweep_budget(self, key: str, period: tuple[int, int, int]) -> int:
+        return await self.around("sweep_budget", self.inner.sweep_budget, key, period)
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
         await self.around("push_denials", self.inner.push_denials, entries, keep)

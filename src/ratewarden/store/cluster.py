@@ -482,6 +482,10 @@ class ClusterStore(RedisKeyspace):
 
     # -- administration ------------------------------------------------------------
 
+    async def sweep_budget(self, key: str, period: tuple[int, int, int]) -> int:
+        reply = await self._run([key], [ScriptMode.SWEEP.value, self._now(), *period])
+        return int(reply[0])
+
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
         with store_errors():
             await self._client.lpush(DENIALS_KEY, *entries)

@@ -35,6 +35,12 @@ counter's hash tag (one cluster slot with its counter); the `spend:` prefix keep
 out of reach of counter patterns (`rw:{...`): a reset clears a user's counters, not the
 history of what was spent.
 
+The budget sweep's claim: `rw:admin:sweep`, a string naming the process that sweeps
+(service/sweep.py), set only if absent (NX) and then kept by its holder, whose every tick
+renews it for two sweep intervals: one process walks the budget counters, tick after tick
+(its walk goes on where it stopped), and when it dies another takes over within two
+intervals. Outside the counter prefix (`rw:{...`): no reset reaches it.
+
 Recent denials: `rw:denials`, a list capped at its length (1000 audit entries), no TTL:
 it is the operator's window on what was blocked, and never grows.
 
@@ -60,9 +66,12 @@ TTLs (each key expires once it can no longer change a decision):
   newest admission has left the window, the counter holds nothing that counts.
 - token bucket (`tb`): until the theoretical arrival time, when the bucket is full again.
 - fixed window (`fw`): until the end of the current clock-aligned window.
-- budget (`bg`): until the end of the budget period or the last reservation's expiry,
-  whichever is later: spend must count for the whole period, and an unsettled
-  reservation must still be there to be charged.
+- budget (`bg`): until the end of the budget period or the last reservation's expiry
+  plus 15 minutes (budget.SWEEP_GRACE_MS), whichever is later: spend must count for the
+  whole period, and an unsettled reservation must still be there to be charged, by the
+  next check of its scope or else by the budget sweep (service/sweep.py), which runs at
+  most every 300 s: the 15 minutes give it three ticks at least to find the counter due
+  before it expires with its estimate uncharged.
 - concurrency (`cc`): the lease timeout, from the latest lease: every slot has been
   reclaimed by then.
 - a loop rule's kept result (`:r`): the rule's window, from the settle that kept it: a
@@ -182,6 +191,19 @@ def _dimension_name(dim: str) -> str:
     if dim.startswith(ARGS_DIMENSION):
         return f"args[{encode(dim.removeprefix(ARGS_DIMENSION))}]"
     return dim
+
+
+# Every budget counter, for the sweep's SCAN (the algorithm is the key's last part).
+BUDGET_PATTERN = f"{PREFIX}:{{*}}:{Kind.BUDGET.value}"
+SWEEP_CLAIM_KEY = f"{PREFIX}:admin:sweep"
+
+
+def counter_rule(key: str) -> str | None:
+    """The rule named in a counter's key (`rw:{<rule>|...}:<alg>`); None if not one."""
+    if not key.startswith(f"{PREFIX}:{{") or "}:" not in key:
+        return None
+    inner = key[len(PREFIX) + 2 : key.rindex("}:")]
+    return unquote(inner.split("|", 1)[0])
 
 
 def all_keys_pattern() -> str:

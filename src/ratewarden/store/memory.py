@@ -28,6 +28,7 @@ from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Reco
 from ratewarden.limiter.script import SPEND_RETENTION_DAYS, SettleStatus
 from ratewarden.store import snapshot
 from ratewarden.store.base import FleetState, SketchCounts, UserDenialCaps
+from ratewarden.store.keys import BUDGET_PATTERN
 from ratewarden.store.memory_activity import MemoryActivity
 from ratewarden.store.snapshot import StateFile, StateFileError
 
@@ -96,6 +97,7 @@ class MemoryStore:
         self._fleet_changes: dict[str, int] = {}
         self._reports: dict[str, tuple[int, str]] = {}
         self.activity = MemoryActivity(self.clock.now_ms)  # who is refused; not saved either
+        self._budget_walk: collections.deque[str] = collections.deque()  # the sweep's
         self._state = state_file
         self._changes = 0  # bumped by every write; a snapshot is taken only if it moved
         self._saved_changes = 0
@@ -176,6 +178,32 @@ class MemoryStore:
                     if isinstance(value, reference.DaySpend):
                         found.append((key, value.amount))
             return found
+
+    async def claim_sweep(self, member: str, ttl_ms: int) -> bool:
+        return True  # one process: nothing to share the sweep with
+
+    async def budget_counters(self, count: int) -> tuple[list[tuple[str, int | None]], bool]:
+        """As a SCAN would: the keys present when the walk began, in turn."""
+        with self._lock:
+            now = self.clock.now_ms()
+            if not self._budget_walk:
+                pattern = BUDGET_PATTERN
+                keys = (k for k in self._cells.values if fnmatch.fnmatchcase(k, pattern))
+                self._budget_walk = collections.deque(keys)
+            found: list[tuple[str, int | None]] = []
+            while self._budget_walk and len(found) < count:
+                key = self._budget_walk.popleft()
+                state = self._cells.get(key, now)
+                if isinstance(state, reference.Budget):
+                    expiries = [expiry for _, expiry in state.holds.values()]
+                    found.append((key, min(expiries) if expiries else None))
+            return found, not self._budget_walk
+
+    async def sweep_budget(self, key: str, period: tuple[int, int, int]) -> int:
+        with self._lock:
+            now = self.clock.now_ms()
+            self._changes += 1
+            return reference.sweep(self._cells, key, period, now)
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
         with self._lock:

@@ -8,7 +8,7 @@ step, per decision.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -42,12 +42,14 @@ from ratewarden.limiter.script import (
 from ratewarden.store.base import FleetState, StoreError
 from ratewarden.store.coalesce import Encoded, ScriptPipeline, encoded
 from ratewarden.store.keys import (
+    BUDGET_PATTERN,
     DENIALS_KEY,
     FLEET_ALIVE_KEY,
     FLEET_CHANGES_KEY,
     FLEET_REPORTS_KEY,
     OVERRIDES_KEY,
     OVERRIDES_VERSION_KEY,
+    SWEEP_CLAIM_KEY,
 )
 from ratewarden.store.redis_activity import RedisActivity
 from ratewarden.store.redis_errors import REDIS_ERRORS, store_error, store_errors
@@ -133,6 +135,18 @@ redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), ARGV[1])
 return {tonumber(redis.call('GET', KEYS[1]) or '0'), redis.call('HGETALL', KEYS[2])}
 """
+# KEYS: the sweep's claim. ARGV: member, ttl (ms). Taken if free (SET NX PX), renewed if
+# ours, else left: {1} ours now, {0} another's.
+_CLAIM_SWEEP = """
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if held then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+return 1
+"""
 # KEYS: the reports, the alive set. Returns {members, their reports} of the live ones.
 _REPORTS = """
 local t = redis.call('TIME')
@@ -141,6 +155,14 @@ local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')
 if #live == 0 then return {{}, {}} end
 return {live, redis.call('HMGET', KEYS[1], unpack(live))}
 """
+
+
+def _due(found: object) -> int | None:
+    """A budget counter's `n` as read; None for a key that is not one of ours (another
+    type, whose HGET failed, or a field that is not a number): the walk passes it by."""
+    if isinstance(found, bytes) and found.isdigit():
+        return int(found)
+    return None
 
 
 def _text(value: bytes | str) -> str:
@@ -184,6 +206,54 @@ class RedisKeyspace(RedisActivity):
                 values = await self._get_many(batch)
                 found += [(_text(k), int(v)) for k, v in zip(batch, values, strict=True) if v]
         return found
+
+    # The budget sweep (service/sweep.py): a walk of the budget counters that goes on
+    # from call to call (SCAN's cursor, every primary of a cluster), and each counter's
+    # earliest reservation expiry read beside its key, in pipelines of _RESET_BATCH.
+    _budget_walk: AsyncIterator[bytes] | None = None
+
+    async def claim_sweep(self, member: str, ttl_ms: int) -> bool:
+        with store_errors():
+            taken = await self._client.eval(_CLAIM_SWEEP, 1, SWEEP_CLAIM_KEY, member, ttl_ms)
+        return bool(taken)
+
+    async def budget_counters(self, count: int) -> tuple[list[tuple[str, int | None]], bool]:
+        with store_errors():
+            keys, ended = await self._walk_budgets(count)
+            if not keys and ended:  # the last step stopped at the walk's very end: begin
+                keys, ended = await self._walk_budgets(count)  # the next, not a tick idle
+            found: list[tuple[str, int | None]] = []
+            for start in range(0, len(keys), _RESET_BATCH):
+                batch = keys[start : start + _RESET_BATCH]
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for key in batch:
+                        pipe.hget(key, "n")
+                    dues = await pipe.execute(raise_on_error=False)
+                found += [
+                    (k.decode(), _due(due))
+                    for k, due in zip(batch, dues, strict=True)
+                    if k.isascii()  # ours are percent-encoded; another's is passed by
+                ]
+        return found, ended
+
+    async def _walk_budgets(self, count: int) -> tuple[list[bytes], bool]:
+        """Up to `count` more keys of the walk (a new one if none is under way), and
+        whether it ended."""
+        walk = self._budget_walk
+        if walk is None:
+            walk = self._client.scan_iter(match=BUDGET_PATTERN, count=_RESET_BATCH)
+        keys: list[bytes] = []
+        try:
+            while len(keys) < count:
+                keys.append(await anext(walk))
+        except StopAsyncIteration:
+            self._budget_walk = None
+            return keys, True
+        except BaseException:  # a failed or cancelled SCAN: the next call starts again
+            self._budget_walk = None
+            raise
+        self._budget_walk = walk
+        return keys, False
 
     async def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """The values of `keys` (None for one that expired since the scan)."""
@@ -337,6 +407,10 @@ class RedisStore(RedisKeyspace):
             args += hold_values(hold)
         reply = await self._run([record_key, *hold_keys(holds)], args)
         return SettleStatus(reply[0]), reply[1:]
+
+    async def sweep_budget(self, key: str, period: tuple[int, int, int]) -> int:
+        reply = await self._run([key], [ScriptMode.SWEEP.value, self._now(), *period])
+        return int(reply[0])
 
     async def push_denials(self, entries: Sequence[str], keep: int) -> None:
         with store_errors():

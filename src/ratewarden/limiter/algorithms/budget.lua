@@ -21,6 +21,10 @@
 -- what is left below CEILING. Every figure stays below 3 x CEILING, far inside the
 -- integers a double holds exactly (2^53).
 local CEILING = 1000000000000000  -- micro-units; reference.MONEY_CEILING
+-- A counter outlives its latest reservation's expiry by this much (ms), so the budget
+-- sweep (service/sweep.py, every RATEWARDEN_SWEEP_INTERVAL_S, at most 300 s) sees it
+-- due at three ticks at least; budget.SWEEP_GRACE_MS.
+local SWEEP_GRACE_MS = 900000
 
 -- Spent plus delta (may be negative), saturating; what it really moved is kept for the
 -- day's record. (The twin's `spend` and `charge` in one: every function the script defines
@@ -119,7 +123,9 @@ local function budget(key, op, call_id)
       redis.call('HSET', key, 'h:' .. call_id, int(amount) .. ':' .. int(expiry))
       if not b.n or expiry < b.n then b.n = expiry end
       b.r, b.dirty = b.r + amount, true
-      if expiry >= b.finish then b.keep = expiry + (op.p2 - op.p1) end
+      local keep = expiry + SWEEP_GRACE_MS  -- the sweep must still find it due
+      if expiry >= b.finish then keep = math.max(keep, expiry + (op.p2 - op.p1)) end
+      b.keep = math.max(b.keep or 0, keep)
     end
     c.reserved = b.r
   end

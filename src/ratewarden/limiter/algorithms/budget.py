@@ -12,6 +12,11 @@ DAY_MS = 86_400_000  # a spend record's day: UTC, by the store's clock
 # Money never wraps (see budget.lua): spent saturates here and stays until the period
 # ends, a reservation takes at most what is left below it; no budget is larger.
 MONEY_CEILING = 10**15  # micro-units: the largest budget (policy.durations.MAX_AMOUNT)
+# A counter outlives its latest reservation's expiry by this much, so the budget sweep
+# (service/sweep.py, every RATEWARDEN_SWEEP_INTERVAL_S, at most MAX_SWEEP_INTERVAL_S)
+# sees it due at three ticks at least (budget.lua's SWEEP_GRACE_MS).
+MAX_SWEEP_INTERVAL_S = 300
+SWEEP_GRACE_MS = 3 * MAX_SWEEP_INTERVAL_S * 1000
 
 
 def spend(spent: int, delta: int) -> int:
@@ -106,6 +111,7 @@ def save_budget(table: Table, key: str, budget: Budget, min_ttl: int, now: int) 
     # Live through the period, every reservation, and the period in which the latest
     # reservation expires, so its charge is still there to be read.
     ttl = max(budget.finish - now, min_ttl, budget.keep - now, 1)
+    budget.keep = 0  # this load's, as `charged_now`: the cell keeps its TTL, not this
     table.put(key, budget, max(ttl, table.ttl(key, now)), now)
 
 
@@ -127,8 +133,10 @@ def budget(table: Table, op: CounterOp, now: int, call_id: str) -> Check:
             state.holds[call_id] = (amount, expiry)
             state.reserved += amount
             state.dirty = True
+            keep = expiry + SWEEP_GRACE_MS  # the sweep must still find it due
             if expiry >= state.finish:
-                state.keep = expiry + (op.period[2] - op.period[1])
+                keep = max(keep, expiry + (op.period[2] - op.period[1]))
+            state.keep = max(state.keep, keep)
         check.reserved = state.reserved
 
     check.commit = commit
