@@ -532,6 +532,28 @@ class Explanation:
     conditions: tuple[tuple[str, bool], ...] = ()  # every condition, and whether it held
 
 
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """Where a notification goes (policy `notifications.webhooks`, or the settings'
+    RATEWARDEN_WEBHOOK_URL): a URL, or the environment variable holding it, and the
+    variable holding its signing secret. Variables are read by the daemon, never kept in
+    the policy."""
+
+    url: str | None
+    url_env: str | None
+    secret_env: str | None
+    events: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Notifications:
+    """The policy's `notifications:` section, compiled (none: no webhooks, the defaults)."""
+
+    webhooks: tuple[Webhook, ...] = ()
+    refusals_over: int = 10  # `repeated_refusals.more_than`
+    refusals_window_ms: int = 600_000  # `repeated_refusals.within`
+
+
 @dataclass(eq=False)
 class Policy:
     """A loaded, validated policy. Immutable once built; reloads build a new one."""
@@ -551,6 +573,7 @@ class Policy:
     idle_overrides: dict[str, str] = field(default_factory=dict)
     # The catalogue's `same_as` lines, None without any (only the built-in table maps).
     names: ToolNames | None = None
+    notifications: Notifications = field(default_factory=Notifications)
     # What `policy check` warns of (policy/toolnames.py), each with its line: the loader's.
     warnings: tuple[PolicyIssue, ...] = ()
     # The validated file (a schema.PolicySpec), compiled again with other runtime overrides.
