@@ -735,6 +735,9 @@ class Policy:
         """A bounded metric label: a tool the policy names, its catalogue label, or `other`."""
         return self._metric_tool(tool)
 
+    def rule_named(self, rule_name: str) -> Rule | None:
+        return self._by_name.get(rule_name)
+
     def currency_of(self, rule_name: str) -> str | None:
         rule = self._by_name.get(rule_name)
         return rule.limit.currency if rule and isinstance(rule.limit, BudgetLimit) else None

@@ -400,7 +400,7 @@ MAX_WEBHOOKS = 16
 MAX_REFUSAL_WINDOW_MS = 7 * 24 * 3_600_000
 
 
-def _webhook_url(value: str) -> str:
+def webhook_url(value: str) -> str:
     """An absolute http(s) URL with a host, nothing invisible in it: where a daemon posts."""
     if not value.isprintable() or any(char.isspace() for char in value):
         raise ValueError("a URL has no spaces or control characters")
@@ -413,11 +413,13 @@ def _webhook_url(value: str) -> str:
         raise ValueError(f"a webhook URL starts with https:// or http://, got {value[:40]!r}")
     if not parts.hostname:
         raise ValueError("a webhook URL names a host")
+    if len(value) > MAX_URL_LENGTH:
+        raise ValueError(f"a webhook URL is at most {MAX_URL_LENGTH} characters")
     return value
 
 
 WebhookUrl = Annotated[
-    str, Field(min_length=1, max_length=MAX_URL_LENGTH), AfterValidator(_webhook_url)
+    str, Field(min_length=1, max_length=MAX_URL_LENGTH), AfterValidator(webhook_url)
 ]
 # The name of an environment variable (a secret is never written in the policy file).
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")

@@ -25,12 +25,15 @@ from ratewarden.service.fleet import Fleet, daemon_name
 from ratewarden.service.hotpath import HOOK_ROUTE, HOT_ROUTES, REACHED, HotPath, is_hook
 from ratewarden.service.logs import configure_audit, configure_logging
 from ratewarden.service.metrics import REFUSED_BEFORE, HttpAnswers, Metrics, TimedStore
+from ratewarden.service.notify import Notifier
 from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.service.routes import router
 from ratewarden.service.settings import Settings
+from ratewarden.service.webhooks import Sender, Target
 from ratewarden.store import Store, StoreError, store_from_url
 from ratewarden.store.breaker import CircuitBreaker, GuardedStore
+from ratewarden.vocabulary import NotifyEvent
 
 log = logging.getLogger("ratewarden")
 
@@ -54,6 +57,7 @@ def create_app(
     metrics = Metrics(registry or CollectorRegistry())
     breaker, timed = _guarded(raw_store, settings, metrics)
     audit = AuditTrail(timed, include_args=settings.audit_args, clock=timed.clock)
+    notifier = _notifier(timed, metrics, settings)
     # Budget periods are picked on the store's clock when it has one (the embedded store);
     # Redis stores use Redis TIME and the engine's clock only proposes the period.
     engine = Engine(  # periods on the store's clock
@@ -72,7 +76,16 @@ def create_app(
     fleet = _fleet(raw_store, engine, reloader, runtime, console_stats, settings, poll_timeout_s)
 
     services = _Services(
-        settings, policy, raw_store, timed, metrics, audit, reloader, fleet, console_stats
+        settings,
+        policy,
+        raw_store,
+        timed,
+        metrics,
+        audit,
+        reloader,
+        fleet,
+        console_stats,
+        notifier,
     )
     app = Daemon(
         title="ratewarden",
@@ -85,7 +98,7 @@ def create_app(
     )
     app.state.engine = engine
     app.state.settings = settings
-    app.state.observer = Observer(metrics, audit, engine.refusals)
+    app.state.observer = Observer(metrics, audit, engine.refusals, notifier)
     app.state.reloader = reloader
     app.state.overrides = runtime
     app.state.fleet = fleet
@@ -127,6 +140,7 @@ class _Services:
     reloader: PolicyReloader
     fleet: Fleet
     stats: console.StatsSampler
+    notifier: Notifier
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -150,6 +164,8 @@ class _Services:
             log.warning("store not reachable at start-up (%s); will retry on use", exc)
         self.metrics.policy_loaded(self.policy)
         self.audit.start()
+        self.notifier.configure(self.policy)  # says now if a webhook's variable is unset
+        self.notifier.start()
         self.reloader.start()
         self.stats.start()  # reads the counters every few seconds, off the hot path
         await self.fleet.start()  # applies the store's overrides, reports; then every second
@@ -178,6 +194,7 @@ class _Services:
         await self.fleet.stop()
         await self.reloader.stop()
         await self.audit.stop()
+        await self.notifier.stop()
         await self.timed.close()
 
 
@@ -206,6 +223,22 @@ def _fleet(
     fleet = Fleet(store, engine, reloader, runtime, report, daemon, timeout_s)
     reloader.announce = fleet.announce_reload
     return fleet
+
+
+def _notifier(store: Store, metrics: Metrics, settings: Settings) -> Notifier:
+    """The notifier, with the settings' webhook (of every event) beside the policy's."""
+    extra = None
+    if settings.webhook_url is not None:
+        secret = settings.webhook_secret.encode() if settings.webhook_secret else None
+        extra = Target(settings.webhook_url, secret, frozenset(map(str, NotifyEvent)))
+    return Notifier(
+        store,
+        metrics,
+        store.clock,
+        queue_size=settings.notify_queue,
+        sender=Sender(settings.webhook_attempts, settings.webhook_timeout_s),
+        extra=extra,
+    )
 
 
 def _guarded(

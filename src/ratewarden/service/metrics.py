@@ -138,6 +138,11 @@ METRICS = {
     "http_responses": Spec(Counter, "ratewarden_http_responses_total",
         "HTTP answers, by route template (`other`: no route) and status code (a code "
         "outside HTTP_CODES as its class, e.g. `5xx`).", ("route", "code")),
+    "notifications": Spec(Counter, "ratewarden_notifications_total",
+        "Notifications (webhooks), by event and outcome: sent (a webhook answered 2xx), "
+        "failed (every attempt failed, a 4xx, or the store unreachable), dropped (a queue "
+        "was full), duplicate (another daemon, or an earlier tick, sent it).",
+        ("event", "outcome")),
 }  # fmt: skip
 # The status codes counted as themselves; any other is counted as its class (`4xx`).
 HTTP_CODES = frozenset({
@@ -176,6 +181,7 @@ class Metrics:
     circuit_open: Gauge
     circuit_transitions: Counter
     remembered: Counter
+    notifications: Counter
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry

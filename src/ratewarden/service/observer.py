@@ -1,4 +1,5 @@
-"""What the service reports about each decision: metrics and the audit trail."""
+"""What the service reports about each decision: metrics, the audit trail, and
+notifications (a decision with a refusal or a warning only: two truth tests for the rest)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ratewarden.engine.refusals import RefusalCache
 from ratewarden.policy import Policy
 from ratewarden.service.audit import AuditTrail
 from ratewarden.service.metrics import Metrics
+from ratewarden.service.notify import Notifier
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +22,7 @@ class Observer:
     # The engine's remembered refusals: a decision does not say whether it came from them,
     # their count of answers does (read after each decision, for the metric).
     refusals: RefusalCache | None = None
+    notifier: Notifier | None = None
 
     def checked(
         self,
@@ -33,6 +36,8 @@ class Observer:
         if self.refusals is not None and not decision.allowed:  # only refusals come from it
             self.metrics.remembered_refusals(self.refusals.hits)
         self.audit.record(decision, call, args)
+        if (decision.violations or decision.warnings) and self.notifier is not None:
+            self.notifier.decided(decision, call, policy)
 
     def settled(self, settlement: Settlement, policy: Policy) -> None:
         self.metrics.observe_settle(settlement, policy)
