@@ -18,7 +18,9 @@ together do not retry together); a `Retry-After` of seconds or an HTTP date is h
 up to CAP_S. Any other answer (a 3xx, a 4xx but 429) is final: the receiver refused the
 post, and the same post would be refused again. At most `attempts` in all.
 
-A URL can be a secret (a Slack webhook's is): logs name only its scheme, host and port.
+A URL can be a secret (a Slack webhook's is): logs name only its scheme, host and port,
+and httpx's own line for each request (`HTTP Request: POST <url>`, at INFO) is kept out
+of the log for a webhook's URL (`_HiddenUrls`).
 """
 
 from __future__ import annotations
@@ -111,6 +113,22 @@ class Target:
         return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
+class _HiddenUrls(logging.Filter):
+    """Drops httpx's log records that name one of `urls` (its "HTTP Request" line)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(str(arg) in self.urls for arg in args)
+
+
+_HIDDEN = _HiddenUrls()
+logging.getLogger("httpx").addFilter(_HIDDEN)
+
+
 class Sender:
     """Posts notifications, each until it is answered 2xx or runs out of attempts."""
 
@@ -132,6 +150,7 @@ class Sender:
     async def deliver(self, target: Target, event: str, delivery: str, body: bytes) -> bool:
         """Post `body`; True once a 2xx answers it, False when it never does."""
         why = ""
+        _HIDDEN.urls.add(str(httpx.URL(target.url)))  # as httpx writes it in its line
         for attempt in range(1, self.attempts + 1):
             wait: float | None = None
             try:
