@@ -70,6 +70,7 @@ BAD = [
     ("  webhooks: [{url: 'https://a b.example/'}]\n", "webhooks[0].url", "spaces"),
     (f"  webhooks: [{{url: 'https://x.example/{'a' * 3000}'}}]\n", "webhooks[0].url", "2048"),
     ("  webhooks: [{url: 12}]\n", "notifications.webhooks[0].url", "string"),
+    ("  webhooks: [{url: 'https://u:p@x.example/'}]\n", "webhooks[0].url", "url_env"),
     ("  webhooks: [{}]\n", "notifications.webhooks[0]", "exactly one of url, url_env"),
     (
         "  webhooks: [{url: 'https://x.example/', url_env: U}]\n",

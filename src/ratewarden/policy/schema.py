@@ -418,8 +418,19 @@ def webhook_url(value: str) -> str:
     return value
 
 
+def _no_credentials(value: str) -> str:
+    """A policy's URL holds no user or password: the file is no place for a secret (and
+    `GET /v1/policy` shows it); `url_env` names a variable that holds such a URL."""
+    if urlsplit(value).username is not None:
+        raise ValueError("a webhook URL in the policy holds no credentials; use url_env")
+    return value
+
+
 WebhookUrl = Annotated[
-    str, Field(min_length=1, max_length=MAX_URL_LENGTH), AfterValidator(webhook_url)
+    str,
+    Field(min_length=1, max_length=MAX_URL_LENGTH),
+    AfterValidator(webhook_url),
+    AfterValidator(_no_credentials),
 ]
 # The name of an environment variable (a secret is never written in the policy file).
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
