@@ -5,9 +5,11 @@ tests/service/test_notify_daemons.py proves the same with two real daemons."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
+import time
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any
@@ -342,3 +344,24 @@ async def test_a_reload_that_changes_the_section_applies_to_what_follows(
     assert [t.url for t in notifier.targets] == ["https://later.example/h"]
     assert notifier.targets[0].secret == b"k"
     assert notifier._notes == {}  # budget.soft_limit is no longer wanted
+
+
+async def test_the_idle_worker_is_woken_by_a_note_and_stops_at_once() -> None:
+    clock = FakeClock(1_700_000_000_000)
+    store = MemoryStore(clock)
+    engine = Engine(parse_policy(POLICY), store, clock=clock)
+    notifier, posted, _ = notifier_on(store, clock)
+    notifier.start()
+    try:
+        await asyncio.sleep(0.05)
+        assert notifier._idle is not None  # waiting on a note, not on a timer
+        await decide(engine, notifier, Call("alice", "search", "c1", cost=11.0))
+        for _ in range(100):  # a tick (0.25 s) and the post, well within a second
+            if posted.bodies:
+                break
+            await asyncio.sleep(0.02)
+        assert [b["event"] for b in posted.bodies] == ["budget.exhausted"]
+    finally:
+        started = time.monotonic()
+        await notifier.stop()
+        assert time.monotonic() - started < 1.0

@@ -132,3 +132,13 @@ def test_policy_check_warns_of_unset_variables_and_unsigned_webhooks(
     assert "notifications.webhooks[0] has no secret_env" in err
     assert "notifications.webhooks[1].url_env: $RW_TEST_UNSET_URL is not set here" in err
     assert "RW_TEST_SECRET" not in err  # set: nothing to say
+
+
+def test_a_policy_keeps_few_enough_attributes_for_cpythons_shared_keys() -> None:
+    """The section is a property, not a field: a Policy's attributes are read on every
+    decision (service/metrics.py, MAX_ATTRIBUTES, says why their number matters)."""
+    from ratewarden.policy import load_example_policy
+    from ratewarden.service.metrics import MAX_ATTRIBUTES
+
+    assert len(vars(parse_policy(section("  webhooks: [{url_env: U}]\n")))) <= MAX_ATTRIBUTES
+    assert len(vars(load_example_policy())) <= MAX_ATTRIBUTES

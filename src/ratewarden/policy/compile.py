@@ -26,20 +26,17 @@ from ratewarden.policy.model import (
     Limit,
     Match,
     NameSet,
-    Notifications,
     Overrides,
     Policy,
     RateLimit,
     Rule,
     ToolEntry,
     Unlimited,
-    Webhook,
     compile_glob,
     is_glob,
 )
 from ratewarden.policy.schema import (
     MatchSpec,
-    NotificationsSpec,
     OverrideSpec,
     PolicySpec,
     RuleSpec,
@@ -121,22 +118,8 @@ def compile_policy(
         spec=spec,
         file_overrides=tuple(mine),
         runtime_overrides=runtime_compiled,
-        notifications=_notifications(spec.notifications),
     )
     return policy, []
-
-
-def _notifications(spec: NotificationsSpec | None) -> Notifications:
-    if spec is None:
-        return Notifications()
-    return Notifications(
-        webhooks=tuple(
-            Webhook(hook.url, hook.url_env, hook.secret_env, frozenset(hook.events))
-            for hook in spec.webhooks
-        ),
-        refusals_over=spec.repeated_refusals.more_than,
-        refusals_window_ms=spec.repeated_refusals.within,
-    )
 
 
 def with_runtime(

@@ -553,6 +553,20 @@ class Notifications:
     refusals_over: int = 10  # `repeated_refusals.more_than`
     refusals_window_ms: int = 600_000  # `repeated_refusals.within`
 
+    @classmethod
+    def of(cls, section: Any) -> Notifications:
+        """The compiled form of a `schema.NotificationsSpec` (None: the defaults)."""
+        if section is None:
+            return cls()
+        return cls(
+            webhooks=tuple(
+                Webhook(hook.url, hook.url_env, hook.secret_env, frozenset(hook.events))
+                for hook in section.webhooks
+            ),
+            refusals_over=section.repeated_refusals.more_than,
+            refusals_window_ms=section.repeated_refusals.within,
+        )
+
 
 @dataclass(eq=False)
 class Policy:
@@ -573,7 +587,6 @@ class Policy:
     idle_overrides: dict[str, str] = field(default_factory=dict)
     # The catalogue's `same_as` lines, None without any (only the built-in table maps).
     names: ToolNames | None = None
-    notifications: Notifications = field(default_factory=Notifications)
     # What `policy check` warns of (policy/toolnames.py), each with its line: the loader's.
     warnings: tuple[PolicyIssue, ...] = ()
     # The validated file (a schema.PolicySpec), compiled again with other runtime overrides.
@@ -734,6 +747,14 @@ class Policy:
     def metric_tool(self, tool: str) -> str:
         """A bounded metric label: a tool the policy names, its catalogue label, or `other`."""
         return self._metric_tool(tool)
+
+    @property
+    def notifications(self) -> Notifications:
+        """The file's `notifications:` section, compiled anew at each read (the notifier
+        reads it once per file: service/notify.py). A property, not a field: a Policy's
+        attributes are read on every decision, and CPython reads them by index only
+        while an instance has fewer than 30 (service/metrics.py, MAX_ATTRIBUTES)."""
+        return Notifications.of(self.spec.notifications if self.spec is not None else None)
 
     def rule_named(self, rule_name: str) -> Rule | None:
         return self._by_name.get(rule_name)

@@ -17,7 +17,9 @@ added again; a refusal adds one to its (rule, user) count. When the dicts hold
 `queue_size` entries a new one is dropped and counted
 (`ratewarden_notifications_total{outcome="dropped"}`).
 
-A worker takes the notes every TICK_S and does the rest, off the path:
+A worker does the rest, off the path. Idle, it waits on a future that the first note
+ends (no timer: a daemon with nothing to tell runs nothing); then it lets TICK_S of
+notes gather, and takes them all:
 
 - a budget event is sent once per event, rule, scope (the rule's `per` values) and
   budget period, by whichever daemon takes the claim (store `claim`, `SET NX PX` until the
@@ -56,9 +58,9 @@ from ratewarden.clock import Clock
 from ratewarden.engine import Decision, Verdict
 from ratewarden.engine.decision import scope_of
 from ratewarden.policy import Policy
-from ratewarden.policy.model import Notifications
 from ratewarden.service.audit import new_entry_id
 from ratewarden.service.metrics import Metrics
+from ratewarden.service.stopping import Stopping
 from ratewarden.service.webhooks import Sender, Target
 from ratewarden.store import Store, StoreError
 from ratewarden.store.keys import NOTICE_SLACK_MS, notice_key, refusal_count_key
@@ -119,7 +121,7 @@ class Notifier:
         self.sender = sender
         self.extra = extra  # the settings' webhook, of every event
         self.environ = environ
-        self._section: Notifications | None = None
+        self._spec: object = None  # the policy file whose section is in force
         self.targets: tuple[Target, ...] = ()
         self._wants: frozenset[str] = frozenset()
         self._notes: dict[tuple[str, str, str, str | None, str | None, str], _Note] = {}
@@ -128,7 +130,10 @@ class Notifier:
         self._seen: OrderedDict[str, int] = OrderedDict()  # claim key -> until (ms)
         self._outbox: asyncio.Queue[tuple[Target, str, str, bytes]] = asyncio.Queue(queue_size)
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = asyncio.Event()
+        self._stopping = Stopping()
+        # The idle worker's wait: set by the first note after a flush (or by `stop`), so
+        # a daemon with nothing to tell runs nothing, not even a timer.
+        self._idle: asyncio.Future[None] | None = None
         for event in NotifyEvent:  # every series exists from the start
             for outcome in OUTCOMES:
                 metrics.notifications.labels(event.value, outcome)
@@ -137,7 +142,7 @@ class Notifier:
 
     def decided(self, decision: Decision, call: Call, policy: Policy) -> None:
         """Note what `decision` (one with a refusal or a warning) has to tell."""
-        if policy.notifications is not self._section:
+        if policy.spec is not self._spec:  # another file (a reload): read its section
             self.configure(policy)
         wants = self._wants
         if not wants or decision.replayed:
@@ -163,6 +168,7 @@ class Notifier:
             self._count(event, "dropped")
             return
         self._notes[key] = _Note(event, verdict, call, policy, self.clock.now_ms())
+        self._wake()
 
     def _count_refusal(self, rule: str, call: Call, policy: Policy) -> None:
         found = self._refused.get((rule, call.user))
@@ -175,6 +181,13 @@ class Notifier:
             return
         self._refused[(rule, call.user)] = _Refused(call.tool, call.team)
         self._refusal_policy = policy
+        self._wake()
+
+    def _wake(self) -> None:
+        """End the idle worker's wait (the first note since its last flush)."""
+        idle, self._idle = self._idle, None
+        if idle is not None and not idle.done():
+            idle.set_result(None)
 
     def _full(self) -> bool:
         return len(self._notes) + len(self._refused) >= self.queue_size
@@ -182,7 +195,7 @@ class Notifier:
     def configure(self, policy: Policy) -> None:
         """Read the webhooks of `policy`'s section (and their variables) and the settings'."""
         section = policy.notifications
-        self._section = section
+        self._spec = policy.spec
         targets = [self.extra] if self.extra is not None else []
         for n, hook in enumerate(section.webhooks):
             url = hook.url or self.environ.get(hook.url_env or "", "")
@@ -207,7 +220,9 @@ class Notifier:
     # -- the worker ------------------------------------------------------------------
 
     def start(self) -> None:
-        self._stopping = asyncio.Event()
+        self._stopping = Stopping()
+        # Made on the loop that runs it (a queue is bound to the first loop it waits on).
+        self._outbox = asyncio.Queue(self.queue_size)
         self._tasks = [asyncio.create_task(self._tick_forever(), name="ratewarden-notify")]
         self._tasks += [
             asyncio.create_task(self._send_forever(), name=f"ratewarden-notify-send-{n}")
@@ -218,6 +233,7 @@ class Notifier:
         """Let the tick under way finish (its store calls have their deadline), then
         stop the senders: a post in flight is abandoned."""
         self._stopping.set()
+        self._wake()
         if self._tasks:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait(self._tasks[:1], timeout=_STOP_WAIT_S)
@@ -229,8 +245,11 @@ class Notifier:
 
     async def _tick_forever(self) -> None:
         while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), TICK_S)
+            if not self._notes and not self._refused:
+                self._idle = asyncio.get_running_loop().create_future()
+                await self._idle  # until something is noted: no timer while idle
+            # then a tick's worth of notes and refusals, sent or counted together
+            await self._stopping.nap(TICK_S)  # a timer, not wait_for's task (stopping.py)
             try:
                 await self.flush()
             except Exception:  # the worker must outlive any surprise
@@ -238,6 +257,8 @@ class Notifier:
 
     async def flush(self) -> None:
         """Take every note and refusal count, and send what is due (tests call it)."""
+        if not self._notes and not self._refused:
+            return  # most ticks: nothing noted, nothing to read, not even the clock
         notes, self._notes = self._notes, {}
         refused, self._refused = self._refused, {}
         now = self.clock.now_ms()
