@@ -154,7 +154,7 @@ class Settings(ConnectionSettings):
         try:
             return webhook_url(value.strip())
         except ValueError as exc:
-            raise ValueError(f"webhook_url: {exc}") from None
+            raise ValueError(str(exc)) from None
 
     @field_validator("webhook_secret")
     @classmethod
@@ -162,7 +162,7 @@ class Settings(ConnectionSettings):
         if value is not None and not value:
             return None
         if value is not None and not value.isprintable():
-            raise ValueError("webhook_secret: printable characters only")
+            raise ValueError("printable characters only")
         return value
 
     @model_validator(mode="after")
