@@ -257,3 +257,46 @@ def test_a_receiver_that_is_gone_changes_nothing_either(tmp_path: Path, redis_ur
     receiver = Receiver(lambda n: 200)
     receiver.server.server_close()  # its port no longer listens
     _decide_through_a_bad_receiver(tmp_path, redis_url, receiver)
+
+
+def test_the_settings_webhook_and_a_reloaded_section_both_post(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """RATEWARDEN_WEBHOOK_URL/SECRET: a webhook of every event with no policy section; a
+    reload that adds a section sends to its webhook too, from the next notification."""
+    without = policy_text("unused").split("notifications:")[0]
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(without)
+    with (
+        Receiver(lambda n: 200).running() as from_settings,
+        Receiver(lambda n: 200).running() as from_policy,
+    ):
+        env = clean_environment(
+            RATEWARDEN_STORE_URL=redis_url,
+            RATEWARDEN_WEBHOOK_URL=from_settings.url,
+            RATEWARDEN_WEBHOOK_SECRET=SECRET,
+            RATEWARDEN_RELOAD_INTERVAL_S="0.2",
+            RW_TEST_HOOK_SECRET="another-secret",
+        )
+        with running_daemon(tmp_path, "--policy", str(policy), env=env) as daemon:
+            assert check(daemon, "fay", "search", cost=11.0)["decision"] == "deny"
+            eventually(lambda: len(from_settings.posts) == 1)
+            headers, body = from_settings.posts[0]
+            assert verify(
+                SECRET.encode(),
+                headers["X-Ratewarden-Timestamp"],
+                body,
+                headers["X-Ratewarden-Signature"],
+            )
+            policy.write_text(policy_text(from_policy.url))
+            eventually(lambda: "policy reloaded" in daemon.log_text().lower(), 10.0)
+            assert check(daemon, "gus", "search", cost=11.0)["decision"] == "deny"
+            eventually(lambda: len(from_policy.posts) == 1 and len(from_settings.posts) == 2)
+            headers, body = from_policy.posts[0]
+            assert json.loads(body)["user"] == "gus"
+            assert verify(
+                b"another-secret",
+                headers["X-Ratewarden-Timestamp"],
+                body,
+                headers["X-Ratewarden-Signature"],
+            )
