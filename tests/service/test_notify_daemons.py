@@ -300,3 +300,32 @@ def test_the_settings_webhook_and_a_reloaded_section_both_post(
                 body,
                 headers["X-Ratewarden-Signature"],
             )
+
+
+def test_concurrent_calls_on_both_daemons_still_tell_each_crossing_once(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Eight users' budgets crossed by calls racing on both daemons at once (16 threads):
+    one notification of each event per user, no more."""
+    users = [f"racer-{n}" for n in range(8)]
+    with (
+        Receiver(lambda n: 200).running() as receiver,
+        daemons(tmp_path, redis_url, receiver, 2) as fleet,
+    ):
+
+        def spend(worker: int) -> None:
+            for n in range(8):  # 8 calls of 2.00 per user per worker: 32.00 of 10.00 tried
+                user = users[(worker + n) % len(users)]
+                check(fleet[(worker + n) % 2], user, "search", cost=2.0)
+
+        threads = [threading.Thread(target=spend, args=(w,)) for w in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        eventually(lambda: len(receiver.posts) >= 3 * len(users))
+        time.sleep(2.0)
+        told = sorted((b["event"], b["user"]) for b in receiver.bodies())
+        # each user: 16 calls, 5 allowed, 11 refused (more than 3: refusals.repeated too)
+        events = ("budget.exhausted", "budget.soft_limit", "refusals.repeated")
+        assert told == sorted((event, user) for event in events for user in users)
