@@ -96,6 +96,14 @@ class Dimension(StrEnum):
 ARGS_DIMENSION = "args."  # `per: [args.url]`: a counter per value of one argument
 
 
+class NotifyEvent(StrEnum):
+    """What a webhook is told of (docs/observability.md, "Notifications")."""
+
+    SOFT_LIMIT = "budget.soft_limit"  # an allowed call left a budget past its soft limit
+    EXHAUSTED = "budget.exhausted"  # a budget rule refused a call for lack of money
+    REPEATED_REFUSALS = "refusals.repeated"  # a user refused by one rule > N times in a window
+
+
 _FAIL_MODES = frozenset(FailMode)
 
 

@@ -844,3 +844,13 @@ def test_every_metric_is_stated_once_in_the_table_and_typed_on_the_class() -> No
         assert isinstance(metric, spec.type), attribute
         assert metric._name == spec.name.removesuffix("_total")
     assert len({spec.name for spec in METRICS.values()}) == len(METRICS)
+
+
+def test_metrics_keep_few_enough_attributes_for_cpythons_shared_keys() -> None:
+    """Past MAX_ATTRIBUTES an instance's dict stops sharing its keys and each attribute
+    read of a decision's metrics is a dict lookup (metrics.py says what it cost)."""
+    from prometheus_client import CollectorRegistry
+
+    from ratewarden.service.metrics import MAX_ATTRIBUTES, Metrics
+
+    assert len(vars(Metrics(CollectorRegistry()))) <= MAX_ATTRIBUTES

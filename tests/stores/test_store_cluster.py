@@ -32,7 +32,13 @@ from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
 from ratewarden.store import MemoryStore, StoreError, store_from_url
 from ratewarden.store.cluster import ClusterStore, slot_of
-from ratewarden.store.keys import DENIALS_KEY, counter_key, record_key
+from ratewarden.store.keys import (
+    DENIALS_KEY,
+    counter_key,
+    notice_key,
+    record_key,
+    refusal_count_key,
+)
 from ratewarden.store.redis_store import RedisStore
 from tests.conformance import test_conformance as conformance
 from tests.helpers.races import race
@@ -384,6 +390,23 @@ async def test_reset_and_the_audit_list_reach_every_node(
     assert await store.recent_denials(10) == ["three", "two"]
     assert DENIALS_KEY in cluster.keys("rw:denials")
     await store.ping()
+
+
+async def test_notification_claims_and_tallies_reach_keys_on_every_node(
+    cluster: RedisClusterServers, make_cluster_store: Callable[..., ClusterStore], clock: FakeClock
+) -> None:
+    """Each notification key stands alone (store/keys.py): a tally's pipeline sends each
+    to its own node, and a claim is taken once wherever it lands."""
+    store = make_cluster_store(clock)
+    await store.start()
+    keys = [refusal_count_key("r", f"user-{n}", 0) for n in range(12)]
+    assert len({slot_of(key) for key in keys}) > 1
+    assert await store.tally([(key, n, 60_000) for n, key in enumerate(keys, 1)]) == list(
+        range(1, 13)
+    )
+    assert await store.tally([(keys[0], 5, 60_000)]) == [6]
+    claim = notice_key("budget.exhausted", "daily", [("user", "alice")], 0)
+    assert [await store.claim(claim, 60_000) for _ in range(3)] == [True, False, False]
 
 
 async def test_the_fleet_poll_is_one_script_on_one_node(

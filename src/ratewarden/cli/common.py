@@ -118,10 +118,28 @@ def flags_given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
 
 
 def settings_problem(exc: ValidationError) -> str:
+    """Each error, named as the user set it: its flag, or for a daemon setting that has
+    none (`RATEWARDEN_WEBHOOK_URL`) its environment variable."""
     return "; ".join(
-        f"--{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+        _setting_name(exc.title, e["loc"]) + str(e["msg"]).removeprefix("Value error, ")
         for e in exc.errors()
     )
+
+
+def _setting_name(title: str, loc: tuple[int | str, ...]) -> str:
+    """`--flag: `, `RATEWARDEN_NAME: `, or nothing for an error of several settings."""
+    name = ".".join(str(part) for part in loc)
+    if not name:
+        return ""  # a check across settings: its message names them
+    if title == "Settings" and not _is_flag(name):
+        return f"RATEWARDEN_{name.upper()}: "
+    return f"--{name.replace('_', '-')}: "
+
+
+def _is_flag(name: str) -> bool:
+    from ratewarden.cli.serve import FLAGS, TOKEN_FLAGS
+
+    return name in FLAGS or name in TOKEN_FLAGS or name == "insecure_no_auth"
 
 
 def usage_error(message: str) -> int:

@@ -59,6 +59,12 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {  # field: (flag, help, metavar
         "N",
     ),
 }  # fmt: skip
+# The token lists' flags (repeatable, one token each): field -> the role's name.
+TOKEN_FLAGS = {
+    "api_tokens": "check",
+    "admin_tokens": "admin",
+    "viewer_tokens": "viewer (read-only)",
+}
 STARTUP_FAILURE = 3  # uvicorn's exit status when the app's start-up fails, kept
 TOKENS = "(repeatable; replaces $RATEWARDEN_%s, safer since flags show in `ps`)"
 
@@ -77,11 +83,7 @@ def add_parser(commands: Any) -> None:
         serve.add_argument(
             flag, dest=name, type=kind, choices=choices, metavar=metavar, help=text + shown
         )
-    for name, role in (
-        ("api_tokens", "check"),
-        ("admin_tokens", "admin"),
-        ("viewer_tokens", "viewer (read-only)"),
-    ):
+    for name, role in TOKEN_FLAGS.items():
         serve.add_argument(
             f"--{name.removesuffix('s').replace('_', '-')}",
             dest=name,

@@ -19,6 +19,7 @@ from ratewarden.policy.bounded_yaml import BoundedLoader, LimitError, read_bound
 from ratewarden.policy.compile import compile_policy
 from ratewarden.policy.errors import PolicyError, PolicyIssue
 from ratewarden.policy.model import Policy
+from ratewarden.policy.notifications import notification_warnings
 from ratewarden.policy.references import reference_issues
 from ratewarden.policy.schema import OverrideSpec, PolicySpec
 from ratewarden.policy.toolnames import name_warnings
@@ -70,7 +71,8 @@ def parse_policy(
     policy, problems = compile_policy(spec, source, raw, runtime)
     if policy is None:
         raise PolicyError(source, _named(_with_lines(problems, lines), data))
-    policy.warnings = tuple(name_warnings(spec, lambda path: _line_of(path, lines)))
+    line_of = lambda path: _line_of(path, lines)  # noqa: E731
+    policy.warnings = (*name_warnings(spec, line_of), *notification_warnings(spec, line_of))
     return policy
 
 

@@ -532,6 +532,42 @@ class Explanation:
     conditions: tuple[tuple[str, bool], ...] = ()  # every condition, and whether it held
 
 
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """Where a notification goes (policy `notifications.webhooks`, or the settings'
+    RATEWARDEN_WEBHOOK_URL): a URL, or the environment variable holding it, and the
+    variable holding its signing secret. Variables are read by the daemon, never kept in
+    the policy."""
+
+    url: str | None
+    url_env: str | None
+    secret_env: str | None
+    events: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Notifications:
+    """The policy's `notifications:` section, compiled (none: no webhooks, the defaults)."""
+
+    webhooks: tuple[Webhook, ...] = ()
+    refusals_over: int = 10  # `repeated_refusals.more_than`
+    refusals_window_ms: int = 600_000  # `repeated_refusals.within`
+
+    @classmethod
+    def of(cls, section: Any) -> Notifications:
+        """The compiled form of a `schema.NotificationsSpec` (None: the defaults)."""
+        if section is None:
+            return cls()
+        return cls(
+            webhooks=tuple(
+                Webhook(hook.url, hook.url_env, hook.secret_env, frozenset(hook.events))
+                for hook in section.webhooks
+            ),
+            refusals_over=section.repeated_refusals.more_than,
+            refusals_window_ms=section.repeated_refusals.within,
+        )
+
+
 @dataclass(eq=False)
 class Policy:
     """A loaded, validated policy. Immutable once built; reloads build a new one."""
@@ -711,6 +747,17 @@ class Policy:
     def metric_tool(self, tool: str) -> str:
         """A bounded metric label: a tool the policy names, its catalogue label, or `other`."""
         return self._metric_tool(tool)
+
+    @property
+    def notifications(self) -> Notifications:
+        """The file's `notifications:` section, compiled anew at each read (the notifier
+        reads it once per file: service/notify.py). A property, not a field: a Policy's
+        attributes are read on every decision, and CPython reads them by index only
+        while an instance has fewer than 30 (service/metrics.py, MAX_ATTRIBUTES)."""
+        return Notifications.of(self.spec.notifications if self.spec is not None else None)
+
+    def rule_named(self, rule_name: str) -> Rule | None:
+        return self._by_name.get(rule_name)
 
     def currency_of(self, rule_name: str) -> str | None:
         rule = self._by_name.get(rule_name)

@@ -6,9 +6,11 @@ These models only check each field on its own; `compile.py` checks how fields re
 
 from __future__ import annotations
 
+import re
 import zoneinfo
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -19,6 +21,7 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     StrictBool,
+    StrictInt,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -44,6 +47,7 @@ from ratewarden.vocabulary import (
     Dimension,
     FailMode,
     Mode,
+    NotifyEvent,
     OnExceed,
     RuleKind,
     readable,
@@ -390,6 +394,112 @@ class OverrideSpec(_Strict):
         return self
 
 
+MAX_URL_LENGTH = 2048
+MAX_WEBHOOKS = 16
+# A notification's refusal window: at least a second (as any duration), at most a week.
+MAX_REFUSAL_WINDOW_MS = 7 * 24 * 3_600_000
+
+
+def webhook_url(value: str) -> str:
+    """An absolute http(s) URL with a host, nothing invisible in it: where a daemon posts."""
+    if not value.isprintable() or any(char.isspace() for char in value):
+        raise ValueError("a URL has no spaces or control characters")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  # a port that is not a number raises here
+    except ValueError as exc:
+        raise ValueError(f"not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"a webhook URL starts with https:// or http://, got {value[:40]!r}")
+    if not parts.hostname:
+        raise ValueError("a webhook URL names a host")
+    if len(value) > MAX_URL_LENGTH:
+        raise ValueError(f"a webhook URL is at most {MAX_URL_LENGTH} characters")
+    return value
+
+
+def _no_credentials(value: str) -> str:
+    """A policy's URL holds no user or password: the file is no place for a secret (and
+    `GET /v1/policy` shows it); `url_env` names a variable that holds such a URL."""
+    if urlsplit(value).username is not None:
+        raise ValueError("a webhook URL in the policy holds no credentials; use url_env")
+    return value
+
+
+WebhookUrl = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_URL_LENGTH),
+    AfterValidator(webhook_url),
+    AfterValidator(_no_credentials),
+]
+# The name of an environment variable (a secret is never written in the policy file).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueError(
+            "the name of an environment variable (letters, digits and _, not first a digit, "
+            f"at most 128), got {value[:40]!r}"
+        )
+    return value
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+
+
+def _unique_events(value: list[NotifyEvent]) -> list[NotifyEvent]:
+    if len(set(value)) != len(value):
+        raise ValueError(f"lists an event twice: {[str(e) for e in value]}")
+    return value
+
+
+class WebhookSpec(_Strict):
+    """Where notifications are posted: `url`, or `url_env` naming the variable that holds
+    it (a Slack webhook's URL is itself a secret); `secret_env` names the variable that
+    holds the HMAC secret the body is signed with; `events`: which ones (default all)."""
+
+    url: WebhookUrl | None = None
+    url_env: EnvName | None = None
+    secret_env: EnvName | None = None
+    events: Annotated[list[NotifyEvent], Field(min_length=1), AfterValidator(_unique_events)] = (
+        Field(default_factory=lambda: list(NotifyEvent))
+    )
+
+    @model_validator(mode="after")
+    def _one_url(self) -> WebhookSpec:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("a webhook needs exactly one of url, url_env")
+        return self
+
+
+def _refusal_window(value: object) -> int:
+    window_ms = parse_duration(value)
+    if window_ms > MAX_REFUSAL_WINDOW_MS:
+        raise ValueError(f"a refusal window is at most 7d, got {value!r}")
+    return window_ms
+
+
+RefusalWindow = Annotated[
+    int, PlainValidator(_refusal_window), PlainSerializer(lambda ms: f"{ms // 1000}s")
+]
+
+
+class RepeatedRefusalsSpec(_Strict):
+    """`refusals.repeated` is sent when one user is refused by one rule more than
+    `more_than` times within `within` (a fixed window, counted across the fleet)."""
+
+    more_than: Annotated[StrictInt, Field(ge=1, le=1_000_000_000)] = 10
+    within: RefusalWindow = 600_000
+
+
+class NotificationsSpec(_Strict):
+    webhooks: Annotated[list[WebhookSpec], Field(max_length=MAX_WEBHOOKS)] = Field(
+        default_factory=list
+    )
+    repeated_refusals: RepeatedRefusalsSpec = RepeatedRefusalsSpec()
+
+
 def _integer_one(value: object) -> object:
     if type(value) is not int:  # YAML `true` and `1.0` are not version 1
         raise ValueError(f"Input should be 1, got {value!r}")
@@ -403,3 +513,4 @@ class PolicySpec(_Strict):
     tools: dict[Name, ToolSpec] = Field(default_factory=dict)
     rules: list[RuleSpec] = Field(default_factory=list)
     overrides: list[OverrideSpec] = Field(default_factory=list)
+    notifications: NotificationsSpec | None = None

@@ -25,13 +25,16 @@ from ratewarden.service.fleet import Fleet, daemon_name
 from ratewarden.service.hotpath import HOOK_ROUTE, HOT_ROUTES, REACHED, HotPath, is_hook
 from ratewarden.service.logs import configure_audit, configure_logging
 from ratewarden.service.metrics import REFUSED_BEFORE, HttpAnswers, Metrics, TimedStore
+from ratewarden.service.notify import Notifier
 from ratewarden.service.observer import Observer
 from ratewarden.service.reload import PolicyReloader
 from ratewarden.service.routes import router
 from ratewarden.service.settings import Settings
 from ratewarden.service.sweep import BudgetSweeper
+from ratewarden.service.webhooks import Sender, Target
 from ratewarden.store import Store, StoreError, store_from_url
 from ratewarden.store.breaker import CircuitBreaker, GuardedStore
+from ratewarden.vocabulary import NotifyEvent
 
 log = logging.getLogger("ratewarden")
 
@@ -56,6 +59,7 @@ def create_app(
     metrics = Metrics(registry or CollectorRegistry())
     breaker, timed = _guarded(raw_store, settings, metrics)
     audit = AuditTrail(timed, include_args=settings.audit_args, clock=timed.clock)
+    notifier = _notifier(timed, metrics, settings)
     # Budget periods are picked on the store's clock when it has one (the embedded store);
     # Redis stores use Redis TIME and the engine's clock only proposes the period.
     engine = Engine(  # periods on the store's clock
@@ -88,7 +92,7 @@ def create_app(
     )
     services = _Services(
         settings, policy, raw_store, timed, metrics, audit, reloader, fleet, console_stats,
-        sweeper, recorder,
+        sweeper, notifier, recorder,
     )  # fmt: skip
     app = Daemon(
         title="ratewarden",
@@ -101,7 +105,7 @@ def create_app(
     )
     app.state.engine = engine
     app.state.settings = settings
-    app.state.observer = Observer(metrics, audit, engine.refusals, tally)
+    app.state.observer = Observer(metrics, audit, engine.refusals, tally, notifier)
     app.state.activity = recorder  # GET /v1/admin/blocked, /v1/admin/activity
     app.state.reloader = reloader
     app.state.overrides = runtime
@@ -147,6 +151,7 @@ class _Services:
     fleet: Fleet
     stats: console.StatsSampler
     sweeper: BudgetSweeper
+    notifier: Notifier
     activity: activity.ActivityRecorder | None = None
 
     @asynccontextmanager
@@ -173,6 +178,8 @@ class _Services:
         self.audit.start()
         if self.activity is not None:
             self.activity.start()  # who is blocked, flushed every 5 s
+        self.notifier.configure(self.policy)  # says now if a webhook's variable is unset
+        self.notifier.start()
         self.reloader.start()
         self.stats.start()  # reads the counters every few seconds, off the hot path
         await self.fleet.start()  # applies the store's overrides, reports; then every second
@@ -205,6 +212,7 @@ class _Services:
         await self.audit.stop()
         if self.activity is not None:
             await self.activity.stop()
+        await self.notifier.stop()
         await self.timed.close()
 
 
@@ -233,6 +241,22 @@ def _fleet(
     fleet = Fleet(store, engine, reloader, runtime, report, daemon, timeout_s)
     reloader.announce = fleet.announce_reload
     return fleet
+
+
+def _notifier(store: Store, metrics: Metrics, settings: Settings) -> Notifier:
+    """The notifier, with the settings' webhook (of every event) beside the policy's."""
+    extra = None
+    if settings.webhook_url is not None:
+        secret = settings.webhook_secret.encode() if settings.webhook_secret else None
+        extra = Target(settings.webhook_url, secret, frozenset(map(str, NotifyEvent)))
+    return Notifier(
+        store,
+        metrics,
+        store.clock,
+        queue_size=settings.notify_queue,
+        sender=Sender(settings.webhook_attempts, settings.webhook_timeout_s),
+        extra=extra,
+    )
 
 
 def _guarded(

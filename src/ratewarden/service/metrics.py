@@ -141,6 +141,11 @@ METRICS = {
     "http_responses": Spec(Counter, "ratewarden_http_responses_total",
         "HTTP answers, by route template (`other`: no route) and status code (a code "
         "outside HTTP_CODES as its class, e.g. `5xx`).", ("route", "code")),
+    "notifications": Spec(Counter, "ratewarden_notifications_total",
+        "Notifications (webhooks), by event and outcome: sent (a webhook answered 2xx), "
+        "failed (every attempt failed, a 4xx, or the store unreachable), dropped (a queue "
+        "was full), duplicate (another daemon, or an earlier tick, sent it).",
+        ("event", "outcome")),
 }  # fmt: skip
 # The status codes counted as themselves; any other is counted as its class (`4xx`).
 HTTP_CODES = frozenset({
@@ -149,6 +154,25 @@ HTTP_CODES = frozenset({
 })  # fmt: skip
 NO_ROUTE = "other"  # the `route` of a request no route of the daemon matches
 REFUSED_BEFORE = 499  # a decision route's request refused by auth or the body cap: `4xx`
+
+
+class _Seen:
+    """What `Metrics` remembers between events: the policy version shown, the remembered
+    refusals counted. One attribute of `Metrics` for both (see MAX_ATTRIBUTES)."""
+
+    __slots__ = ("remembered", "version")
+
+    def __init__(self) -> None:
+        self.version, self.remembered = "", 0
+
+
+# CPython 3.11 keeps an instance's attributes in a dict whose keys its class's instances
+# share, and reads them by index (specialised), only while they number fewer than 30: from
+# the 30th on, every `self.<metric>` of every decision is a hashed dict lookup (callgrind:
+# 5 attribute reads cost 9 % more at 30 attributes than at 29). Metrics had 30 before issue
+# 30's notifications; tests/service/test_metrics.py and tests/unit/test_notification_policy.py
+# hold Metrics and Policy to this: a new metric or policy field is one more attribute.
+MAX_ATTRIBUTES = 29
 
 
 class Metrics:
@@ -180,6 +204,7 @@ class Metrics:
     circuit_open: Gauge
     circuit_transitions: Counter
     remembered: Counter
+    notifications: Counter
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -202,8 +227,7 @@ class Metrics:
             self.override_changes.labels(action)
         for target in RESET_TARGETS:
             self.resets.labels(target)
-        self._version = ""
-        self._remembered_seen = 0
+        self._seen = _Seen()
 
     def circuit_changed(self, old: str, new: str) -> None:
         """The store's circuit breaker moved from `old` to `new` (see store/breaker.py)."""
@@ -215,13 +239,14 @@ class Metrics:
         one `ratewarden_policy_info` shows at 1."""
         self.reloads.labels("ok").inc()
         self.reload_failed.set(0)
-        if self._version and self._version != policy.version:
+        seen = self._seen
+        if seen.version and seen.version != policy.version:
             # Worker processes share their values through files, where a series cannot be
             # removed: the old version drops to 0 there (dashboards count `== 1`).
-            self.policy_info.labels(self._version).set(0)
+            self.policy_info.labels(seen.version).set(0)
             if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-                self.policy_info.remove(self._version)
-        self._version = policy.version
+                self.policy_info.remove(seen.version)
+        seen.version = policy.version
         self.policy_info.labels(policy.version).set(1)
 
     def policy_load_failed(self) -> None:
@@ -232,9 +257,10 @@ class Metrics:
     def remembered_refusals(self, hits: int) -> None:
         """The engine has answered `hits` checks from remembered refusals in all (its
         `refusals.hits`, read after each decision): count the ones not counted yet."""
-        if hits > self._remembered_seen:
-            self.remembered.inc(hits - self._remembered_seen)
-            self._remembered_seen = hits
+        seen = self._seen
+        if hits > seen.remembered:
+            self.remembered.inc(hits - seen.remembered)
+            seen.remembered = hits
 
     def observe_check(self, decision: Decision, call: Call, policy: Policy, seconds: float) -> None:
         """Count one decision: its outcome, each refusing rule, and the rules near their limit."""

@@ -1,4 +1,5 @@
-"""What the service reports about each decision: metrics and the audit trail."""
+"""What the service reports about each decision: metrics, the audit trail, and
+notifications (a decision with a refusal or a warning only: two truth tests for the rest)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ratewarden.policy import Policy
 from ratewarden.service.activity import Tally
 from ratewarden.service.audit import AuditTrail
 from ratewarden.service.metrics import Metrics
+from ratewarden.service.notify import Notifier
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +25,7 @@ class Observer:
     refusals: RefusalCache | None = None
     # Who is blocked (service/activity.py): counted here, flushed to the store apart.
     activity: Tally | None = None
+    notifier: Notifier | None = None
 
     def checked(
         self,
@@ -38,6 +41,8 @@ class Observer:
         self.audit.record(decision, call, args)
         if self.activity is not None:
             self.activity.count(decision, call)
+        if (decision.violations or decision.warnings) and self.notifier is not None:
+            self.notifier.decided(decision, call, policy)
 
     def settled(self, settlement: Settlement, policy: Policy) -> None:
         self.metrics.observe_settle(settlement, policy)

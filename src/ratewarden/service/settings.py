@@ -12,6 +12,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from ratewarden.http.settings import ConnectionSettings
 from ratewarden.limiter.algorithms.budget import MAX_SWEEP_INTERVAL_S
 from ratewarden.limiter.script import MAX_SPEND_RETENTION_DAYS, SPEND_RETENTION_DAYS
+from ratewarden.policy.schema import webhook_url
 from ratewarden.vocabulary import DEFAULT_HOST, DEFAULT_PORT
 
 TokenList = Annotated[list[str], NoDecode]
@@ -113,6 +114,17 @@ class Settings(ConnectionSettings):
     # about as much as a few normal checks (docs/benchmarks.md, "Worst bodies"), so the
     # cap bounds what one hook request can cost. The command hook has no such cap.
     max_hook_body_bytes: int = Field(128 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # Notifications (service/notify.py): one webhook, told of every event, beside the
+    # policy's `notifications.webhooks`; and its HMAC secret (unset: posts go unsigned).
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+    # Notes waiting for the notifier's worker, and posts waiting to be sent: each queue
+    # holds at most this many; past it a notification is dropped and counted.
+    notify_queue: int = Field(1000, ge=1, le=1_000_000)
+    # Attempts per post (the first included), retried with backoff on a connection
+    # error, a timeout, a 429 or a 5xx; and each attempt's timeout.
+    webhook_attempts: int = Field(5, ge=1, le=20)
+    webhook_timeout_s: float = Field(5.0, gt=0, le=60)
 
     @field_validator(
         "api_tokens", "admin_tokens", "viewer_tokens", "admin_names", "api_token_users",
@@ -142,6 +154,25 @@ class Settings(ConnectionSettings):
                 raise ValueError(
                     "api_token_users: globs of printable characters, separated by spaces"
                 )
+        return value
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            return webhook_url(value.strip())
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _webhook_secret(cls, value: str | None) -> str | None:
+        if value is not None and not value:
+            return None
+        if value is not None and not value.isprintable():
+            raise ValueError("printable characters only")
         return value
 
     @model_validator(mode="after")

@@ -8,6 +8,8 @@
   each user's own recent refusals (service/activity.py);
 - `SpendLog`: the budgets' spend per day, what the spend report reads;
 - `BudgetSweep`: the budget counters walked in the background (service/sweep.py);
+- `NoticeLog`: what the notifier's daemons agree on (service/notify.py): once-only
+  claims, and refusals counted across the fleet;
 - `Store`: both, with the store's life cycle and its clock.
 
 A `Layer` is a store around a store; each operation passes through its `around`, so a
@@ -205,8 +207,29 @@ class BudgetSweep(Protocol):
         ...
 
 
+class NoticeLog(Protocol):
+    """What the daemons' notifiers (service/notify.py) share, so that a fleet sends each
+    notification once: never asked on a decision's path, only by the notifier's worker."""
+
+    async def claim(self, key: str, ttl_ms: int) -> bool:
+        """Take `key` for `ttl_ms` unless it is taken: True for the one caller that took
+        it (Redis `SET NX PX`)."""
+
+    async def tally(self, counts: Sequence[tuple[str, int, int]]) -> list[int]:
+        """Add each (key, count, ttl_ms)'s count to its key, whose expiry is set to its
+        ttl_ms from now; the new totals, in order, in one round trip."""
+
+
 class Store(
-    Counters, DenialLog, OverrideLog, FleetLog, SpendLog, ActivityLog, BudgetSweep, Protocol
+    Counters,
+    DenialLog,
+    OverrideLog,
+    FleetLog,
+    SpendLog,
+    ActivityLog,
+    BudgetSweep,
+    NoticeLog,
+    Protocol,
 ):
     """A store: counters and the denial log, with a life cycle and a clock."""
 
@@ -348,6 +371,12 @@ class Layer:
 
     async def user_denials(self, user: str, count: int) -> list[str]:
         return await self.around("user_denials", self.inner.user_denials, user, count)
+
+    async def claim(self, key: str, ttl_ms: int) -> bool:
+        return await self.around("claim", self.inner.claim, key, ttl_ms)
+
+    async def tally(self, counts: Sequence[tuple[str, int, int]]) -> list[int]:
+        return await self.around("tally", self.inner.tally, counts)
 
     async def ping(self) -> None:
         await self.around("ping", self.inner.ping)

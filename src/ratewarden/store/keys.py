@@ -60,6 +60,16 @@ Who is blocked (service/activity.py; none of these is read or written by a decis
   lists and their index are on one node, and the trim is one script there.
 Both prefixes are out of reach of counter patterns (`rw:{...`): `ratewarden reset` and
 `POST /v1/admin/reset` forget counters, not the record of who was refused.
+Notifications (service/notify.py), under `rw:notify:`, out of reach of counter patterns
+(`rw:{...`) and of a reset, each part percent-encoded as a counter's:
+- a claim, `rw:notify:{<event>|<rule>|<dimension>=<value>...|<start ms>}`: taken with
+  `SET NX PX` by the one daemon that sends the notification of that event, rule, scope
+  and period (a budget's period, a refusal window); it lives until the period ends (plus
+  a minute, for clocks that disagree), so no daemon sends it again within the period,
+  and then goes: the next period notifies afresh.
+- a refusal count, `rw:notify:{refused|<rule>|user=<user>|<window start ms>}`: a fixed
+  window of one user's refusals by one rule, counted by every daemon's worker (INCRBY);
+  it lives until its window ends (plus a minute), after which nothing counts into it.
 
 TTLs (each key expires once it can no longer change a decision):
 - sliding window (`sw`): the window length, refreshed at every admission: once the
@@ -131,6 +141,10 @@ def activity_key(bucket: str, sketch: str) -> str:
 def user_denials_key(user: str) -> str:
     """A user's own recent refusals, beside their index (one hash tag)."""
     return f"{USER_DENIALS_INDEX_KEY}:{encode.__wrapped__(user)}"
+
+
+NOTICE_PREFIX = f"{PREFIX}:notify:"
+NOTICE_SLACK_MS = 60_000  # a notification key outlives its period by this (clock skew)
 
 
 @lru_cache(maxsize=65_536)
@@ -271,3 +285,17 @@ def reset_patterns(user: str | None, rule: str | None) -> list[str]:
     if user is None:
         return [f"{PREFIX}:{{{rule_part}|*", f"{PREFIX}:{{{rule_part}}}:*"]
     return [f"{PREFIX}:{{{rule_part}|*user={encode(user)}[|}}]*"]
+
+
+def notice_key(
+    event: str, rule: str, scope: Iterable[tuple[str, str | None]], start_ms: int
+) -> str:
+    """The claim of the notification of `event` for `rule` and one scope, in the period
+    (or window) that began at `start_ms`: whoever takes it sends the notification."""
+    parts = "".join(f"|{_dimension_name(dim)}={encode(value or '')}" for dim, value in scope)
+    return f"{NOTICE_PREFIX}{{{encode(event)}|{encode(rule)}{parts}|{start_ms}}}"
+
+
+def refusal_count_key(rule: str, user: str, start_ms: int) -> str:
+    """The fleet's count of `user`'s refusals by `rule` in the window begun at `start_ms`."""
+    return f"{NOTICE_PREFIX}{{refused|{encode(rule)}|user={encode(user)}|{start_ms}}}"

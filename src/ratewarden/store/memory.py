@@ -98,6 +98,9 @@ class MemoryStore:
         self._reports: dict[str, tuple[int, str]] = {}
         self.activity = MemoryActivity(self.clock.now_ms)  # who is refused; not saved either
         self._budget_walk: collections.deque[str] = collections.deque()  # the sweep's
+        # The notifier's claims and refusal counts: not in the state file either (a
+        # restart may send a notification again, never lose a counter).
+        self._notes = _Cells(spend_retention_days=0)  # holds no budget
         self._state = state_file
         self._changes = 0  # bumped by every write; a snapshot is taken only if it moved
         self._saved_changes = 0
@@ -283,6 +286,26 @@ class MemoryStore:
     async def user_denials(self, user: str, count: int) -> list[str]:
         with self._lock:
             return self.activity.user_denials(user, count)
+
+    async def claim(self, key: str, ttl_ms: int) -> bool:
+        with self._lock:
+            now = self.clock.now_ms()
+            self._notes.sweep(now)
+            if self._notes.get(key, now) is not None:
+                return False
+            self._notes.put(key, 1, max(1, ttl_ms), now)
+            return True
+
+    async def tally(self, counts: Sequence[tuple[str, int, int]]) -> list[int]:
+        with self._lock:
+            now = self.clock.now_ms()
+            self._notes.sweep(now)
+            totals = []
+            for key, count, ttl_ms in counts:
+                total = (self._notes.get(key, now) or 0) + count
+                self._notes.put(key, total, max(1, ttl_ms), now)
+                totals.append(total)
+            return totals
 
     def _bump_overrides(self) -> int:
         self._changes += 1

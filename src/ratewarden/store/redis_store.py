@@ -323,6 +323,25 @@ class RedisKeyspace(RedisActivity):
         pairs = zip(members, found, strict=True)
         return {_text(m): _text(r) for m, r in pairs if r is not None}
 
+    # The notifier's (service/notify.py): plain commands; each key stands alone, so a
+    # cluster sends each to its node (a pipeline of many is one round trip per node).
+
+    async def claim(self, key: str, ttl_ms: int) -> bool:
+        with store_errors():
+            taken = await self._client.set(key, b"1", nx=True, px=max(1, ttl_ms))
+        return bool(taken)
+
+    async def tally(self, counts: Sequence[tuple[str, int, int]]) -> list[int]:
+        if not counts:
+            return []
+        with store_errors():
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key, count, ttl_ms in counts:
+                    pipe.incrby(key, count)
+                    pipe.pexpire(key, max(1, ttl_ms))
+                replies = await pipe.execute()
+        return [int(total) for total in replies[::2]]
+
     async def ping(self) -> None:
         with store_errors():
             await self._client.ping()
