@@ -846,11 +846,15 @@ def test_every_metric_is_stated_once_in_the_table_and_typed_on_the_class() -> No
     assert len({spec.name for spec in METRICS.values()}) == len(METRICS)
 
 
-def test_metrics_keep_few_enough_attributes_for_cpythons_shared_keys() -> None:
-    """Past MAX_ATTRIBUTES an instance's dict stops sharing its keys and each attribute
-    read of a decision's metrics is a dict lookup (metrics.py says what it cost)."""
+def test_metrics_are_slotted_so_a_new_metric_costs_a_decision_nothing() -> None:
+    """An instance dict of 30 attributes or more stops sharing its keys, and each
+    attribute read of a decision's metrics is a dict lookup (metrics.py says what it
+    cost); slots are read by index whatever their number."""
     from prometheus_client import CollectorRegistry
 
-    from ratewarden.service.metrics import MAX_ATTRIBUTES, Metrics
+    from ratewarden.service.metrics import METRICS, Metrics
 
-    assert len(vars(Metrics(CollectorRegistry()))) <= MAX_ATTRIBUTES
+    metrics = Metrics(CollectorRegistry())
+    assert not hasattr(metrics, "__dict__")
+    assert len(Metrics.__slots__) >= 30  # past the shared-keys limit: only slots keep it fast
+    assert all(getattr(metrics, name) is not None for name in METRICS)

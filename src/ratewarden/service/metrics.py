@@ -166,17 +166,19 @@ class _Seen:
         self.version, self.remembered = "", 0
 
 
-# CPython 3.11 keeps an instance's attributes in a dict whose keys its class's instances
-# share, and reads them by index (specialised), only while they number fewer than 30: from
-# the 30th on, every `self.<metric>` of every decision is a hashed dict lookup (callgrind:
-# 5 attribute reads cost 9 % more at 30 attributes than at 29). Metrics had 30 before issue
-# 30's notifications; tests/service/test_metrics.py and tests/unit/test_notification_policy.py
-# hold Metrics and Policy to this: a new metric or policy field is one more attribute.
+# Slotted: CPython 3.11 reads an instance dict's attributes by index (specialised) only
+# while they number fewer than 30, and from the 30th on every `self.<metric>` of every
+# decision became a hashed dict lookup (callgrind: 5 attribute reads cost 9 % more at 30
+# attributes than at 29). A slot is read by index whatever their number, so a new metric
+# costs a decision nothing (tests/service/test_metrics.py holds Metrics to slots). An
+# instance with a dict, as Policy, is held to MAX_ATTRIBUTES (tests/unit).
 MAX_ATTRIBUTES = 29
 
 
 class Metrics:
     """The daemon's metrics (the table above), and how each event updates them."""
+
+    __slots__ = (*METRICS, "registry", "series", "_seen")
 
     checks: Counter
     blocked: Counter
