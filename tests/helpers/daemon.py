@@ -44,6 +44,19 @@ def clean_environment(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`ratewarden ARGS` in a process of its own, as a shell runs it (a clean environment
+    unless `env`), its output as text; never raises on its exit code."""
+    return subprocess.run(
+        [*RATEWARDEN, *args],
+        env=env if env is not None else clean_environment(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
 @dataclass
 class Daemon:
     url: str

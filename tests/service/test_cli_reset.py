@@ -8,7 +8,6 @@ import json
 import os
 import pty
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,20 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.daemon import Daemon, clean_environment, running_daemon
+from tests.helpers.daemon import Daemon, clean_environment, run_cli, running_daemon
 from tests.helpers.redis_server import running_redis
 from tests.service.test_resets import ADMIN, AS_ADMIN, AS_CHECK, CHECK, POLICY, SPEND
-
-
-def ratewarden(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ratewarden", *args],
-        env=env or clean_environment(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +74,7 @@ def audited_in_log(daemon: Daemon, user: str, within_s: float = 5.0) -> list[dic
 
 def test_cli_reset_forgets_a_users_budget_and_says_what(daemon: Daemon) -> None:
     spend_on(daemon, "carol")
-    done = ratewarden(
+    done = run_cli(
         "reset", "--url", daemon.url, "--token", ADMIN, "--user", "carol", "--rule", "daily-spend"
     )
     assert done.returncode == 0, done.stderr
@@ -104,7 +92,7 @@ def test_cli_reset_takes_the_token_from_the_environment_and_answers_json(
 ) -> None:
     spend_on(daemon, "erin")
     env = clean_environment(RATEWARDEN_TOKEN=ADMIN, RATEWARDEN_URL=daemon.url)
-    done = ratewarden("reset", "--user", "erin", "--json", env=env)
+    done = run_cli("reset", "--user", "erin", "--json", env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"deleted": 1, "forgotten": [SPEND]}
 
@@ -122,20 +110,20 @@ def test_cli_reset_takes_the_token_from_the_environment_and_answers_json(
 def test_cli_reset_refusals_name_the_flag(
     daemon: Daemon, args: tuple[str, ...], code: int, says: str
 ) -> None:
-    done = ratewarden("reset", "--url", daemon.url, "--token", ADMIN, *args)
+    done = run_cli("reset", "--url", daemon.url, "--token", ADMIN, *args)
     assert done.returncode == code, (done.stdout, done.stderr)
     assert says in done.stderr
     assert done.stdout == ""
 
 
 def test_cli_reset_with_a_check_token_is_refused(daemon: Daemon) -> None:
-    done = ratewarden("reset", "--url", daemon.url, "--token", CHECK, "--user", "x")
+    done = run_cli("reset", "--url", daemon.url, "--token", CHECK, "--user", "x")
     assert done.returncode == 2
     assert "admin token" in done.stderr
 
 
 def test_cli_reset_of_an_unreachable_daemon_exits_4(tmp_path: Path) -> None:
-    done = ratewarden("reset", "--url", "http://127.0.0.1:9", "--token", ADMIN, "--user", "x")
+    done = run_cli("reset", "--url", "http://127.0.0.1:9", "--token", ADMIN, "--user", "x")
     assert done.returncode == 4
     assert "unreachable" in done.stderr
 
@@ -212,7 +200,7 @@ def test_resets_through_any_worker_are_counted_once_each(tmp_path: Path) -> None
         ) as workers,
     ):
         for n in range(6):  # a new connection each: either worker may take it
-            done = ratewarden("reset", "--url", workers.url, "--token", ADMIN, "--user", f"u{n}")
+            done = run_cli("reset", "--url", workers.url, "--token", ADMIN, "--user", f"u{n}")
             assert done.returncode == 0, done.stderr
         with httpx.Client(base_url=workers.url, trust_env=False, timeout=5) as http:
             metrics = http.get("/metrics").text

@@ -10,14 +10,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.helpers.daemon import Daemon, clean_environment, running_daemon
+from tests.helpers.daemon import Daemon, clean_environment, run_cli, running_daemon
 from tests.helpers.redis_server import running_redis
 
 pytestmark = pytest.mark.redis
@@ -36,14 +34,7 @@ def ratewarden(*args: str, token: str | None = VIEWER, url: str | None = None) -
     env = clean_environment(**({"RATEWARDEN_TOKEN": token} if token else {}))
     if url:
         env["RATEWARDEN_URL"] = url
-    return subprocess.run(
-        [sys.executable, "-m", "ratewarden", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    return run_cli(*args, env=env)
 
 
 @pytest.fixture(scope="module")
