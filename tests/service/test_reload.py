@@ -399,7 +399,8 @@ async def test_every_answer_comes_from_exactly_one_policy_while_reloading(
         swaps_in_flight.append(store.in_flight)
         loaded(policy)
 
-    monkeypatch.setattr(metrics, "policy_loaded", on_swap)
+    # On the class: Metrics is slotted, its methods cannot be replaced on an instance.
+    monkeypatch.setattr(type(metrics), "policy_loaded", lambda _self, policy: on_swap(policy))
     answers: list[tuple[str, dict[str, Any]]] = []
     done = asyncio.Event()
     async with serving(app) as client:
