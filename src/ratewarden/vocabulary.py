@@ -44,6 +44,16 @@ class RuleKind(StrEnum):
     ACCESS = "access"
 
 
+class CallKind(StrEnum):
+    """What a check asks about: a tool call, or a model call (docs/budgets.md), whose
+    `tool` is the model's name and whose cost the daemon prices from its tokens."""
+
+    TOOL = "tool"
+    MODEL = "model"
+
+
+MAX_TOKENS = 100_000_000  # tokens in one field of a model call: 50x the largest context
+
 # The kinds with a counter in the store, each stated by the field of its own name.
 COUNTED_KINDS = (RuleKind.RATE, RuleKind.CONCURRENCY, RuleKind.BUDGET)
 # An access rule's two fields: what it answers a call it matches, with its text.

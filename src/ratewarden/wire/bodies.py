@@ -32,8 +32,10 @@ from ratewarden.vocabulary import (
     MAX_NAME,
     MAX_TAG,
     MAX_TAGS,
+    MAX_TOKENS,
     MCP_HINTS,
     UNREADABLE_MESSAGE,
+    CallKind,
     DecisionName,
     SettledOutcome,
     readable,
@@ -192,9 +194,45 @@ _HOST = (
 _HOST_TOOL = "the host's own name for the tool, when `tool` is already the canonical one"
 
 
+Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
+_KIND = "`tool` (the default) or `model`: a model call, priced from its tokens (docs/budgets.md)"
+_MODEL = "a model call's model (kind: model); it becomes the call's `tool`"
+_INPUT_TOKENS = "a model call's input tokens, counted or estimated: priced into its reservation"
+_MAX_OUTPUT = (
+    "a model call's most output tokens (default: the policy's `defaults.max_output_tokens`)"
+)
+# What a model call cannot carry: the daemon prices it, and it has no host tool or arguments.
+_TOOL_ONLY = ("host", "host_tool", "cost", "metadata", "args", "args_cut")
+_MODEL_ONLY = ("model", "input_tokens", "max_output_tokens")
+_KIND_KEYS = frozenset({"kind", *_MODEL_ONLY})
+
+
+def _model_call(data: dict[str, Any]) -> dict[str, Any]:
+    """A model call's body as the engine reads it: its model as its `tool`; a field of
+    the other kind of call is refused, by name."""
+    if data.get("kind") != CallKind.MODEL:
+        if any(name in data for name in _MODEL_ONLY):
+            found = [name for name in _MODEL_ONLY if name in data]
+            raise ValueError(f"{', '.join(found)}: only for a model call (kind: model)")
+        return data
+    found = [name for name in _TOOL_ONLY if data.get(name) is not None]
+    if found:
+        raise ValueError(f"{', '.join(found)}: not for a model call (kind: model)")
+    model, tool = data.get("model"), data.get("tool")
+    if model is None:
+        raise ValueError("model: a model call (kind: model) names its model")
+    if tool is not None and tool != model:
+        raise ValueError("tool: a model call's tool is its model; leave it out")
+    return {**data, "tool": model}
+
+
 class CheckRequest(_Body):
     user: Subject | None = Field(None, description=_USER)
     tool: Subject
+    kind: CallKind = Field(CallKind.TOOL, description=_KIND)
+    model: Subject | None = Field(None, description=_MODEL)
+    input_tokens: Tokens | None = Field(None, description=_INPUT_TOKENS)
+    max_output_tokens: Tokens | None = Field(None, description=_MAX_OUTPUT)
     host: Subject | None = Field(None, description=_HOST)
     host_tool: Subject | None = Field(None, description=_HOST_TOOL)
     session: Subject | None = None
@@ -205,6 +243,13 @@ class CheckRequest(_Body):
     args: Args | None = None
     args_cut: ArgsCut | None = None  # None, not []: a default list is copied per call
     approved: StrictBool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not _KIND_KEYS.isdisjoint(data):
+            return _model_call(data)
+        return data
 
 
 class BatchRequest(_Body):
@@ -331,18 +376,48 @@ _RESULT_DIGEST = (
 )
 
 
+class ModelUsage(_Body):
+    """What a model call used, as its provider reported it (genai-prices' names): priced
+    by the daemon into the call's actual cost, and its tokens into token rates."""
+
+    input_tokens: Tokens = 0  # every input token, cached ones included
+    output_tokens: Tokens = 0
+    cache_read_tokens: Tokens = 0  # of input_tokens: read from the provider's cache
+    cache_write_tokens: Tokens = 0  # of input_tokens: written to it
+
+    @model_validator(mode="after")
+    def _cached_within_input(self) -> ModelUsage:
+        if self.cache_read_tokens + self.cache_write_tokens > self.input_tokens:
+            raise ValueError("cache_read_tokens and cache_write_tokens are part of input_tokens")
+        return self
+
+    @property
+    def tokens(self) -> int:
+        """What a token rate counts: every token in and out."""
+        return self.input_tokens + self.output_tokens
+
+
 class SettleRequest(_Body):
     cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)] | None = None
     # How the call ended: free text (a host may pass its own); ours: vocabulary.CallStatus.
     status: Annotated[str, Field(min_length=1, max_length=32)] | None = None
     duration_ms: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)] | None = None
     result_digest: ResultDigest | None = Field(None, description=_RESULT_DIGEST)
+    # A model call's usage: the daemon prices it (an explicit `cost` is refused with it).
+    usage: ModelUsage | None = None
+
+    @model_validator(mode="after")
+    def _one_price(self) -> SettleRequest:
+        if self.usage is not None and self.cost is not None:
+            raise ValueError("cost: a settle with usage is priced by the daemon; send one")
+        return self
 
 
 class SettleResponse(BaseModel):
     call_id: str
     outcome: SettledOutcome
     charged: dict[str, float] = {}  # budget rule -> amount charged by this settle
+    tokens: int | None = None  # a model call's usage in tokens, as token rates count it
 
 
 # A hook event's names and ids are mapped daemon-side (wire/names.py), so any text
