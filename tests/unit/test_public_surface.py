@@ -44,6 +44,7 @@ EXPORTED = {
     "ToolMetadata",
     "Violation",
     "LimitState",
+    "ModelUsage",
     "SettleRequest",
     "SettleResponse",
     "UsageItem",
