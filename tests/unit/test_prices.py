@@ -30,7 +30,8 @@ def genai_micros(model_price: object, usage: ModelUsage) -> int | None:
             found = model_price.calc_price(Usage(**usage.model_dump()))  # type: ignore[attr-defined]
     except ValueError:
         return None
-    return math.ceil(found["total_price"] * Decimal(1_000_000))
+    micros: int = math.ceil(found["total_price"] * Decimal(1_000_000))
+    return micros
 
 
 def random_usage(rnd: random.Random) -> ModelUsage:
