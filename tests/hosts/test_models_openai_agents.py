@@ -89,3 +89,12 @@ def test_a_second_user_is_untouched(run: Run) -> None:
     assert other["output"] == "answer 2"
     assert other["requests"] == 2
     assert report["other_spent"] == 2 * price_micros() + 50_000  # two answers, one terminal
+
+
+def test_a_model_that_fails_is_settled_as_having_used_nothing(run: Run) -> None:
+    """The provider raised: the run raised its error (the SDK's own, not ours), and the
+    call's reservation was released without a charge."""
+    fails = run.report["fails"]
+    assert fails["error"] == "the provider is down"
+    assert fails["requests"] == 1
+    assert run.report["after_fail"] == [run.report["spent_after_small"], 0]

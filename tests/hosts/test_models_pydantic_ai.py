@@ -66,9 +66,12 @@ def test_the_tool_call_is_refused_with_the_budget_message(run: Run) -> None:
 def test_a_request_that_could_cost_more_than_is_left_is_refused(run: Run) -> None:
     last = run.report["last"]
     # The request after the tool's refusal never reached the model: the run ended with
-    # our message as its output, no exception.
+    # our message as its output, no exception; streamed alike.
     assert SINGLE_CALL.match(last["output"]), last["output"]
     assert last["requests"] == 1
+    streamed = run.report["streamed"]  # agent.run_stream: the same answer, streamed
+    assert SINGLE_CALL.match(streamed["output"]), streamed
+    assert streamed["requests"] == 0
 
 
 def test_max_tokens_sizes_the_reservation(run: Run) -> None:
@@ -95,3 +98,12 @@ def test_a_second_user_is_untouched(run: Run) -> None:
     assert other["output"] == "answer 2"
     assert other["requests"] == 2
     assert report["other_spent"] == 2 * price_micros() + 50_000  # two answers, one terminal
+
+
+def test_a_model_that_fails_is_settled_as_having_used_nothing(run: Run) -> None:
+    """The provider raised: the run raised its error (pydantic-ai's own, not ours), and the
+    call's reservation was released without a charge."""
+    fails = run.report["fails"]
+    assert fails["error"] == "the provider is down"
+    assert fails["requests"] == 1
+    assert run.report["after_fail"] == [run.report["spent_after_small"], 0]

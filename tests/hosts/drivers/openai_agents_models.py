@@ -16,6 +16,7 @@ cached tokens in `input_tokens_details`), wrapped in `RatewardenModel` (priced a
   the answer after it are what the drained budget refuses;
 - `streamed`: the same refusal through `Runner.run_streamed`;
 - `small`: `user`'s run with `max_tokens` 1000 and a small usage, allowed and settled;
+- `fails`: `user`'s run like `small` whose model raises: settled as failed, nothing spent;
 - `structured`: `user`'s run with a structured output: refused as the model's refusal
   (`ModelRefusalError`), and with an `error_handlers["model_refusal"]` as the output;
 - `other`: `other`'s streamed run asking for `terminal` once, then answering.
@@ -78,10 +79,10 @@ def sdk_usage(usage: dict[str, int]) -> Usage:
     )
 
 
-def spent(url: str, user: str) -> int:
-    """`user`'s spend under the rule today in micro-USD, as the daemon says."""
+def spent(url: str, user: str, field: str = "used") -> int:
+    """`user`'s spend (or what is reserved) under the rule today in micro-USD."""
     limits = httpx.get(f"{url}/v1/usage", params={"user": user}, trust_env=False).json()
-    used = {item["rule"]: item["used"] for item in limits["limits"]}.get(RULE, 0)
+    used = {item["rule"]: item.get(field) or 0 for item in limits["limits"]}.get(RULE, 0)
     return round(float(used) * 1_000_000)
 
 
@@ -95,6 +96,7 @@ async def run(
     settings: ModelSettings | None = None,
     output_type: Any = None,
     on_refusal: Any = None,
+    fail: bool = False,
 ) -> dict[str, Any]:
     work = Path(config["work"])
     guard = AsyncGuard(config["url"], fail="closed")
@@ -115,7 +117,7 @@ async def run(
         else []
     )
     answer = '{"ok": true}' if output_type else f"answer {len(steps) + 1}"
-    steps.append([assistant_message(answer)])
+    steps.append(RuntimeError("the provider is down") if fail else [assistant_message(answer)])
     scripted = ScriptedModel(steps, default_usage=sdk_usage(usage))
     agent = Agent(
         name="assistant",
@@ -145,6 +147,8 @@ async def run(
         ]
     except ModelRefusalError as refused:
         report["refused"] = refused.refusal
+    except RuntimeError as error:  # the model's own failure, as the SDK raises it
+        report["error"] = str(error)
     finally:
         await guard.aclose()
     report["requests"] = len(scripted.calls)
@@ -167,6 +171,9 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     small = {"input_tokens": 100, "output_tokens": 50}
     report["small"] = await run(config, user, small, settings=ModelSettings(max_tokens=1000))
     report["spent_after_small"] = spent(url, user)
+    failing = {"settings": ModelSettings(max_tokens=1000), "fail": True}
+    report["fails"] = await run(config, user, small, **failing)
+    report["after_fail"] = [spent(url, user), spent(url, user, "reserved")]
     report["structured"] = await run(config, user, usage, output_type=Verdict)
     report["handled"] = await run(
         config,

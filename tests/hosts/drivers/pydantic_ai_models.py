@@ -13,8 +13,10 @@ named `model` that reports `usage` for every answer (pydantic-ai's `RequestUsage
 - `last`: `user`'s run whose model asks for `terminal` (allowed: what is left still
   covers it) then, after the tool's result, answers: the tool call and the answer after
   it are what the drained budget refuses;
+- `streamed`: the same refusal through `agent.run_stream`;
 - `small`: `user`'s run with `max_tokens` 1000 and a small usage: its maximum fits what
   is left, so it is asked and settled;
+- `fails`: `user`'s run like `small` whose model raises: settled as failed, nothing spent;
 - `structured`: `user`'s run with a structured output, refused (`ModelCallRefused`);
 - `other`: `other`'s run asking for `terminal` once, then answering.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,13 +66,16 @@ class Verdict(BaseModel):
 class Script:
     """A scripted model: asks for `terminal` when told to, else answers; counts requests."""
 
-    def __init__(self, usage: dict[str, int], tool_first: bool = False) -> None:
+    def __init__(self, usage: dict[str, int], tool_first: bool = False, fail: bool = False):
         self.usage = usage
         self.tool_first = tool_first
+        self.fail = fail
         self.requests = 0
 
     def respond(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         self.requests += 1
+        if self.fail:
+            raise RuntimeError("the provider is down")
         returns = [
             str(part.content)
             for message in messages
@@ -85,11 +91,16 @@ class Script:
             part = TextPart(f"answer {self.requests}")
         return ModelResponse(parts=[part], usage=RequestUsage(**self.usage))
 
+    async def stream(self, messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        """Streamed, the scripted model answers in text (pydantic-ai estimates the usage)."""
+        self.requests += 1
+        yield f"answer {self.requests}"
 
-def spent(url: str, user: str) -> int:
-    """`user`'s spend under the rule today in micro-USD, as the daemon says."""
+
+def spent(url: str, user: str, field: str = "used") -> int:
+    """`user`'s spend (or what is reserved) under the rule today in micro-USD."""
     limits = httpx.get(f"{url}/v1/usage", params={"user": user}, trust_env=False).json()
-    used = {item["rule"]: item["used"] for item in limits["limits"]}.get(RULE, 0)
+    used = {item["rule"]: item.get(field) or 0 for item in limits["limits"]}.get(RULE, 0)
     return round(float(used) * 1_000_000)
 
 
@@ -100,6 +111,7 @@ async def run(
     *,
     settings: dict[str, Any] | None = None,
     output_type: Any = str,
+    streamed: bool = False,
 ) -> dict[str, Any]:
     work = Path(config["work"])
 
@@ -109,7 +121,7 @@ async def run(
             out.write(command + "\n")
         return f"ran {command}"
 
-    model = FunctionModel(script.respond, model_name=config["model"])
+    model = FunctionModel(script.respond, stream_function=script.stream, model_name=config["model"])
     guard = AsyncGuard(config["url"], fail="closed")
     agent = Agent(
         model,
@@ -120,6 +132,10 @@ async def run(
     )
     report: dict[str, Any] = {}
     try:
+        if streamed:
+            async with agent.run_stream("Go.", deps=Deps(user)) as stream:
+                report["output"] = await stream.get_output()
+            return {**report, "requests": script.requests}
         result = await agent.run("Go.", deps=Deps(user), model_settings=settings)
         report["output"] = result.output if isinstance(result.output, str) else "structured"
         report["tool_results"] = [  # what the run recorded, read by the model or not
@@ -131,6 +147,8 @@ async def run(
         ]
     except ModelCallRefused as refused:
         report["refused"] = refused.message
+    except RuntimeError as error:  # the model's own failure, as pydantic-ai raises it
+        report["error"] = str(error)
     finally:
         await guard.aclose()
     report["requests"] = script.requests
@@ -149,9 +167,13 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     report["other_before"] = spent(url, config["other"])
     report["last"] = await run(config, user, Script(usage, tool_first=True))
     report["spent_after_last"] = spent(url, user)
+    report["streamed"] = await run(config, user, Script(usage), streamed=True)
     small = {"input_tokens": 100, "output_tokens": 50}
     report["small"] = await run(config, user, Script(small), settings={"max_tokens": 1000})
     report["spent_after_small"] = spent(url, user)
+    small_settings = {"max_tokens": 1000}
+    report["fails"] = await run(config, user, Script(small, fail=True), settings=small_settings)
+    report["after_fail"] = [spent(url, user), spent(url, user, "reserved")]
     report["structured"] = await run(config, user, Script(usage), output_type=Verdict)
     report["other"] = await run(config, config["other"], Script(usage, tool_first=True))
     report["other_spent"] = spent(url, config["other"])
