@@ -17,6 +17,7 @@ from ratewarden.integrations._model_calls import (
     UNKNOWN_MODEL,
     ModelCall,
     check_model,
+    estimated_tokens,
     text_leaves,
     token_count,
 )
@@ -174,3 +175,18 @@ def test_text_leaves_skip_names_and_end_on_cycles() -> None:
     assert found.count("hi") >= 1
     assert '{"a": 1}' in found
     assert not {"message", "user", "c1", "x", "function_call"} & set(found)
+
+
+def test_a_request_the_estimate_cannot_read_is_checked_without_input_tokens() -> None:
+    def unreadable() -> Any:
+        yield "fine"
+        raise TypeError("a part pydantic cannot dump")
+
+    assert estimated_tokens(lambda: ["12345678"]) == 2
+    assert estimated_tokens(unreadable) is None
+
+
+def test_a_user_lookup_that_returns_no_string_still_checks() -> None:
+    guard = FakeGuard()
+    check(guard, user=77)
+    assert guard.checks[0].user == "77"

@@ -15,18 +15,19 @@ settle after, and what the host hands us made into numbers the wire takes.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
+from ratewarden.integrations._async import log
 from ratewarden.integrations._lifecycle import AdmittedCall
-from ratewarden.integrations._models import FAILED, model_request, usage_settlement
+from ratewarden.integrations._models import FAILED, estimate_tokens, model_request, usage_settlement
 from ratewarden.vocabulary import MAX_TOKENS, CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
 from ratewarden.wire.names import subject, usable_call_id
 
-__all__ = ["ModelCall", "check_model", "text_leaves", "token_count"]
+__all__ = ["ModelCall", "check_model", "estimated_tokens", "text_leaves", "token_count"]
 
 UNKNOWN_MODEL = "unknown-model"  # a host that names no model: priced by the policy's default
 
@@ -39,6 +40,17 @@ def token_count(value: object) -> int | None:
     if isinstance(value, float) and not math.isfinite(value):
         return MAX_TOKENS if value > 0 else None
     return max(0, min(int(value), MAX_TOKENS))
+
+
+def estimated_tokens(texts: Callable[[], Iterable[str]]) -> int | None:
+    """The input tokens of the text `texts()` yields, estimated; None (the daemon counts
+    0) if reading the host's request raised: a message the estimate cannot read must not
+    stop the agent."""
+    try:
+        return estimate_tokens(list(texts()))
+    except Exception as exc:
+        log.warning("ratewarden could not estimate a model request's tokens: %r", exc)
+        return None
 
 
 async def check_model(
@@ -57,7 +69,7 @@ async def check_model(
     checked_id = vocabulary.call_id(host, call_id)
     try:
         request = model_request(
-            subject(user),
+            subject(str(user)),
             subject(name),
             token_count(input_tokens),
             token_count(max_output_tokens),

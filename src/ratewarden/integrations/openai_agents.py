@@ -67,8 +67,12 @@ from ratewarden.client import AsyncGuard
 from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import UserLookup, resolve_user
 from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall
-from ratewarden.integrations._model_calls import ModelCall, check_model, text_leaves
-from ratewarden.integrations._models import estimate_tokens
+from ratewarden.integrations._model_calls import (
+    ModelCall,
+    check_model,
+    estimated_tokens,
+    text_leaves,
+)
 from ratewarden.vocabulary import CallStatus
 
 try:
@@ -222,7 +226,7 @@ class _ModelGuard:
             self.guards.get(),
             user=resolve_user(_run_context.get(), self.user),
             model=model,
-            input_tokens=estimate_tokens(request.texts()),
+            input_tokens=estimated_tokens(request.texts),
             max_output_tokens=getattr(request.model_settings, "max_tokens", None),
             host=MODEL_HOST,
         )

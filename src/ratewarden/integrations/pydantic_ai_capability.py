@@ -48,8 +48,7 @@ from ratewarden.client import AsyncGuard
 from ratewarden.integrations._async import LoopGuards, check_call, log
 from ratewarden.integrations._identity import UserLookup, resolve_user
 from ratewarden.integrations._lifecycle import AdmittedCall
-from ratewarden.integrations._model_calls import check_model, text_leaves
-from ratewarden.integrations._models import estimate_tokens
+from ratewarden.integrations._model_calls import check_model, estimated_tokens, text_leaves
 from ratewarden.vocabulary import CallStatus
 
 try:
@@ -117,7 +116,7 @@ class RatewardenCapability(AbstractCapability):  # type: ignore[misc,unused-igno
             self._guards.get(),
             user=resolve_user(getattr(ctx, "deps", None), self._user),
             model=model_name,
-            input_tokens=estimate_tokens(request_texts(request_context)),
+            input_tokens=estimated_tokens(lambda: request_texts(request_context)),
             max_output_tokens=settings.get("max_tokens"),
             host=MODEL_HOST,
         )
