@@ -19,6 +19,28 @@ from tests.hosts.scenario import Run, host_scenario, new_user
 from tests.hosts.test_one_budget_across_surfaces import midday_timezone
 
 DRIVER = Path(__file__).parent / "drivers" / "pydantic_ai_models.py"
+TOOLS_DRIVER = Path(__file__).parent / "drivers" / "pydantic_ai_capability_tools.py"
+# The capability's tool decisions alone (models=False), as the middleware's are proven:
+# a call not settled would hold the user's one terminal slot.
+TOOLS_POLICY = """\
+version: 1
+rules:
+  - name: terminal-per-minute
+    match: {tool: terminal}
+    per: [user]
+    rate: 2/minute
+  - name: terminal-one-at-a-time
+    match: {tool: terminal}
+    per: [user]
+    concurrency: 1
+  - name: deploy-needs-approval
+    match: {tool: deploy}
+    per: [user]
+    rate: 1/minute
+    on_exceed: ask
+"""
+RATE = "Rate limit: max 2 terminal calls per minute"
+ASK = "Rate limit: max 1 deploy calls per minute"
 DRAIN = 9  # answers that fit the day before the last run (checked below)
 MAX_OUTPUT = 8000  # the policy's defaults.max_output_tokens
 SMALL = {"input_tokens": 100, "output_tokens": 50}
@@ -34,6 +56,40 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             model=MODEL, usage=USAGE, user=new_user("alice"), other=new_user("bob"), drain=DRAIN
         )
         yield host.run(DRIVER, config, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    work = tmp_path_factory.mktemp("pydantic_ai_capability_tools")
+    with host_scenario("pydantic_ai", TOOLS_POLICY, work) as host:
+        yield host.run(TOOLS_DRIVER)
+
+
+def test_the_capability_refuses_a_tool_call_with_the_message_as_its_result(tools: Run) -> None:
+    limit = tools.report["limit"]
+    assert limit["results"][:2] == ["ran t1", "ran t2"]  # each settled: one slot, reused
+    assert limit["results"][2].startswith(RATE), limit["results"]
+    assert limit["ran"] == 2
+    assert limit["output"] == "done"  # the model read the refusal and answered
+    usage = tools.usage("limit-user")
+    assert usage["terminal-per-minute"]["used"] == 2
+    assert usage["terminal-one-at-a-time"]["used"] == 0
+
+
+def test_an_ask_is_a_refusal_unless_deferred(tools: Run) -> None:
+    ask = tools.report["ask"]
+    assert ask["results"][0] == "ran t1"
+    assert ask["results"][1].startswith(ASK)
+    assert ask["ran"] == 1
+
+
+def test_a_deferred_ask_runs_once_approved_and_is_recorded(tools: Run) -> None:
+    deferred = tools.report["deferred"]
+    assert deferred["deferred"].startswith(ASK)  # ApprovalRequired's metadata
+    assert deferred["results"] == ["ran t1", "ran t2"]
+    assert deferred["ran"] == 2
+    events = [entry["event"] for entry in tools.denials("deferred-user")]
+    assert "approved" in events
 
 
 def test_the_arithmetic_of_the_scenario() -> None:
