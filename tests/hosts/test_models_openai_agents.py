@@ -83,7 +83,9 @@ def test_a_structured_run_gets_the_refusal_as_the_models(run: Run) -> None:
 def test_a_second_user_is_untouched(run: Run) -> None:
     report = run.report
     assert report["other_before"] == 0
-    other = report["other"]  # streamed: settled from the stream's response.completed
+    # Streamed (settled from the stream's response.completed), the model resolved by name
+    # through the run config's provider: bob's spend is his calls' alone.
+    other = report["other"]
     assert other["tool_results"] == ["ran echo hi"]
     assert other["ran"] == 1
     assert other["output"] == "answer 2"

@@ -19,7 +19,8 @@ cached tokens in `input_tokens_details`), wrapped in `RatewardenModel` (priced a
 - `fails`: `user`'s run like `small` whose model raises: settled as failed, nothing spent;
 - `structured`: `user`'s run with a structured output: refused as the model's refusal
   (`ModelRefusalError`), and with an `error_handlers["model_refusal"]` as the output;
-- `other`: `other`'s streamed run asking for `terminal` once, then answering.
+- `other`: `other`'s streamed run asking for `terminal` once, then answering, its agent's
+  model named (`"gpt-4o"`): `ratewarden_run_config` wraps what the run's provider resolves.
 
 The last line of stdout is the JSON report.
 """
@@ -35,8 +36,10 @@ from typing import Any
 import httpx
 from agents import (
     Agent,
+    ModelProvider,
     ModelRefusalError,
     ModelSettings,
+    RunConfig,
     Runner,
     ToolCallOutputItem,
     Usage,
@@ -79,6 +82,16 @@ def sdk_usage(usage: dict[str, int]) -> Usage:
     )
 
 
+class Provider(ModelProvider):
+    """Resolves every model name to the scripted model."""
+
+    def __init__(self, model: ScriptedModel) -> None:
+        self.model = model
+
+    def get_model(self, model_name: str | None) -> ScriptedModel:
+        return self.model
+
+
 def spent(url: str, user: str, field: str = "used") -> int:
     """`user`'s spend (or what is reserved) under the rule today in micro-USD."""
     limits = httpx.get(f"{url}/v1/usage", params={"user": user}, trust_env=False).json()
@@ -97,6 +110,7 @@ async def run(
     output_type: Any = None,
     on_refusal: Any = None,
     fail: bool = False,
+    by_name: bool = False,
 ) -> dict[str, Any]:
     work = Path(config["work"])
     guard = AsyncGuard(config["url"], fail="closed")
@@ -119,16 +133,23 @@ async def run(
     answer = '{"ok": true}' if output_type else f"answer {len(steps) + 1}"
     steps.append(RuntimeError("the provider is down") if fail else [assistant_message(answer)])
     scripted = ScriptedModel(steps, default_usage=sdk_usage(usage))
+    # By name, the run's config wraps what its provider resolves; else the agent's model
+    # is a Model object, wrapped by hand.
+    model: Any = (
+        config["model"] if by_name else RatewardenModel(scripted, name=config["model"], guard=guard)
+    )
     agent = Agent(
         name="assistant",
-        model=RatewardenModel(scripted, name=config["model"], guard=guard),
+        model=model,
         tools=[terminal],
         model_settings=settings or ModelSettings(),
         output_type=output_type,
     )
     options: dict[str, Any] = {
         "context": {"user_id": user},
-        "run_config": ratewarden_run_config(guard=guard),
+        "run_config": ratewarden_run_config(
+            RunConfig(model_provider=Provider(scripted)), guard=guard
+        ),
     }
     if on_refusal is not None:
         options["error_handlers"] = {"model_refusal": on_refusal}
@@ -183,7 +204,8 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
         on_refusal=lambda data: {"final_output": Verdict(ok=False)},
     )
     report["spent_at_end"] = spent(url, user)
-    report["other"] = await run(config, config["other"], usage, tool_first=True, streamed=True)
+    other = {"tool_first": True, "streamed": True, "by_name": True}
+    report["other"] = await run(config, config["other"], usage, **other)
     report["other_spent"] = spent(url, config["other"])
     return report
 
