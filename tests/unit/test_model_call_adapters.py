@@ -1,0 +1,191 @@
+"""The parts of the LangChain and ADK model-call hooks that read what a host hands
+them (docs/budgets.md): hostile names, token counts and usages never cost a call its
+check nor crash the agent after the model answered. The hooks themselves run in the
+real frameworks: tests/hosts/test_models_langchain.py and test_models_adk.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from ratewarden.integrations import adk, langchain
+from ratewarden.integrations._lifecycle import AdmittedCall
+from ratewarden.integrations._model_calls import (
+    max_tokens,
+    model_check,
+    model_settlement,
+    refusal_text,
+    tokens,
+)
+from ratewarden.vocabulary import MAX_TOKENS, CallStatus
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, ModelUsage
+
+
+@pytest.mark.parametrize(
+    ("given", "sent"),
+    [
+        (12, 12),
+        (0, 0),
+        (None, 0),
+        (-5, 0),
+        (True, 0),
+        (12.7, 0),
+        ("12", 0),
+        (10**12, MAX_TOKENS),
+    ],
+)
+def test_a_token_count_is_what_the_wire_takes(given: object, sent: int) -> None:
+    assert tokens(given) == sent
+
+
+@pytest.mark.parametrize(("given", "sent"), [(4000, 4000), (0, None), (None, None), (-1, None)])
+def test_max_output_tokens_left_to_the_policy_unless_positive(given: object, sent: Any) -> None:
+    assert max_tokens(given) == sent
+    assert max_tokens(10**12) == MAX_TOKENS
+
+
+@pytest.mark.parametrize(
+    "name", ["gpt-4o", "m" * 300, "evil\x00model\n", "", "models/gemini 2.5 flash ✓"]
+)
+def test_any_model_name_and_call_id_make_a_check_the_daemon_takes(name: str) -> None:
+    request = model_check("u\x01ser" * 100, name, -3, "lots", "call/\x7f" * 50)
+    again = CheckRequest.model_validate(request.model_dump(exclude_none=True))
+    assert again.kind == "model"
+    assert again.model == again.tool
+    assert again.input_tokens == 0
+    assert again.max_output_tokens is None  # the policy's default
+
+
+def test_a_usage_with_more_cached_than_input_is_settled_within_it() -> None:
+    settle = model_settlement(100, 50, 300, 300, duration_ms=-1)
+    assert settle.usage == ModelUsage(
+        input_tokens=100, output_tokens=50, cache_read_tokens=100, cache_write_tokens=0
+    )
+    assert settle.duration_ms == 0.0
+
+
+def test_an_ask_is_a_refusal_saying_a_human_must_approve() -> None:
+    ask = CheckResponse(decision="ask", allowed=False, message="", call_id="c")
+    assert "must approve" in refusal_text(ask, "gpt-4o")
+    deny = CheckResponse(decision="deny", allowed=False, message="", call_id="c")
+    assert refusal_text(deny, "gpt-4o") == "ratewarden refused this gpt-4o call"
+
+
+# -- LangChain -----------------------------------------------------------------------------
+
+
+class ChatModel:
+    """What the middleware reads of a chat model: fields, and LangChain's tracing params."""
+
+    def __init__(self, raises: bool = False, **fields: Any) -> None:
+        self.__dict__.update(fields)
+        self._raises = raises
+
+    def _get_ls_params(self, **settings: Any) -> dict[str, Any]:
+        if self._raises:
+            raise RuntimeError("a provider's own override failed")
+        return {"ls_model_name": getattr(self, "model_name", None)}
+
+
+def test_the_model_name_from_the_setting_the_trace_params_then_the_fields() -> None:
+    assert langchain.model_name(ChatModel(model_name="gpt-4o"), {"model": "o3"}) == "o3"
+    assert langchain.model_name(ChatModel(model_name="gpt-4o"), {}) == "gpt-4o"
+    assert langchain.model_name(ChatModel(raises=True, model="claude-x"), {}) == "claude-x"
+    assert langchain.model_name(object(), {"model": 7}) == "object"
+
+
+def test_max_output_tokens_from_the_request_then_the_model() -> None:
+    model = ChatModel(model_name="m", max_tokens=2000)
+    assert langchain.max_output_tokens(model, {"max_tokens": 500}) == 500
+    assert langchain.max_output_tokens(model, {}) == 2000
+    assert langchain.max_output_tokens(ChatModel(max_output_tokens=300), {}) == 300
+    assert langchain.max_output_tokens(ChatModel(max_tokens=True), {}) is None
+    assert langchain.max_output_tokens(ChatModel(raises=True), {"max_tokens": -4}) is None
+
+
+def test_the_input_estimate_reads_text_not_images_and_survives_odd_args() -> None:
+    looping: dict[str, Any] = {}
+    looping["self"] = looping
+    image = {"type": "image", "base64": "A" * 1_000_000}
+    request = SimpleNamespace(
+        system_message=SimpleNamespace(content="be brief"),
+        messages=[
+            SimpleNamespace(content=[{"type": "text", "text": "hello"}, image, "there"]),
+            SimpleNamespace(content="", tool_calls=[{"name": "t", "args": looping}]),
+            SimpleNamespace(content=None),
+        ],
+        tools=[{"name": "lookup"}, SimpleNamespace(name="t", description="d", args={})],
+    )
+    texts = list(langchain.input_texts(request))
+    assert "be brief" in texts
+    assert "hellothere" in texts
+    assert sum(map(len, texts)) < 200  # the image's megabyte is not counted
+
+
+def message(usage: Any) -> Any:
+    return SimpleNamespace(usage_metadata=usage)
+
+
+def test_a_settle_sums_the_usage_of_the_answer_and_reads_cache_details() -> None:
+    usage = {
+        "input_tokens": 12_345,
+        "output_tokens": 6_789,
+        "input_token_details": {"cache_read": 2_345, "cache_creation": 10},
+    }
+    for response in (
+        SimpleNamespace(result=[message(usage)]),  # a ModelResponse
+        message(usage),  # an AIMessage
+        SimpleNamespace(model_response=SimpleNamespace(result=[message(usage)])),  # extended
+    ):
+        settle = langchain.response_settlement(response, AdmittedCall("c"))
+        assert settle.usage == ModelUsage(
+            input_tokens=12_345, output_tokens=6_789, cache_read_tokens=2_345, cache_write_tokens=10
+        )
+        assert settle.status == CallStatus.OK
+
+
+def test_a_settle_of_junk_usage_never_raises() -> None:
+    junk = {"input_tokens": "many", "output_tokens": -3, "input_token_details": "x"}
+    settle = langchain.response_settlement(message(junk), AdmittedCall("c"))
+    assert settle.usage == ModelUsage()
+    huge = {"input_tokens": 10**15, "output_tokens": 10**15}
+    assert langchain.response_settlement(message(huge), AdmittedCall("c")).usage == ModelUsage(
+        input_tokens=MAX_TOKENS, output_tokens=MAX_TOKENS
+    )
+
+
+def test_an_answer_without_usage_is_settled_without_usage() -> None:
+    settle = langchain.response_settlement(message(None), AdmittedCall("c"))
+    assert (settle.usage, settle.cost, settle.status) == (None, None, CallStatus.OK)
+
+
+# -- ADK -----------------------------------------------------------------------------------
+
+
+def test_adk_usage_reads_prompt_cache_candidates_and_thoughts() -> None:
+    usage = SimpleNamespace(
+        prompt_token_count=12_345,
+        cached_content_token_count=2_345,
+        candidates_token_count=6_000,
+        thoughts_token_count=789,
+        tool_use_prompt_token_count=None,
+    )
+    settle = adk.usage_settlement(usage, 3.0)
+    assert settle.usage == ModelUsage(
+        input_tokens=12_345, output_tokens=6_789, cache_read_tokens=2_345
+    )
+    failed = adk.usage_settlement(SimpleNamespace(), None, CallStatus.ERROR)
+    assert (failed.usage, failed.status) == (ModelUsage(), CallStatus.ERROR)
+    assert adk.usage_settlement(None, 1.0).usage is None
+
+
+def test_adk_request_text_reads_parts_calls_and_instructions() -> None:
+    part = SimpleNamespace(text="hi", function_call={"name": "t", "args": {}})
+    content = SimpleNamespace(parts=[part, SimpleNamespace(text=None)])
+    config = SimpleNamespace(system_instruction=["be", "brief"], tools=[{"x": 1}])
+    texts = list(adk.request_texts(SimpleNamespace(contents=[content], config=config)))
+    assert texts[:3] == ["be", "brief", "hi"]
+    assert len(texts) == 5
+    assert list(adk.request_texts(SimpleNamespace())) == []
