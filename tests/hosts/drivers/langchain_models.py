@@ -120,20 +120,24 @@ def run(
     *,
     is_async: bool = False,
     middleware: RatewardenMiddleware | None = None,
+    by_config: bool = False,
 ) -> dict[str, Any]:
-    """One agent run of `user`: what it ended with, what the model and tools saw, and
-    the user's budget after it."""
+    """One agent run of `user` (in the run's context, or `by_config` in its config's
+    `configurable`): what it ended with, what the model and tools saw, and the user's
+    budget after it."""
     agent = create_agent(model, tools=[terminal], middleware=[middleware or RatewardenMiddleware()])
     start = {"messages": [{"role": "user", "content": "go"}]}
-    context = {"user_id": user}
+    given: dict[str, Any] = {"context": {"user_id": user}}
+    if by_config:
+        given = {"config": {"configurable": {"user_id": user}}}
     before = model.calls
     raised = None
     state: Any = {}
     try:
         if is_async:
-            state = asyncio.run(agent.ainvoke(start, context=context))
+            state = asyncio.run(agent.ainvoke(start, **given))
         else:
-            state = agent.invoke(start, context=context)
+            state = agent.invoke(start, **given)
     except RuntimeError as exc:
         raised = str(exc)
     messages = state.get("messages", []) if isinstance(state, dict) else []
@@ -167,8 +171,9 @@ def scenarios(model_name: str, usage: dict[str, int]) -> dict[str, Any]:
     # Asking for a shorter answer (the chat model's max_tokens) fits in what is left.
     small = {"input_tokens": 1_000, "output_tokens": 500, "cache_read_tokens": 0}
     report["shorter"] = run("alice", scripted(max_tokens=1_000, usage=small))
-    # bob: untouched by alice's day; his model calls and his tool call go through.
-    report["bob"] = run("bob", scripted(plan=["echo 3"]), is_async=True)
+    # bob (named in the config, not the context): untouched by alice's day; his model
+    # calls and his tool call go through.
+    report["bob"] = run("bob", scripted(plan=["echo 3"]), is_async=True, by_config=True)
     # carol: the provider fails; both paths settle the call with nothing used.
     report["failed"] = run("carol", scripted(fail=True))
     report["failed_async"] = run("carol", scripted(fail=True), is_async=True)
