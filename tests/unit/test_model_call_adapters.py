@@ -20,7 +20,7 @@ from ratewarden.integrations._model_calls import (
     tokens,
 )
 from ratewarden.vocabulary import MAX_TOKENS, CallStatus
-from ratewarden.wire.bodies import CheckRequest, CheckResponse, ModelUsage
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, LimitState, ModelUsage
 
 
 @pytest.mark.parametrize(
@@ -189,3 +189,120 @@ def test_adk_request_text_reads_parts_calls_and_instructions() -> None:
     assert texts[:3] == ["be", "brief", "hi"]
     assert len(texts) == 5
     assert list(adk.request_texts(SimpleNamespace())) == []
+
+
+# -- ADK's pairing, with a recording guard -------------------------------------------------
+
+
+class RecordingGuard:
+    """An AsyncGuard's check and settle, recorded; every check allowed, holding budget."""
+
+    fail = "open"
+
+    def __init__(self) -> None:
+        self.checks: list[CheckRequest] = []
+        self.settles: list[tuple[str, Any]] = []
+
+    async def check(self, request: CheckRequest) -> CheckResponse:
+        self.checks.append(request)
+        budget = LimitState(rule="daily-spend", kind="budget", limit=1, remaining=1, reset_after=1)
+        call_id = request.call_id or ""
+        return CheckResponse(
+            decision="allow", allowed=True, message="", call_id=call_id, limits=[budget]
+        )
+
+    async def settle(self, call_id: str, request: Any = None) -> None:
+        self.settles.append((call_id, request))
+
+
+class Actions:
+    """An EventActions: one per model call, unhashable like a pydantic model."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def context(actions: Actions, user: str = "alice", invocation: str = "inv-1") -> Any:
+    return SimpleNamespace(actions=actions, user_id=user, invocation_id=invocation)
+
+
+def request(max_output: int | None = None) -> Any:
+    config = SimpleNamespace(max_output_tokens=max_output, system_instruction="hi", tools=None)
+    return SimpleNamespace(model="gpt-4o", contents=[], config=config)
+
+
+def answer(output: int, partial: bool = False) -> Any:
+    usage = SimpleNamespace(prompt_token_count=100, candidates_token_count=output)
+    return SimpleNamespace(partial=partial, usage_metadata=usage)
+
+
+def plugin() -> tuple[adk.RatewardenPlugin, RecordingGuard]:
+    guard = RecordingGuard()
+    return adk.RatewardenPlugin(guard), guard  # type: ignore[arg-type]
+
+
+async def test_adk_calls_in_flight_together_are_settled_each_with_its_usage() -> None:
+    hook, guard = plugin()
+    first, second = Actions(), Actions()
+    await hook.before_model_callback(callback_context=context(first), llm_request=request(50))
+    await hook.before_model_callback(callback_context=context(second), llm_request=request())
+    assert [c.max_output_tokens for c in guard.checks] == [50, None]
+    ids = [c.call_id for c in guard.checks]
+    await hook.after_model_callback(callback_context=context(second), llm_response=answer(7))
+    await hook.after_model_callback(callback_context=context(first), llm_response=answer(5))
+    settled = {call_id: settle.usage.output_tokens for call_id, settle in guard.settles}
+    assert settled == {ids[0]: 5, ids[1]: 7}
+    # A response after the settle (another plugin's replay) settles nothing twice.
+    await hook.after_model_callback(callback_context=context(first), llm_response=answer(9))
+    assert len(guard.settles) == 2
+
+
+async def test_adk_a_stream_settles_once_and_a_broken_one_with_what_it_reported() -> None:
+    hook, guard = plugin()
+    streamed, broken = Actions(), Actions()
+    for actions in (streamed, broken):
+        await hook.before_model_callback(callback_context=context(actions), llm_request=request())
+    for output in (1, 2):
+        for actions in (streamed, broken):
+            partial = answer(output, partial=True)
+            await hook.after_model_callback(callback_context=context(actions), llm_response=partial)
+    assert guard.settles == []
+    final = SimpleNamespace(partial=False, usage_metadata=None)  # the final reports none
+    await hook.after_model_callback(callback_context=context(streamed), llm_response=final)
+    await hook.on_model_error_callback(
+        callback_context=context(broken), llm_request=request(), error=RuntimeError("x")
+    )
+    [(_, ok), (_, failed)] = guard.settles
+    assert (ok.status, ok.usage.output_tokens) == (CallStatus.OK, 2)
+    assert (failed.status, failed.usage.output_tokens) == (CallStatus.ERROR, 2)
+
+
+async def test_adk_a_call_answered_in_the_models_place_is_released_when_the_run_ends() -> None:
+    hook, guard = plugin()
+    skipped, other_run = Actions(), Actions()
+    await hook.before_model_callback(callback_context=context(skipped), llm_request=request())
+    await hook.before_model_callback(
+        callback_context=context(other_run, invocation="inv-2"), llm_request=request()
+    )
+    await hook.after_run_callback(invocation_context=SimpleNamespace(invocation_id="inv-1"))
+    [(call_id, released)] = guard.settles
+    assert call_id == guard.checks[0].call_id
+    assert (released.status, released.cost, released.usage) == (CallStatus.BLOCKED, 0.0, None)
+
+
+async def test_adk_forgets_a_call_whose_event_is_gone() -> None:
+    hook, _ = plugin()
+    actions = Actions()
+    await hook.before_model_callback(callback_context=context(actions), llm_request=request())
+    assert len(hook._model_calls) == 1
+    del actions
+    assert hook._model_calls == {}
+
+
+async def test_adk_models_false_checks_nothing() -> None:
+    guard = RecordingGuard()
+    hook = adk.RatewardenPlugin(guard, models=False)  # type: ignore[arg-type]
+    found = await hook.before_model_callback(
+        callback_context=context(Actions()), llm_request=request()
+    )
+    assert found is None
+    assert guard.checks == []
