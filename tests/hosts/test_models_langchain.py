@@ -26,6 +26,7 @@ from tests.hosts.test_one_budget_across_surfaces import midday_timezone
 DRIVER = Path(__file__).parent / "drivers" / "langchain_models.py"
 SRC = Path(__file__).resolve().parents[2] / "src"  # this checkout's ratewarden, not the venv's
 TERMINAL = 50_000  # the policy's terminal cost, micro-USD
+UNAVAILABLE = f"Tool guard unavailable; {MODEL} calls are paused"
 SHORTER = {"input_tokens": 1_000, "output_tokens": 500, "cache_read_tokens": 0}
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds the host venv
@@ -124,3 +125,12 @@ def test_the_daemon_records_both_refusals_under_one_rule(run: Run) -> None:
     denials: list[dict[str, Any]] = run.denials("alice")
     found = {(d["tool"], d["rule"]) for d in denials}
     assert found == {(MODEL, "daily-spend"), ("terminal", "daily-spend")}
+
+
+def test_an_unreachable_daemon_fails_model_calls_by_the_fail_mode(run: Run) -> None:
+    """Failing closed, the model is not asked and the agent reads why; failing open,
+    it is asked, and nothing is counted."""
+    closed, opened = run.report["fail_closed"], run.report["fail_open"]
+    assert (closed["model_calls"], closed["output"]) == (0, UNAVAILABLE)
+    assert (opened["model_calls"], opened["output"]) == (1, "done")
+    assert (opened["spent"], opened["reserved"]) == (0, 0)

@@ -34,6 +34,7 @@ from google.adk.runners import InMemoryRunner
 from google.genai import types
 from pydantic import Field
 
+from ratewarden.client import AsyncGuard
 from ratewarden.integrations.adk import RatewardenPlugin
 
 WORK = Path()
@@ -182,7 +183,7 @@ def scripted(model: str, usage: dict[str, int] | None, **fields: Any) -> Scripte
     return ScriptedModel(model=model, usage=usage, **fields)
 
 
-async def scenarios(model: str, usage: dict[str, int]) -> dict[str, Any]:
+async def scenarios(model: str, usage: dict[str, int], dead_url: str) -> dict[str, Any]:
     report: dict[str, Any] = {"bob_before": budget("bob")}
     # alice: nine model calls, each answering at once.
     answers = Host(scripted(model, usage))
@@ -212,6 +213,12 @@ async def scenarios(model: str, usage: dict[str, int]) -> dict[str, Any]:
     both = Host(scripted(model, usage, together=2))
     frank, gina = await asyncio.gather(both.run("frank"), both.run("gina"))
     report["concurrent"] = {"frank": frank, "gina": gina}
+    # The daemon unreachable: failing closed, the model call is refused (the agent
+    # answers why); failing open, it goes through unsettled.
+    closed = RatewardenPlugin(AsyncGuard(dead_url, fail="closed"))
+    report["fail_closed"] = await Host(scripted(model, usage), closed).run("henry")
+    opened = RatewardenPlugin(AsyncGuard(dead_url))
+    report["fail_open"] = await Host(scripted(model, usage), opened).run("henry")
     report["ran"] = (WORK / "terminal.ran").read_text().splitlines()
     return report
 
@@ -222,4 +229,4 @@ if __name__ == "__main__":
     URL = config["url"]
     (WORK / "terminal.ran").touch()
     os.environ["RATEWARDEN_URL"] = URL
-    print(json.dumps(asyncio.run(scenarios(config["model"], config["usage"]))))
+    print(json.dumps(asyncio.run(scenarios(config["model"], config["usage"], config["dead_url"]))))

@@ -153,7 +153,7 @@ def run(
     }
 
 
-def scenarios(model_name: str, usage: dict[str, int]) -> dict[str, Any]:
+def scenarios(model_name: str, usage: dict[str, int], dead_url: str) -> dict[str, Any]:
     def scripted(**fields: Any) -> ScriptedModel:
         return ScriptedModel(model_name=model_name, usage=fields.pop("usage", usage), **fields)
 
@@ -179,6 +179,11 @@ def scenarios(model_name: str, usage: dict[str, int]) -> dict[str, Any]:
     report["failed_async"] = run("carol", scripted(fail=True), is_async=True)
     # dave: an answer without usage is charged its whole reservation.
     report["no_usage"] = run("dave", scripted(usage=None))
+    # The daemon unreachable: failing closed, the model call is refused (the agent
+    # reads why); failing open, it goes through unsettled.
+    os.environ["RATEWARDEN_URL"] = dead_url
+    report["fail_closed"] = run("erin", scripted(), middleware=RatewardenMiddleware(fail="closed"))
+    report["fail_open"] = run("erin", scripted(), is_async=True)
     report["ran"] = (WORK / "terminal.ran").read_text().splitlines()
     return report
 
@@ -189,4 +194,4 @@ if __name__ == "__main__":
     URL = config["url"]
     (WORK / "terminal.ran").touch()
     os.environ["RATEWARDEN_URL"] = URL
-    print(json.dumps(scenarios(config["model"], config["usage"])))
+    print(json.dumps(scenarios(config["model"], config["usage"], config["dead_url"])))
