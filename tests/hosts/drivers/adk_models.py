@@ -61,7 +61,6 @@ class ScriptedModel(BaseLlm):
     chunks: int = 0
     together: int = 0
     calls: int = 0  # the calls that reached the model
-    seen: list[dict[str, Any]] = Field(default_factory=list)  # function responses
     requested_max: list[int | None] = Field(default_factory=list)  # max_output_tokens
 
     async def generate_content_async(
@@ -74,8 +73,6 @@ class ScriptedModel(BaseLlm):
             await _together(self.together)
         if self.fail:
             raise RuntimeError("the provider is down")
-        parts = [part for content in llm_request.contents for part in content.parts or []]
-        self.seen = [dict(p.function_response.response or {}) for p in parts if p.function_response]
         turn = sum(content.role == "model" for content in llm_request.contents)
         for chunk in range(self.chunks):
             yield LlmResponse(
@@ -152,6 +149,7 @@ class Host:
         before = self.model.calls
         texts: list[str] = []
         metadata: list[Any] = []
+        responses: list[dict[str, Any]] = []  # the function responses of the run
         raised = None
         try:
             async for event in self.runner.run_async(
@@ -162,6 +160,7 @@ class Host:
             ):
                 if event.partial:
                     continue
+                responses.extend(dict(r.response or {}) for r in event.get_function_responses())
                 parts = event.content.parts if event.content else None
                 texts.extend(p.text for p in parts or [] if p.text)
                 if event.custom_metadata:
@@ -172,7 +171,7 @@ class Host:
             "texts": texts,
             "output": texts[-1] if texts else None,
             "metadata": metadata,
-            "tool_results": self.model.seen,
+            "tool_results": responses,
             "model_calls": self.model.calls - before,
             "raised": raised,
             **budget(user),
