@@ -31,7 +31,15 @@ TERMINAL = 50_000  # the policy's terminal cost, micro-USD
 UNAVAILABLE = f"Tool guard unavailable; {MODEL} calls are paused"
 SHORTER = {"input_tokens": 1_000, "output_tokens": 500, "cache_read_tokens": 0}
 
-pytestmark = pytest.mark.timeout(900)  # the first run builds the host venv
+pytestmark = pytest.mark.timeout(900)
+
+
+def driver_env(url: str) -> dict[str, str]:
+    """The driver's environment: this checkout's src first."""
+    return clean_environment(PYTHONPATH=str(SRC), RATEWARDEN_URL=url, **OFFLINE)
+
+
+# the first run builds the host venv
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +48,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     policy = POLICY.format(timezone=midday_timezone(datetime.now(UTC)))
     with host_scenario("adk", policy, tmp_path_factory.mktemp("adk-models")) as host:
         config = host.config(model=MODEL, usage=USAGE)
-        env = clean_environment(PYTHONPATH=str(SRC), RATEWARDEN_URL=host.url, **OFFLINE)
-        yield host.run(DRIVER, config, timeout=240, env=env)
+        yield host.run(DRIVER, config, timeout=240, env=driver_env(host.url))
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +156,25 @@ def test_an_unreachable_daemon_fails_model_calls_by_the_fail_mode(run: Run) -> N
     assert (closed["model_calls"], closed["output"]) == (0, UNAVAILABLE)
     assert (opened["model_calls"], opened["output"]) == (1, "done")
     assert (opened["spent"], opened["reserved"]) == (0, 0)
+
+
+TOKEN_POLICY = """\
+version: 1
+rules:
+  - name: gpt-tokens
+    match: {model: "gpt-4o"}
+    per: [user]
+    rate: 20000 tokens/minute
+"""
+TOKEN_RATE = "Rate limit: max 20000 model tokens per minute"
+
+
+def test_a_token_rate_counts_the_settled_tokens(tmp_path: Path) -> None:
+    """A token rate alone holds nothing, yet each model call is settled with its usage
+    (19 134 tokens): two fit under 20 000 a minute, the third is refused."""
+    with host_scenario("adk", TOKEN_POLICY, tmp_path) as host:
+        config = host.config(model=MODEL, usage=USAGE, token_rate=True)
+        found = host.run(DRIVER, config, timeout=240, env=driver_env(host.url)).report["token_rate"]
+    assert [step["model_calls"] for step in found] == [1, 1, 0]
+    assert [step["output"] for step in found][:2] == ["done", "done"]
+    assert found[2]["output"].startswith(TOKEN_RATE), found[2]["output"]

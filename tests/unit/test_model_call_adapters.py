@@ -16,6 +16,7 @@ from ratewarden.integrations._model_calls import (
     max_tokens,
     model_check,
     model_settlement,
+    must_settle,
     refusal_text,
     tokens,
 )
@@ -64,6 +65,16 @@ def test_a_usage_with_more_cached_than_input_is_settled_within_it() -> None:
         input_tokens=100, output_tokens=50, cache_read_tokens=100, cache_write_tokens=0
     )
     assert settle.duration_ms == 0.0
+
+
+def test_a_model_call_a_rule_counted_is_settled_even_holding_nothing() -> None:
+    """A token rate answers as a `rate` and holds nothing, yet counts the settle's tokens."""
+    rate = LimitState(rule="tokens", kind="rate", limit=20000, remaining=1, reset_after=1)
+    allowed = CheckResponse(decision="allow", allowed=True, message="", call_id="c")
+    assert must_settle(allowed.model_copy(update={"limits": [rate]}))
+    assert not must_settle(allowed)  # no rule covers it (or the client's own fail-open)
+    refused = CheckResponse(decision="deny", allowed=False, message="m", call_id="c")
+    assert not must_settle(refused.model_copy(update={"limits": [rate]}))
 
 
 def test_an_ask_is_a_refusal_saying_a_human_must_approve() -> None:

@@ -24,7 +24,7 @@ from ratewarden.vocabulary import MAX_TOKENS, CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
 from ratewarden.wire.names import subject, usable_call_id
 
-__all__ = ["model_check", "model_settlement", "refusal_text", "tokens"]
+__all__ = ["model_check", "model_settlement", "must_settle", "refusal_text", "tokens"]
 
 
 def tokens(value: object) -> int:
@@ -78,6 +78,14 @@ def model_settlement(
         status=status,
         duration_ms=duration_ms,
     )
+
+
+def must_settle(answer: CheckResponse) -> bool:
+    """Whether an allowed model call waits for its settle: it holds budget money or a
+    slot, or a rule counted it (a token rate counts the tokens the settle reports, and
+    its answer lists it as a `rate`, like a rate of calls). A call no rule covers, or
+    allowed by the client's own fail-open answer (no limits), is not settled."""
+    return answer.allowed and (answer.holds or bool(answer.limits))
 
 
 def refusal_text(answer: CheckResponse, model: str) -> str:

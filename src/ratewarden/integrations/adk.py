@@ -63,7 +63,12 @@ from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
 from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import UserLookup, resolve_user
 from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall, settlement
-from ratewarden.integrations._model_calls import model_check, model_settlement, refusal_text
+from ratewarden.integrations._model_calls import (
+    model_check,
+    model_settlement,
+    must_settle,
+    refusal_text,
+)
 from ratewarden.integrations._models import estimate_tokens
 from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
@@ -222,7 +227,7 @@ class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
         answer = await _check_model(guard, request)
         if not answer.allowed:
             return model_refusal(answer, model)
-        if answer.holds:
+        if must_settle(answer):
             actions = callback_context.actions
             key = id(actions)
             admitted = AdmittedCall(answer.call_id, guard)

@@ -68,7 +68,12 @@ from ratewarden.client import AsyncGuard, ClientError, Guard, unreachable_answer
 from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import default_user, user_from
 from ratewarden.integrations._lifecycle import AdmittedCall, settlement
-from ratewarden.integrations._model_calls import model_check, model_settlement, refusal_text
+from ratewarden.integrations._model_calls import (
+    model_check,
+    model_settlement,
+    must_settle,
+    refusal_text,
+)
 from ratewarden.integrations._models import estimate_tokens
 from ratewarden.vocabulary import CallStatus, FailMode, fail_mode
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
@@ -222,7 +227,7 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         answer = _check_model(guard, call)
         if not answer.allowed:
             return model_refusal(answer, call.model)
-        if not answer.holds:
+        if not must_settle(answer):
             return handler(request)
         admitted = AdmittedCall(answer.call_id, guard)
         try:
@@ -241,7 +246,7 @@ class RatewardenMiddleware(AgentMiddleware):  # type: ignore[misc,unused-ignore]
         answer = await self._acheck_model(call)
         if not answer.allowed:
             return model_refusal(answer, call.model)
-        if not answer.holds:
+        if not must_settle(answer):
             return await handler(request)
         admitted = AdmittedCall(answer.call_id)
         try:

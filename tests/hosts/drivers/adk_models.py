@@ -222,10 +222,22 @@ async def scenarios(model: str, usage: dict[str, int], dead_url: str) -> dict[st
     return report
 
 
+async def token_rate(model: str, usage: dict[str, int]) -> dict[str, Any]:
+    """Under a token rate alone (no budget holds anything): three model calls of tara,
+    the tokens of each settle counted, so that the third is refused."""
+    host = Host(scripted(model, usage))
+    return {"token_rate": [await host.run("tara") for _ in range(3)]}
+
+
 if __name__ == "__main__":
     config = json.loads(sys.argv[1])
     WORK = Path(config["work"])
     URL = config["url"]
     (WORK / "terminal.ran").touch()
     os.environ["RATEWARDEN_URL"] = URL
-    print(json.dumps(asyncio.run(scenarios(config["model"], config["usage"], config["dead_url"]))))
+    if config.get("token_rate"):
+        print(json.dumps(asyncio.run(token_rate(config["model"], config["usage"]))))
+    else:
+        print(
+            json.dumps(asyncio.run(scenarios(config["model"], config["usage"], config["dead_url"])))
+        )

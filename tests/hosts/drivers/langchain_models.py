@@ -188,10 +188,20 @@ def scenarios(model_name: str, usage: dict[str, int], dead_url: str) -> dict[str
     return report
 
 
+def token_rate(model_name: str, usage: dict[str, int]) -> dict[str, Any]:
+    """Under a token rate alone (no budget holds anything): three model calls of tara,
+    the tokens of each settle counted, so that the third is refused."""
+    runs = [run("tara", ScriptedModel(model_name=model_name, usage=usage)) for _ in range(3)]
+    return {"token_rate": runs}
+
+
 if __name__ == "__main__":
     config = json.loads(sys.argv[1])
     WORK = Path(config["work"])
     URL = config["url"]
     (WORK / "terminal.ran").touch()
     os.environ["RATEWARDEN_URL"] = URL
-    print(json.dumps(scenarios(config["model"], config["usage"], config["dead_url"])))
+    if config.get("token_rate"):
+        print(json.dumps(token_rate(config["model"], config["usage"])))
+    else:
+        print(json.dumps(scenarios(config["model"], config["usage"], config["dead_url"])))
