@@ -99,9 +99,12 @@ class _ModelCall:
 
     admitted: AdmittedCall  # its call id, guard and start
     invocation_id: str
+    forget: Any = None  # the weakref.finalize that drops the entry with its event
     usage: Any = None  # the last usage a partial (streamed) response reported
 
     async def settle(self, settle: SettleRequest) -> None:
+        if self.forget is not None:
+            self.forget.detach()  # settled: nothing left to drop
         await self.admitted.guard.settle(self.admitted.call_id, settle)
 
 
@@ -231,8 +234,8 @@ class RatewardenPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]
             actions = callback_context.actions
             key = id(actions)
             admitted = AdmittedCall(answer.call_id, guard)
-            self._model_calls[key] = _ModelCall(admitted, callback_context.invocation_id)
-            weakref.finalize(actions, self._model_calls.pop, key, None)
+            forget = weakref.finalize(actions, self._model_calls.pop, key, None)
+            self._model_calls[key] = _ModelCall(admitted, callback_context.invocation_id, forget)
         return None
 
     async def after_model_callback(self, *, callback_context: Any, llm_response: Any) -> Any:
