@@ -32,7 +32,7 @@ from ratewarden.wire.bodies import CheckRequest, CheckResponse, LimitState, Mode
         (None, 0),
         (-5, 0),
         (True, 0),
-        (12.7, 0),
+        (12.7, 12),
         ("12", 0),
         (10**12, MAX_TOKENS),
     ],
