@@ -10,6 +10,12 @@ settle after, and what the host hands us made into numbers the wire takes.
 - `ModelCall` is an allowed call waiting for the provider's answer; `settle` charges
   the usage the provider reported (none reported: the whole reservation), `settle_failed`
   a call that raised before the provider answered (nothing used).
+
+The adapters that keep their own call between two hooks (LangChain's middleware, sync
+and async; ADK's before and after model callbacks) build the same check and settle from
+the parts below: `model_check` (every part in a shape the daemon takes),
+`model_settlement` (a provider's usage of any type, bounded), `must_settle` and
+`refusal_text` (what the agent reads in place of the model's answer).
 """
 
 from __future__ import annotations
@@ -27,7 +33,19 @@ from ratewarden.vocabulary import MAX_TOKENS, CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
 from ratewarden.wire.names import subject, usable_call_id
 
-__all__ = ["ModelCall", "check_model", "estimated_tokens", "text_leaves", "token_count"]
+__all__ = [
+    "ModelCall",
+    "check_model",
+    "estimated_tokens",
+    "max_tokens",
+    "model_check",
+    "model_settlement",
+    "must_settle",
+    "refusal_text",
+    "text_leaves",
+    "token_count",
+    "tokens",
+]
 
 UNKNOWN_MODEL = "unknown-model"  # a host that names no model: priced by the policy's default
 
@@ -154,3 +172,70 @@ def text_leaves(value: object, skip: frozenset[str] = frozenset(), depth: int = 
         except Exception:  # a model that cannot be dumped counts nothing
             return
         yield from text_leaves(dumped, skip, depth + 1)
+
+
+# -- the parts for adapters that keep their own call (LangChain, ADK) ----------------------
+
+
+def tokens(value: object) -> int:
+    """A token count the wire takes (`token_count`), 0 for what is no number."""
+    return token_count(value) or 0
+
+
+def max_tokens(value: object) -> int | None:
+    """The most output tokens a request allows: None (the policy's default) unless the
+    host set a positive number; bounded to MAX_TOKENS."""
+    return token_count(value) or None
+
+
+def model_check(
+    user: str,
+    model: str,
+    input_tokens: object,
+    max_output_tokens: object,
+    call_id: str,
+) -> CheckRequest:
+    """The check of a model call, every part in a shape the daemon takes."""
+    return model_request(
+        subject(user),
+        subject(model or UNKNOWN_MODEL),
+        tokens(input_tokens),
+        max_tokens(max_output_tokens),
+        call_id=usable_call_id(call_id),
+    )
+
+
+def model_settlement(
+    input_tokens: object = 0,
+    output_tokens: object = 0,
+    cache_read_tokens: object = 0,
+    cache_write_tokens: object = 0,
+    *,
+    status: str = CallStatus.OK,
+    duration_ms: float | None = None,
+) -> SettleRequest:
+    """The settle of a model call that used these tokens, as reported (any type)."""
+    return usage_settlement(
+        tokens(input_tokens),
+        tokens(output_tokens),
+        tokens(cache_read_tokens),
+        tokens(cache_write_tokens),
+        status=status,
+        duration_ms=duration_ms,
+    )
+
+
+def must_settle(answer: CheckResponse) -> bool:
+    """Whether an allowed model call waits for its settle: it holds budget money or a
+    slot, or a rule counted it (a token rate counts the tokens the settle reports, and
+    its answer lists it as a `rate`, like a rate of calls). A call no rule covers, or
+    allowed by the client's own fail-open answer (no limits), is not settled."""
+    return answer.allowed and (answer.holds or bool(answer.limits))
+
+
+def refusal_text(answer: CheckResponse, model: str) -> str:
+    """What the agent reads in place of the model's answer."""
+    if answer.decision == "ask":  # no human approves a model call: refused, said so
+        reason = answer.message or vocabulary.ASK_REASON.format(tool=model)
+        return vocabulary.needs_approval(reason)
+    return answer.message or vocabulary.REFUSED.format(tool=model)
