@@ -153,6 +153,10 @@ def test_a_default_price_catches_what_nothing_else_prices() -> None:
         ),
         ("rules:\n  - {name: r, match: {kind: models}, budget: 1/day}", "match.kind"),
         (
+            "rules:\n  - {name: r, match: {kind: any}, budget: 1/day, currency: EUR}",
+            "rules[0].currency: model calls are priced in USD: a EUR budget cannot count them",
+        ),
+        (
             "rules:\n  - {name: r, rate: 10 tokens/minute, algorithm: token_bucket}",
             "a token rate counts in fixed windows",
         ),
