@@ -7,8 +7,9 @@ for every answer, with `ratewarden.integrations.litellm`'s callback in its
 `litellm_settings.callbacks`. The real OpenAI client (tests/hosts/drivers/
 litellm_client.py) calls the proxy with a key per user; the keys are authenticated by a
 `custom_auth` (tests/hosts/drivers/litellm_hook.py) since LiteLLM's virtual keys need a
-database (the proxy refuses to start without a master key: it has one nobody uses). One `ratewarden serve` holds model_budget's policy: 1.00 USD a day per user,
-over tool calls and model calls.
+database (the proxy refuses to start without a master key: it has one nobody uses). One
+`ratewarden serve` holds model_budget's policy: 1.00 USD a day per user, over tool calls
+and model calls.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
         running_daemon(policy, work / "daemon") as daemon,
         fake_openai_api(USAGE) as (api_base, provider),
     ):
-        (work / "config.yaml").write_text(CONFIG.format(api_base=api_base, master_key=f"sk-{secrets.token_hex(24)}"))
+        master_key = f"sk-{secrets.token_hex(24)}"
+        (work / "config.yaml").write_text(CONFIG.format(api_base=api_base, master_key=master_key))
         shutil.copy(DRIVERS / "litellm_hook.py", work / "ratewarden_hook.py")
         port = free_port()
         env = clean_environment(

@@ -96,7 +96,7 @@ def openai_usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
 def event_kwargs(data: dict[str, Any]) -> dict[str, Any]:
     """The kwargs LiteLLM hands its events: the request's metadata under litellm_params."""
     return {
-        "litellm_call_id": data["litellm_call_id"],
+        "litellm_call_id": data.get("litellm_call_id"),
         "litellm_params": {"metadata": data["metadata"]},
     }
 
@@ -175,10 +175,25 @@ def test_a_client_cannot_name_the_call_an_event_settles() -> None:
     forged["litellm_call_id"] = victim["litellm_call_id"]  # the same x-litellm-call-id
     mallory = pre_call(callback, key(user_id="mallory"), forged)
     assert mallory["metadata"][CALL_KEY] != victim["metadata"][CALL_KEY]
-    # ...and an unguarded call type keeps the client's value, which settles nothing.
-    unguarded = {"metadata": {CALL_KEY: "litellm~0000000000000000"}}
-    asyncio.run(callback.async_log_success_event(unguarded, openai_usage(0, 0, 0), 0, 0))
+    # A refused request naming alice's call: its failure event must not settle hers.
+    daemon.allow = False
+    refused = request(metadata={CALL_KEY: victim["metadata"][CALL_KEY]})
+    with pytest.raises(HTTPException):
+        pre_call(callback, key(user_id="mallory"), refused)
+    asyncio.run(callback.async_log_failure_event(event_kwargs(refused), None, 0, 0))
     assert daemon.settles == []
+    # Nor an unguarded call's (an image): its pre-call hook drops the client's value too.
+    image = {"model": "dall-e-3", "metadata": {CALL_KEY: victim["metadata"][CALL_KEY]}}
+    asyncio.run(callback.async_pre_call_hook(key(user_id="m"), None, image, "aimage_generation"))
+    asyncio.run(callback.async_log_success_event(event_kwargs(image), None, 0, 0))
+    assert daemon.settles == []
+    # A call id nobody was given settles nothing either.
+    unknown = {"metadata": {CALL_KEY: "litellm~0000000000000000"}}
+    asyncio.run(callback.async_log_success_event(unknown, openai_usage(0, 0, 0), 0, 0))
+    assert daemon.settles == []
+    # alice's own event still settles hers.
+    asyncio.run(callback.async_log_success_event(event_kwargs(victim), openai_usage(1, 1, 0), 0, 0))
+    assert [call_id for call_id, _ in daemon.settles] == [victim["metadata"][CALL_KEY]]
 
 
 @pytest.mark.parametrize(

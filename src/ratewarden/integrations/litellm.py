@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -133,11 +132,13 @@ class RatewardenCallback(CustomLogger):  # type: ignore[misc,valid-type,unused-i
     async def async_pre_call_hook(
         self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
     ) -> dict[str, Any]:
-        kind = str(getattr(call_type, "value", call_type))
-        if kind not in GUARDED or not isinstance(data, dict):
+        if not isinstance(data, dict):
             return data
         metadata = _metadata(data)
-        metadata.pop(CALL_KEY, None)  # never the client's
+        metadata.pop(CALL_KEY, None)  # never the client's, on any call
+        kind = str(getattr(call_type, "value", call_type))
+        if kind not in GUARDED:
+            return data
         guard = self._guards.get()
         model = underlying_model(data.get("model"))
         call_id = vocabulary.call_id(HOST, data.get("litellm_call_id"))
@@ -200,7 +201,7 @@ class RatewardenCallback(CustomLogger):  # type: ignore[misc,valid-type,unused-i
         if self._count_tokens and chars <= MAX_COUNTED_CHARS:
             counted = await asyncio.to_thread(_token_count, model, data)
             if counted is not None:
-                return max(counted, estimate_tokens(texts) // 4)
+                return counted
         return estimate_tokens(texts)
 
 
@@ -375,7 +376,3 @@ def _text(value: Any) -> str | None:
 def _subject_or_none(value: Any) -> str | None:
     text = _text(value)
     return subject(text) if text else None
-
-
-def _unique() -> str:  # pragma: no cover - kept for hosts without litellm_call_id
-    return uuid.uuid4().hex
