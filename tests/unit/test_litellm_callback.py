@@ -283,3 +283,30 @@ def test_usage_in_each_api_s_names() -> None:
     assert usage_of({"usage": None}) is None
     assert usage_of(None) is None
     assert usage_of({"usage": {"prompt_tokens": "many", "completion_tokens": -3}}) == (0, 0, 0, 0)
+
+
+def test_a_subclass_keeps_a_pre_call_hook_of_its_own() -> None:
+    """The proxy skips a callback whose class does not itself define the hook."""
+
+    class Mine(RatewardenCallback):
+        async def async_log_success_event(
+            self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+        ) -> None:
+            await super().async_log_success_event(kwargs, response_obj, start_time, end_time)
+
+    assert "async_pre_call_hook" in vars(Mine)
+    daemon = FakeDaemon()
+    guard = AsyncGuard(URL, transport=httpx.MockTransport(daemon.handle))
+    pre_call(Mine(guard), key(user_id="alice"), request())
+    assert len(daemon.checks) == 1
+
+
+def test_an_unreachable_daemon_failing_closed_is_a_503() -> None:
+    def unreachable(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    guard = AsyncGuard(URL, fail="closed", transport=httpx.MockTransport(unreachable))
+    with pytest.raises(HTTPException) as raised:
+        pre_call(RatewardenCallback(guard), key(user_id="alice"), request())
+    assert raised.value.status_code == 503
+    assert raised.value.detail

@@ -110,6 +110,14 @@ class RatewardenCallback(CustomLogger):  # type: ignore[misc,valid-type,unused-i
         self._count_tokens = count_tokens
         self._pending: OrderedDict[str, AsyncGuard] = OrderedDict()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The proxy calls a callback's pre-call hook only when its own class defines one
+        # (`"async_pre_call_hook" in vars(cls)`, litellm.proxy.utils): a subclass that
+        # overrides only other methods would be let through unchecked without this.
+        super().__init_subclass__(**kwargs)
+        if "async_pre_call_hook" not in vars(cls):
+            cls.async_pre_call_hook = RatewardenCallback.async_pre_call_hook  # type: ignore[method-assign]
+
     # -- who and what -------------------------------------------------------------------
 
     def user_of(self, key: Any, data: Mapping[str, Any]) -> str:
