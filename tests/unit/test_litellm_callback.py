@@ -126,7 +126,8 @@ def test_a_refusal_is_an_http_429_carrying_our_sentence() -> None:
     assert raised.value.detail == REFUSAL
     assert raised.value.headers == {"Retry-After": "22320"}
     assert CALL_KEY not in data["metadata"]  # nothing to settle
-    asyncio.run(daemon.callback().async_log_failure_event(event_kwargs(data), None, 0, 0))
+    failed = daemon.callback().async_post_call_failure_hook(data, RuntimeError("429"), None)
+    asyncio.run(failed)
     assert daemon.settles == []
 
 
@@ -155,11 +156,35 @@ def test_a_streamed_answer_is_settled_from_the_complete_response() -> None:
     assert body["usage"]["output_tokens"] == 5
 
 
+def test_a_failed_attempt_the_router_retries_settles_nothing() -> None:
+    """LiteLLM sends a failure event per failed attempt, before the router retries."""
+    daemon = FakeDaemon()
+    callback = daemon.callback()
+    data = pre_call(callback, key(user_id="alice"), request())
+    # LiteLLM's own no-op: the callback does not settle on a failed attempt.
+    assert "async_log_failure_event" not in vars(RatewardenCallback)
+    response = openai_usage(10, 5, 0)
+    asyncio.run(callback.async_log_success_event(event_kwargs(data), response, 0, 0))
+    [(_, body)] = daemon.settles
+    assert body["usage"]["input_tokens"] == 10
+
+
+def test_a_client_gone_mid_stream_is_charged_its_reservation() -> None:
+    daemon = FakeDaemon()
+    callback = daemon.callback()
+    data = pre_call(callback, key(user_id="alice"), request(stream=True))
+    data["metadata"]["client_disconnected"] = True  # as LiteLLM marks it
+    asyncio.run(callback.async_post_call_failure_hook(data, RuntimeError("499"), None))
+    [(_, body)] = daemon.settles
+    assert "usage" not in body  # no usage: the daemon charges the whole reservation
+
+
 def test_a_failure_is_settled_with_zero_usage() -> None:
     daemon = FakeDaemon()
     callback = daemon.callback()
     data = pre_call(callback, key(user_id="alice"), request())
-    asyncio.run(callback.async_log_failure_event(event_kwargs(data), None, 0, 0))
+    asyncio.run(callback.async_post_call_failure_hook(data, RuntimeError("500"), None))
+    asyncio.run(callback.async_post_call_failure_hook(data, RuntimeError("500"), None))
     [(_, body)] = daemon.settles
     assert body["status"] == "error"
     assert body["usage"] == {"input_tokens": 0, "output_tokens": 0,
@@ -180,7 +205,7 @@ def test_a_client_cannot_name_the_call_an_event_settles() -> None:
     refused = request(metadata={CALL_KEY: victim["metadata"][CALL_KEY]})
     with pytest.raises(HTTPException):
         pre_call(callback, key(user_id="mallory"), refused)
-    asyncio.run(callback.async_log_failure_event(event_kwargs(refused), None, 0, 0))
+    asyncio.run(callback.async_post_call_failure_hook(refused, RuntimeError("429"), None))
     assert daemon.settles == []
     # Nor an unguarded call's (an image): its pre-call hook drops the client's value too.
     image = {"model": "dall-e-3", "metadata": {CALL_KEY: victim["metadata"][CALL_KEY]}}

@@ -28,9 +28,10 @@ OpenAI error (`{"error": {"message": <our message>, "type": "rate_limit_error", 
 `RateLimitError` whose `.message` holds the sentence. An allowed call is settled once,
 with the usage the provider reported (`async_log_success_event`: `prompt_tokens`,
 `completion_tokens`, `prompt_tokens_details.cached_tokens`, a stream's usage included),
-or with zero usage when the provider failed (`async_log_failure_event`, which the proxy
-sends once the router gave up retrying). The module imports without LiteLLM (ratewarden
-never imports it); the callback needs it.
+or with zero usage when the proxy answers the client with the provider's error
+(`async_post_call_failure_hook`, once the router gave up retrying; a client that went
+away mid-stream is charged the whole reservation). The module imports without LiteLLM
+(ratewarden never imports it); the callback needs it.
 """
 
 from __future__ import annotations
@@ -181,13 +182,27 @@ class RatewardenCallback(CustomLogger):  # type: ignore[misc,valid-type,unused-i
             return
         await guard.settle(call_id, usage_settlement(*usage))
 
-    async def async_log_failure_event(
-        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    async def async_post_call_failure_hook(
+        self,
+        request_data: dict[str, Any],
+        original_exception: Exception,
+        user_api_key_dict: Any,
+        traceback_str: str | None = None,
     ) -> None:
-        found = self._admitted(kwargs)
-        if found is not None:
-            call_id, guard = found
-            await guard.settle(call_id, FAILED)
+        """The proxy answers the client with an error: the provider failed (after the
+        router's retries), or the client went away mid-stream. Not `async_log_failure_event`:
+        LiteLLM sends that for each failed attempt, before the router retries, and a call
+        settled there would go uncharged when the retry succeeds."""
+        found = self._admitted(request_data)
+        if found is None:
+            return
+        call_id, guard = found
+        if _get(_get(request_data, "metadata"), "client_disconnected"):
+            # The provider may have billed what it streamed, which LiteLLM does not
+            # report here: the call is charged its whole reservation.
+            await guard.settle(call_id)
+            return
+        await guard.settle(call_id, FAILED)
 
     # -- helpers ----------------------------------------------------------------------------
 
