@@ -212,6 +212,12 @@ def test_a_streamed_answer_is_charged_its_usage(proxy: Proxy) -> None:
     assert answer["ok"], answer
     assert answer["usage"]["completion_tokens"] == USAGE["output_tokens"]
     assert settled(proxy.daemon, "gwen", price_micros()) == price_micros()
+    # A client that does not ask for the stream's usage is charged it all the same:
+    # LiteLLM asks the provider for it.
+    [answer] = proxy.call(small("sk-gwen", stream=True, include_usage=False))
+    assert answer["ok"], answer
+    assert answer["usage"] is None
+    assert settled(proxy.daemon, "gwen", 2 * price_micros()) == 2 * price_micros()
 
 
 def test_the_user_is_the_key_not_the_body_claim(proxy: Proxy) -> None:

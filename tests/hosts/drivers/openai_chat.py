@@ -4,7 +4,8 @@ LiteLLM proxy in its host test.
 `POST /v1/chat/completions` (or `/chat/completions`) answers "ok" with the usage it was
 given, in OpenAI's names (`prompt_tokens` counts every input token, cached ones included;
 `prompt_tokens_details.cached_tokens` the cached part), or, with `stream: true`, the same
-answer as server-sent events whose last chunk carries the usage. While `fail` is set it
+answer as server-sent events whose last chunk carries the usage (as OpenAI, only when
+`stream_options.include_usage` asks for it). While `fail` is set it
 answers 500, as a provider that broke. It records what reached it (`requests`), so a test
 can tell a request the proxy refused from one the provider answered.
 """
@@ -90,9 +91,10 @@ def _handler(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 self._send(404, "application/json", b'{"error": {"message": "no such path"}}')
                 return
             if body.get("stream"):
-                events = "".join(
-                    f"data: {json.dumps(c)}\n\n" for c in _chunks(body, fake.openai_usage())
-                )
+                chunks = _chunks(body, fake.openai_usage())
+                if not (body.get("stream_options") or {}).get("include_usage"):
+                    chunks = chunks[:-1]  # as OpenAI: a stream's usage only when asked for
+                events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
                 self._send(200, "text/event-stream", (events + "data: [DONE]\n\n").encode())
                 return
             answer = _completion(body, fake.openai_usage())
