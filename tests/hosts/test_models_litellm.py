@@ -53,6 +53,11 @@ model_list:
       model: openai/gpt-4o
       api_base: {api_base}
       api_key: fake-provider-key
+  - model_name: house-model  # the application's name for the same deployment
+    litellm_params:
+      model: openai/gpt-4o
+      api_base: {api_base}
+      api_key: fake-provider-key
 litellm_settings:
   callbacks: ratewarden_hook.handler
 general_settings:
@@ -237,3 +242,11 @@ def test_the_user_is_the_key_not_the_body_claim(proxy: Proxy) -> None:
     [unknown] = proxy.call(small("sk-nobody"))
     assert not unknown["ok"]
     assert unknown["status"] == 401, unknown
+
+
+def test_a_model_alias_is_priced_as_the_model_it_routes_to(proxy: Proxy) -> None:
+    # "house-model" is the proxy's name for openai/gpt-4o: checked and priced as gpt-4o
+    # (the policy prices no "house-model": the daemon would refuse the call unpriced).
+    [answer] = proxy.call(small("sk-kim", model="house-model"))
+    assert answer["ok"], answer
+    assert settled(proxy.daemon, "kim", price_micros()) == price_micros()

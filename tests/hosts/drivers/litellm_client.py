@@ -22,7 +22,7 @@ def call(url: str, spec: dict[str, Any]) -> dict[str, Any]:
     try:
         if spec.get("stream"):
             stream = client.chat.completions.create(
-                model="gpt-4o",
+                model=spec.get("model", "gpt-4o"),
                 messages=messages,  # type: ignore[arg-type]
                 max_tokens=spec["max_tokens"],
                 stream=True,
@@ -34,7 +34,7 @@ def call(url: str, spec: dict[str, Any]) -> dict[str, Any]:
                 usage = chunk.usage or usage
             return {"ok": True, "usage": usage.model_dump() if usage else None}
         answer = client.chat.completions.create(
-            model="gpt-4o",
+            model=spec.get("model", "gpt-4o"),
             messages=messages,  # type: ignore[arg-type]
             max_tokens=spec["max_tokens"],
             **extra,

@@ -23,6 +23,7 @@ KEYS: dict[str, dict[str, Any]] = {
     "sk-frank": {"user_id": "frank"},
     "sk-gwen": {"user_id": "gwen"},
     "sk-judy": {"user_id": "judy"},
+    "sk-kim": {"user_id": "kim"},
     "sk-ops": {"key_alias": "ops-dashboard"},  # a key without a user: its alias
     "sk-support": {"user_id": "support-bot"},  # a service that authenticates its users
 }
