@@ -24,6 +24,7 @@ from ratewarden.integrations.litellm import (
     max_output_tokens,
     usage_of,
 )
+from ratewarden.vocabulary import MAX_TOKENS
 from ratewarden.wire.bodies import CheckResponse
 from ratewarden.wire.names import MAX_SUBJECT
 
@@ -283,6 +284,7 @@ def test_an_embedding_reserves_no_output() -> None:
         ({"max_tokens": True}, None),
         ({"max_tokens": -1}, None),
         ({"max_tokens": "9999"}, None),
+        ({"max_tokens": 10**15}, MAX_TOKENS),  # reserved at the wire's most, so refused
         ({}, None),
     ],
 )
@@ -306,6 +308,14 @@ def test_usage_in_each_api_s_names() -> None:
     }
     assert usage_of(anthropic) == (80, 20, 30, 40)
     assert usage_of({"usage": None}) is None
+    huge = {"usage": {"prompt_tokens": 10**15, "completion_tokens": float("inf")}}
+    assert usage_of(huge) == (MAX_TOKENS, MAX_TOKENS, 0, 0)
+    assert usage_of({"usage": {"prompt_tokens": float("nan"), "completion_tokens": 1}}) == (
+        0,
+        1,
+        0,
+        0,
+    )
     assert usage_of(None) is None
     assert usage_of({"usage": {"prompt_tokens": "many", "completion_tokens": -3}}) == (0, 0, 0, 0)
 
@@ -335,3 +345,12 @@ def test_an_unreachable_daemon_failing_closed_is_a_503() -> None:
         pre_call(RatewardenCallback(guard), key(user_id="alice"), request())
     assert raised.value.status_code == 503
     assert raised.value.detail
+
+
+def test_a_huge_prompt_is_estimated_within_the_wire() -> None:
+    daemon = FakeDaemon()
+    data = request(messages=[{"role": "user", "content": "x" * 3_000_000}], max_tokens=10**15)
+    pre_call(daemon.callback(), key(user_id="alice"), data)
+    [check] = daemon.checks
+    assert check["input_tokens"] == 750_001  # estimated: past what is worth counting
+    assert check["max_output_tokens"] == MAX_TOKENS

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -46,6 +47,7 @@ from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
 from ratewarden.integrations._async import LoopGuards
 from ratewarden.integrations._models import FAILED, estimate_tokens, model_request, usage_settlement
+from ratewarden.vocabulary import MAX_TOKENS
 from ratewarden.wire.bodies import CheckResponse
 from ratewarden.wire.names import subject
 
@@ -224,8 +226,8 @@ class RatewardenCallback(CustomLogger):  # type: ignore[misc,valid-type,unused-i
         if self._count_tokens and chars <= MAX_COUNTED_CHARS:
             counted = await asyncio.to_thread(_token_count, model, data)
             if counted is not None:
-                return counted
-        return estimate_tokens(texts)
+                return min(counted, MAX_TOKENS)
+        return min(estimate_tokens(texts), MAX_TOKENS)
 
 
 def refusal(answer: CheckResponse) -> Exception:
@@ -271,11 +273,12 @@ def underlying_model(public: Any) -> str:
 
 
 def max_output_tokens(data: Mapping[str, Any]) -> int | None:
-    """The most output tokens the request allows (None: the policy's default)."""
+    """The most output tokens the request allows (None: the policy's default), at most
+    what the wire takes (a larger maximum is reserved at that, and so refused)."""
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = data.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
+            return min(value, MAX_TOKENS)
     return None
 
 
@@ -384,9 +387,9 @@ def _get(obj: Any, key: str) -> Any:
 
 
 def _count(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
         return None
-    return max(int(value), 0)
+    return min(max(int(min(value, MAX_TOKENS)), 0), MAX_TOKENS)
 
 
 def _text(value: Any) -> str | None:
