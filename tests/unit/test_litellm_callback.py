@@ -281,6 +281,8 @@ def test_an_embedding_reserves_no_output() -> None:
         ({"max_tokens": 50}, 50),
         ({"max_completion_tokens": 70, "max_tokens": 50}, 70),
         ({"max_output_tokens": 90}, 90),  # the Responses API's name
+        ({"config": {"max_output_tokens": 40}}, 40),  # Google's generateContent
+        ({"generationConfig": {"maxOutputTokens": 30}}, 30),
         ({"max_tokens": True}, None),
         ({"max_tokens": -1}, None),
         ({"max_tokens": "9999"}, None),
@@ -307,6 +309,10 @@ def test_usage_in_each_api_s_names() -> None:
         }
     }
     assert usage_of(anthropic) == (80, 20, 30, 40)
+    google = {"usageMetadata": {"promptTokenCount": 100, "candidatesTokenCount": 20,
+                                "thoughtsTokenCount": 5,
+                                "cachedContentTokenCount": 30}}  # fmt: skip
+    assert usage_of(google) == (100, 25, 30, 0)
     assert usage_of({"usage": None}) is None
     huge = {"usage": {"prompt_tokens": 10**15, "completion_tokens": float("inf")}}
     assert usage_of(huge) == (MAX_TOKENS, MAX_TOKENS, 0, 0)

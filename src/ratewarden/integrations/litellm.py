@@ -71,7 +71,8 @@ CALL_KEY = "ratewarden_call_id"
 GUARDED = frozenset(
     {
         "completion", "acompletion", "text_completion", "atext_completion",
-        "responses", "aresponses", "anthropic_messages",
+        "responses", "aresponses", "anthropic_messages", "aanthropic_messages",
+        "agenerate_content", "agenerate_content_stream",
         "embedding", "aembedding",
     }
 )  # fmt: skip
@@ -275,8 +276,10 @@ def underlying_model(public: Any) -> str:
 def max_output_tokens(data: Mapping[str, Any]) -> int | None:
     """The most output tokens the request allows (None: the policy's default), at most
     what the wire takes (a larger maximum is reserved at that, and so refused)."""
-    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-        value = data.get(key)
+    config = data.get("config") or data.get("generationConfig")
+    google = config if isinstance(config, Mapping) else {}
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens", "maxOutputTokens"):
+        value = data.get(key, google.get(key))
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return min(value, MAX_TOKENS)
     return None
@@ -286,8 +289,17 @@ def usage_of(response: Any) -> tuple[int, int, int, int] | None:
     """(input, output, cache read, cache write) tokens of a response's usage, input
     counting the cached ones; None when it reports none."""
     usage = _get(response, "usage")
-    if usage is None:
-        return None
+    if usage is None:  # Google's generateContent
+        google = _get(response, "usageMetadata") or _get(response, "usage_metadata")
+        if google is None:
+            return None
+        return (
+            _count(_get(google, "promptTokenCount")) or 0,
+            (_count(_get(google, "candidatesTokenCount")) or 0)
+            + (_count(_get(google, "thoughtsTokenCount")) or 0),
+            _count(_get(google, "cachedContentTokenCount")) or 0,
+            0,
+        )
     prompt = _count(_get(usage, "prompt_tokens"))
     if prompt is None:  # the Responses API's and Anthropic's names
         prompt = _count(_get(usage, "input_tokens"))
@@ -334,7 +346,7 @@ def _token_count(model: str, data: Mapping[str, Any]) -> int | None:
 def _texts(data: Mapping[str, Any]) -> list[str]:
     """The text a request sends: its messages' contents, prompt, input, instructions."""
     found: list[str] = []
-    for key in ("messages", "prompt", "input", "instructions", "system", "tools"):
+    for key in ("messages", "prompt", "input", "instructions", "system", "tools", "contents"):
         _collect(data.get(key), found, depth=0)
     return found
 
