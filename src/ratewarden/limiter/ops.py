@@ -21,6 +21,7 @@ class Kind(StrEnum):
     FIXED_WINDOW = "fw"
     BUDGET = "bg"
     CONCURRENCY = "cc"
+    TOKENS = "tk"  # a token rate: checked against its window, added to at the settle
 
 
 HOLDING = (Kind.BUDGET, Kind.CONCURRENCY)  # kinds a call holds until it settles
