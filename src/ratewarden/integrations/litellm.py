@@ -291,37 +291,57 @@ def usage_of(response: Any) -> tuple[int, int, int, int] | None:
     usage = _get(response, "usage")
     if usage is None:  # Google's generateContent
         google = _get(response, "usageMetadata") or _get(response, "usage_metadata")
-        if google is None:
-            return None
-        return (
-            _count(_get(google, "promptTokenCount")) or 0,
-            (_count(_get(google, "candidatesTokenCount")) or 0)
-            + (_count(_get(google, "thoughtsTokenCount")) or 0),
-            _count(_get(google, "cachedContentTokenCount")) or 0,
-            0,
-        )
-    prompt = _count(_get(usage, "prompt_tokens"))
-    if prompt is None:  # the Responses API's and Anthropic's names
-        prompt = _count(_get(usage, "input_tokens"))
-        anthropic = _get(usage, "cache_read_input_tokens") is not None
-        if prompt is not None and anthropic and _get(usage, "input_tokens_details") is None:
-            # Anthropic's input_tokens leave out the cache reads and writes
-            prompt += (_count(_get(usage, "cache_read_input_tokens")) or 0) + (
-                _count(_get(usage, "cache_creation_input_tokens")) or 0
-            )
-    output = _count(_get(usage, "completion_tokens"))
-    if output is None:
-        output = _count(_get(usage, "output_tokens"))
+        return None if google is None else _google_usage(google)
+    prompt = _input_tokens_of(usage)
+    output = _first(usage, "completion_tokens", "output_tokens")
     if prompt is None and output is None:
         return None
     details = _get(usage, "prompt_tokens_details") or _get(usage, "input_tokens_details")
-    cached = _count(_get(details, "cached_tokens"))
+    cached = _first(details, "cached_tokens")
     if cached is None:
-        cached = _count(_get(usage, "cache_read_input_tokens"))
-    written = _count(_get(usage, "cache_creation_input_tokens"))
+        cached = _first(usage, "cache_read_input_tokens")
+    written = _first(usage, "cache_creation_input_tokens")
     if written is None:
-        written = _count(_get(details, "cache_write_tokens"))
+        written = _first(details, "cache_write_tokens")
     return prompt or 0, output or 0, cached or 0, written or 0
+
+
+def _input_tokens_of(usage: Any) -> int | None:
+    """Every input token, cached ones included: OpenAI's `prompt_tokens`, the Responses
+    API's `input_tokens`, or Anthropic's `input_tokens`, which leave out the cache reads
+    and writes (Anthropic's usage has `cache_read_input_tokens` and no details)."""
+    prompt = _first(usage, "prompt_tokens")
+    if prompt is not None:
+        return prompt
+    prompt = _first(usage, "input_tokens")
+    anthropic = _get(usage, "cache_read_input_tokens") is not None
+    if prompt is None or not anthropic or _get(usage, "input_tokens_details") is not None:
+        return prompt
+    cache = (_first(usage, "cache_read_input_tokens") or 0) + (
+        _first(usage, "cache_creation_input_tokens") or 0
+    )
+    return min(prompt + cache, MAX_TOKENS)
+
+
+def _google_usage(google: Any) -> tuple[int, int, int, int]:
+    output = (_first(google, "candidatesTokenCount") or 0) + (
+        _first(google, "thoughtsTokenCount") or 0
+    )
+    return (
+        _first(google, "promptTokenCount") or 0,
+        min(output, MAX_TOKENS),
+        _first(google, "cachedContentTokenCount") or 0,
+        0,
+    )
+
+
+def _first(obj: Any, *keys: str) -> int | None:
+    """The first of `keys` that `obj` holds as a count."""
+    for key in keys:
+        found = _count(_get(obj, key))
+        if found is not None:
+            return found
+    return None
 
 
 # The callback a config names: `callbacks: ratewarden.integrations.litellm.proxy_handler`.
