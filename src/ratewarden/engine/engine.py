@@ -32,6 +32,7 @@ from ratewarden.engine.refusals import MAX_ENTRIES, RefusalCache
 from ratewarden.errors import RatewardenError
 from ratewarden.limiter.ops import (
     HOLDING,
+    SETTLED_KINDS,
     CallRecord,
     CounterOp,
     Evaluation,
@@ -183,7 +184,7 @@ class _Plan:
             assert isinstance(limit, BudgetLimit)
             kind = Kind.BUDGET
         # A token rate's settle adds the call's tokens: it must reach the counter too.
-        holder = rule.name if kind in HOLDING or same_result or kind is Kind.TOKENS else ""
+        holder = rule.name if kind in SETTLED_KINDS or same_result else ""
         keys = CounterKeys.of(rule.name, kind, rule.per)
         return cls(
             applied, keys, kind, role, approved, limit.limit, window_ms, burst, holder,

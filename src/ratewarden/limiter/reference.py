@@ -25,6 +25,7 @@ from ratewarden.limiter.algorithms.concurrency import concurrency
 from ratewarden.limiter.algorithms.fixed_window import fixed_window
 from ratewarden.limiter.algorithms.sliding_window import Ring, sliding_window
 from ratewarden.limiter.algorithms.token_bucket import token_bucket
+from ratewarden.limiter.algorithms.token_window import token_window, token_window_add
 from ratewarden.limiter.ops import (
     CallRecord,
     CounterOp,
@@ -44,6 +45,7 @@ _EVALUATE: dict[Kind, Callable[[Table, CounterOp, int, str], Check]] = {
     Kind.FIXED_WINDOW: fixed_window,
     Kind.BUDGET: budget,
     Kind.CONCURRENCY: concurrency,
+    Kind.TOKENS: token_window,
 }
 
 
@@ -120,9 +122,9 @@ def settle(
     fingerprint: str = "",
     digest: str | None = None,
 ) -> tuple[SettleStatus, list[int]]:
-    """Release slots, swap reservations for the actual cost, compare the result `digest`
-    with a loop rule's last one (twin of settle.lua). With a `fingerprint`, a record of
-    another fingerprint is as unknown."""
+    """Release slots, swap reservations for the actual cost, add tokens to token rates,
+    compare the result `digest` with a loop rule's last one (twin of settle.lua). With a
+    `fingerprint`, a record of another fingerprint is as unknown."""
     stored: Record | None = table.get(record_key, now)
     if stored is None or (fingerprint and stored.fingerprint != fingerprint):
         return SettleStatus.UNKNOWN, []
@@ -134,32 +136,41 @@ def settle(
             settle_loop(table, hold, call_id, digest, now)
             charged.append(0)
             continue
+        if hold.kind is Kind.TOKENS:  # the call's tokens (estimate) into its window
+            token_window_add(table, hold.key, hold.period[1], hold.estimate, now)
+            charged.append(0)
+            continue
         if hold.kind is Kind.CONCURRENCY:
             slots: dict[str, int] | None = table.get(hold.key, now)
             if slots is not None:
                 slots.pop(call_id, None)
             charged.append(0)
             continue
-        state: Budget | None = table.get(hold.key, now)
-        if state is None and hold.period[1] == 0:  # gone, and its rule too: nothing to charge
-            charged.append(0)
-            continue
-        state = state or Budget()  # e.g. a call estimated at 0 reserved nothing
-        cost = hold.estimate if actual is None else actual
-        budget = load_budget(state, *hold.period, now)
-        if call_id in budget.holds:  # still reserved: swap the reservation for the actual cost
-            amount, _ = budget.holds.pop(call_id)
-            budget.reserved -= amount
-            charge(budget, cost)
-        elif call_id in budget.charged:  # charged when it expired, in this period: correct it
-            charge(budget, cost - budget.charged.pop(call_id))
-        else:  # charged in an earlier period (or nothing reserved): only an excess lands here
-            charge(budget, max(0, cost - hold.estimate))
-        budget.dirty = True
-        save_budget(table, hold.key, budget, 0, now)
-        charged.append(cost)
+        charged.append(settle_budget(table, hold, call_id, actual, now))
     stored.settled = True
     return SettleStatus.SETTLED, charged
+
+
+def settle_budget(table: Table, hold: Hold, call_id: str, actual: int | None, now: int) -> int:
+    """Swap one budget hold's reservation for the call's cost (`actual`, else its
+    estimate); what it charged (twin of settle.lua's `settle_hold`)."""
+    state: Budget | None = table.get(hold.key, now)
+    if state is None and hold.period[1] == 0:  # gone, and its rule too: nothing to charge
+        return 0
+    state = state or Budget()  # e.g. a call estimated at 0 reserved nothing
+    cost = hold.estimate if actual is None else actual
+    budget = load_budget(state, *hold.period, now)
+    if call_id in budget.holds:  # still reserved: swap the reservation for the actual cost
+        amount, _ = budget.holds.pop(call_id)
+        budget.reserved -= amount
+        charge(budget, cost)
+    elif call_id in budget.charged:  # charged when it expired, in this period: correct it
+        charge(budget, cost - budget.charged.pop(call_id))
+    else:  # charged in an earlier period (or nothing reserved): only an excess lands here
+        charge(budget, max(0, cost - hold.estimate))
+    budget.dirty = True
+    save_budget(table, hold.key, budget, 0, now)
+    return cost
 
 
 def sweep(table: Table, key: str, period: tuple[int, int, int], now: int) -> int:
