@@ -13,6 +13,7 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from genai_prices import Usage, calc_price
 from ratewarden.clock import FakeClock
 from ratewarden.store import Store
 from tests.helpers.app import assert_error_shape, build_app, serving
+from tests.helpers.daemon import clean_environment, run_cli, running_daemon
 
 POLICY = """\
 version: 1
@@ -283,3 +285,29 @@ async def test_a_hostile_usage_is_a_422_and_the_call_stays_open(
         assert field in response.text
         settled = await settle(http, call["call_id"], {"usage": USAGE})
         assert settled["outcome"] == "settled"  # nothing lost: it settles once, properly
+
+
+def test_the_command_line_checks_and_settles_a_model_call(tmp_path: Path) -> None:
+    """`ratewarden check --model` and `settle --input-tokens ...` against a real daemon."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    with running_daemon(tmp_path, "--policy", str(policy)) as served:
+        env = clean_environment(RATEWARDEN_URL=served.url)
+        checked = run_cli(
+            "check", "--user", "carol", "--model", "gpt-4o", "--input-tokens", "1000",
+            "--max-output-tokens", "2000", env=env,
+        )  # fmt: skip
+        assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
+        call_id = checked.stdout.split("call_id=")[1].split()[0]
+        settled = run_cli(
+            "settle", call_id, "--input-tokens", "12345", "--output-tokens", "6789",
+            "--cache-read-tokens", "2345", env=env,
+        )  # fmt: skip
+        assert settled.returncode == 0, settled.stderr
+        assert settled.stdout == f"{call_id}: settled (daily-spend 0.10)\n"
+        mixed = run_cli("check", "--user", "carol", "--model", "m", "--cost", "1", env=env)
+        assert mixed.returncode == 2
+        assert "cost: not for a model call" in mixed.stderr
+        both = run_cli("check", "--user", "carol", "--model", "m", "--tool", "t", env=env)
+        assert both.returncode == 2
+        assert "not allowed with argument" in both.stderr
