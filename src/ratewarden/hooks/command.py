@@ -31,7 +31,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ratewarden import vocabulary
-from ratewarden.hooks.contract import BadInput, HookOutput, Host, PostCall, PreCall, one_line
+from ratewarden.hooks.contract import (
+    BadInput,
+    HookOutput,
+    Host,
+    ModelCall,
+    ModelDone,
+    PostCall,
+    PreCall,
+    one_line,
+)
 from ratewarden.hooks.hosts import HOSTS, SUMMARIES
 from ratewarden.http import exchange
 
@@ -218,6 +227,8 @@ def run(host: Host, options: HookOptions, payload: bytes, environ: Mapping[str, 
         return _unreadable(host, options, str(exc))
     if event is None:
         return host.allow
+    if isinstance(event, ModelCall | ModelDone):
+        return _model(host, options, event, environ)
     settings = vocabulary.ClientSettings.read(environ)
     url = options.url or settings.url
     body = _event(event, options, settings)
@@ -233,6 +244,91 @@ def run(host: Host, options: HookOptions, payload: bytes, environ: Mapping[str, 
         return host.allow._replace(stderr=(*notes, *_opened(host, event, environ)))
     refusal = host.refuse(decision, str(answer.get("message", "")), str(answer.get("detail", "")))
     return refusal._replace(stderr=(*refusal.stderr, *notes))
+
+
+# -- model calls (Gemini CLI's BeforeModel and AfterModel) -----------------------------------
+
+HOLDING = frozenset({"concurrency", "budget"})  # vocabulary.HOLDING_KINDS, by name
+
+
+def _model(
+    host: Host, options: HookOptions, event: ModelCall | ModelDone, environ: Mapping[str, str]
+) -> HookOutput:
+    """Check a model call (`POST /v1/check`, `kind: model`), keeping its id in the hook
+    ledger when it holds a reservation; or settle the call its answer ends, with the
+    provider's usage (`POST /v1/calls/ID/settle`). Who calls: `--user`, else
+    RATEWARDEN_USER; with neither, the token's user (a user token), else, when no token
+    is set, the login name (a service token must be given a user)."""
+    from ratewarden.hooks import ledger
+
+    settings = vocabulary.ClientSettings.read(environ)
+    url = options.url or settings.url
+    where = ledger.folder(host.name, environ)
+    found_by = (ledger.key(event.model),)
+    now_ms = _now_ms()
+    if isinstance(event, ModelDone):
+        call_id = ledger.take(where, event.session or "", found_by, now_ms) if where else None
+        if call_id is None:  # refused, held nothing, or kept nowhere
+            return host.allow
+        body: dict[str, Any] = {"status": "ok"}
+        if event.usage is not None:
+            body["usage"] = dict(event.usage)
+        try:
+            _post(url, f"/v1/calls/{call_id}/settle", body, options, settings)
+        except (Unanswered, NotVouched) as exc:
+            return HookOutput(stderr=(one_line(f"ratewarden: could not settle {call_id}: {exc}"),))
+        return host.allow
+    user = options.user or settings.user
+    if user is None and (options.token or settings.token) is None:
+        user = _login_name()
+    check = {
+        "user": user,
+        "team": options.team,
+        "kind": "model",
+        "model": event.model,
+        "input_tokens": event.input_tokens,
+        "max_output_tokens": event.max_output_tokens,
+        "session": event.session,
+        "call_id": vocabulary.call_id(host.name),
+    }
+    sent = {k: _sendable(k, v) for k, v in check.items() if v is not None}
+    refuse = host.refuse_model or (lambda decision, message: host.refuse(decision, message, ""))
+    try:
+        answer = _post(url, "/v1/check", sent, options, settings)
+    except Unanswered as exc:
+        note = one_line(f"ratewarden: {exc}; failing {options.fail}")
+        if options.fail == "open":
+            return host.allow._replace(stderr=(note,))
+        refusal = refuse("deny", vocabulary.unavailable(event.model))
+        return refusal._replace(stderr=(*refusal.stderr, note))
+    except NotVouched as exc:
+        refusal = refuse("deny", vocabulary.NOT_VOUCHED.format(field="--user"))
+        return refusal._replace(stderr=(one_line(f"ratewarden: {exc}"),))
+    if answer.get("allowed") is not True:
+        decision: vocabulary.DecisionName = "ask" if answer.get("decision") == "ask" else "deny"
+        return refuse(decision, str(answer.get("message", "")))
+    given = answer.get("limits")
+    limits = given if isinstance(given, list) else []
+    holds = answer.get("send_result") is True or any(
+        isinstance(limit, dict) and limit.get("kind") in HOLDING for limit in limits
+    )
+    call_id = answer.get("call_id")
+    if not holds or not isinstance(call_id, str):
+        return host.allow
+    try:
+        if where is None:
+            raise OSError("no folder for the hook ledger")
+        ledger.keep(where, event.session or "", found_by, call_id, now_ms)
+    except OSError as exc:
+        lost = f"ratewarden: could not keep model call {call_id} for its AfterModel ({exc})"
+        return host.allow._replace(stderr=(one_line(f"{lost}; it is charged its reservation"),))
+    return host.allow
+
+
+def _now_ms() -> int:
+    import time
+
+    return time.time_ns() // 1_000_000
 
 
 def _opened(host: Host, event: PreCall | PostCall, environ: Mapping[str, str]) -> tuple[str, ...]:
