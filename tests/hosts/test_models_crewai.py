@@ -61,11 +61,12 @@ def drive(python: Path, url: str, work: Path, **config: Any) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(600)  # the first run builds the host venv
+@pytest.mark.parametrize("use_async", [False, True], ids=["kickoff", "akickoff"])
 def test_model_calls_are_charged_by_usage_until_one_is_refused(
-    crewai_python: Path, tmp_path: Path
+    crewai_python: Path, tmp_path: Path, use_async: bool
 ) -> None:
     with running_daemon(policy(), tmp_path / "daemon") as daemon:
-        report = drive(crewai_python, daemon.url, tmp_path, user="discord:77")
+        report = drive(crewai_python, daemon.url, tmp_path, user="discord:77", use_async=use_async)
         spent = spent_micros(daemon, "discord:77")
         other = spent_micros(daemon, "discord:78")
 

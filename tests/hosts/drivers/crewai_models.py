@@ -16,6 +16,7 @@ exception it raised (a ratewarden refusal is CrewAI's HookAborted, its `reason` 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -135,7 +136,12 @@ def main(config: dict[str, Any]) -> dict[str, Any]:
     with hooks_type(fail=config.get("fail")):
         crew = Crew(agents=[agent], tasks=[task])
         try:
-            found["output"] = str(crew.kickoff(inputs={"user_id": config["user"]}))
+            inputs = {"user_id": config["user"]}
+            if config.get("use_async"):  # CrewAI's async path: the same hooks, awaited LLM
+                output = asyncio.run(crew.akickoff(inputs=inputs))
+            else:
+                output = crew.kickoff(inputs=inputs)
+            found["output"] = str(output)
         except HookAborted as refused:
             found["refusal"] = refused.reason
         except Exception as exc:
