@@ -185,3 +185,29 @@ def test_the_model_and_its_output_limit_come_from_the_model_config() -> None:
     )
     assert hook.model_name(Model({})) == "Model"  # nothing names it: its class
     hook.guard.close()
+
+
+def test_counts_past_the_wires_cap_are_the_cap() -> None:
+    from types import SimpleNamespace
+
+    from ratewarden import vocabulary
+    from ratewarden.integrations.strands import RatewardenHook, model_settlement
+    from tests.hosts.test_host_strands import RefusingGuard
+
+    huge = vocabulary.MAX_TOKENS * 10
+
+    class Model:
+        def get_config(self) -> Any:
+            return {"model_id": "gpt-4o", "max_tokens": huge}
+
+    hook = RatewardenHook(guard=RefusingGuard())
+    agent = SimpleNamespace(model=Model(), system_prompt="", messages=[])
+    event = SimpleNamespace(agent=agent, invocation_state={}, projected_input_tokens=huge)
+    request = hook.model_request_for(event)
+    assert request is not None  # checked at the cap, not unjudged
+    assert request.input_tokens == request.max_output_tokens == vocabulary.MAX_TOKENS
+    usage = {"inputTokens": huge, "outputTokens": huge, "totalTokens": 1}  # not folded
+    settle = model_settlement(after({**usage, "cacheReadInputTokens": huge}))
+    assert settle.usage is not None
+    assert settle.usage.input_tokens == settle.usage.output_tokens == vocabulary.MAX_TOKENS
+    hook.guard.close()

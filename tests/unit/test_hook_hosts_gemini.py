@@ -176,3 +176,19 @@ def test_a_refused_model_call_is_a_deny_with_the_sentence_as_the_answer(decision
     assert synthetic["candidates"][0]["content"]["parts"] == [answer["reason"]]
     if decision == "ask":
         assert vocabulary.needs_approval("x").removeprefix("x") in answer["reason"]
+
+
+def test_counts_past_the_wires_cap_are_the_cap() -> None:
+    """A prompt padded past what the daemon takes is reserved at the cap, not refused
+    by the daemon (which, failing open, would let it through unjudged)."""
+    huge = vocabulary.MAX_TOKENS * 10
+    request = {**REQUEST, "config": {"maxOutputTokens": huge}}
+    call = read({**BEFORE_MODEL, "llm_request": request})
+    assert isinstance(call, ModelCall)
+    assert call.max_output_tokens == vocabulary.MAX_TOKENS
+    usage = {"promptTokenCount": huge, "candidatesTokenCount": huge, "totalTokenCount": huge}
+    done = read(after_model("STOP", usage))
+    assert isinstance(done, ModelDone)
+    assert done.usage is not None
+    assert done.usage["input_tokens"] == vocabulary.MAX_TOKENS
+    assert done.usage["output_tokens"] == vocabulary.MAX_TOKENS

@@ -60,6 +60,7 @@ from ratewarden.vocabulary import DecisionName
 EXIT_WARNING = 1  # a failed hook: Gemini warns and runs the call
 EXIT_BLOCK = 2  # block, stderr as the reason
 CHARS_PER_TOKEN = 4  # as integrations._models estimates (not imported: a hook stays light)
+MAX = vocabulary.MAX_TOKENS  # the wire's cap on a token count
 
 
 def read(payload: bytes, context: Mapping[str, str]) -> Event:
@@ -102,7 +103,7 @@ def _model_call(data: dict[str, Any]) -> ModelCall:
     return ModelCall(
         model=model,
         session=string(data.get("session_id")),
-        input_tokens=-(-sum(len(text) for text in texts) // CHARS_PER_TOKEN),
+        input_tokens=min(-(-sum(len(text) for text in texts) // CHARS_PER_TOKEN), MAX),
         max_output_tokens=limit or None,
     )
 
@@ -138,8 +139,10 @@ def _object(value: Any) -> dict[str, Any]:
 
 
 def _count(value: Any) -> int:
-    """A token count from the payload: a non-negative int, else 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    """A token count from the payload: a positive int (at most the wire's cap: a larger
+    one is reserved or charged at the cap, not refused by the daemon), else 0."""
+    valid = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return min(value, MAX) if valid else 0
 
 
 def refuse_model(decision: DecisionName, message: str) -> HookOutput:

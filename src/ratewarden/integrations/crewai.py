@@ -281,11 +281,12 @@ class RatewardenHooks:
         """The check of one model call."""
         inputs = kickoff_inputs(context)
         messages = getattr(context, "messages", None) or []
-        return model_request(
+        limit = llm_max_tokens(getattr(context, "llm", None))
+        return model_request(  # past the wire's cap: reserved at the cap, not unjudged
             self.user_for(context, inputs),
             model,
-            estimate_tokens(message_texts(messages)),
-            llm_max_tokens(getattr(context, "llm", None)),
+            min(estimate_tokens(message_texts(messages)), vocabulary.MAX_TOKENS),
+            None if limit is None else min(limit, vocabulary.MAX_TOKENS),
             session=user_from(inputs, "session_id"),
             team=user_from(inputs, "team_id"),
             call_id=vocabulary.call_id(HOST),
@@ -416,12 +417,13 @@ def event_settlement(event: Any) -> SettleRequest:
     metrics = UsageMetrics.from_provider_dict(dict(usage))
     if metrics is None:
         return SettleRequest(status=CallStatus.OK)
-    return usage_settlement(
+    counts = (
         metrics.prompt_tokens,
         metrics.completion_tokens,
         metrics.cached_prompt_tokens,
         metrics.cache_creation_tokens,
     )
+    return usage_settlement(*(min(max(int(n), 0), vocabulary.MAX_TOKENS) for n in counts))
 
 
 def result_status(context: Any) -> CallStatus:

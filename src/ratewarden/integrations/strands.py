@@ -157,11 +157,12 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
             tokens = event.projected_input_tokens
             if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
                 tokens = estimate_tokens(_texts(agent))
-            return model_request(
+            limit = max_output_tokens(getattr(agent, "model", None))
+            return model_request(  # past the wire's cap: reserved at the cap, not unjudged
                 resolve_user(state, self._user),
                 self.model_name(getattr(agent, "model", None)),
-                tokens,
-                max_output_tokens(getattr(agent, "model", None)),
+                min(tokens, vocabulary.MAX_TOKENS),
+                None if limit is None else min(limit, vocabulary.MAX_TOKENS),
                 session=user_from(state, "session_id"),
                 team=user_from(state, "team_id"),
                 call_id=vocabulary.call_id(HOST),
@@ -277,7 +278,8 @@ def model_settlement(event: Any) -> SettleRequest:
     given, output = _count(usage, "inputTokens"), _count(usage, "outputTokens")
     total = usage.get("totalTokens")
     folded = not isinstance(total, int) or given + output == total
-    return usage_settlement(given if folded else given + read + write, output, read, write)
+    total_input = min(given if folded else given + read + write, vocabulary.MAX_TOKENS)
+    return usage_settlement(total_input, output, read, write)
 
 
 def max_output_tokens(model: Any) -> int | None:
@@ -303,8 +305,11 @@ def _config(model: Any) -> Mapping[str, Any]:
 
 
 def _count(usage: Mapping[str, Any], key: str) -> int:
+    """A token count of Strands' usage: a positive int (at most the wire's cap), else 0."""
     found = usage.get(key)
-    return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else 0
+    if isinstance(found, int) and not isinstance(found, bool) and found > 0:
+        return min(found, vocabulary.MAX_TOKENS)
+    return 0
 
 
 def _texts(agent: Any) -> list[str]:
