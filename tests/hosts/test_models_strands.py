@@ -211,3 +211,39 @@ def test_counts_past_the_wires_cap_are_the_cap() -> None:
     assert settle.usage is not None
     assert settle.usage.input_tokens == settle.usage.output_tokens == vocabulary.MAX_TOKENS
     hook.guard.close()
+
+
+async def test_a_model_call_that_never_ran_is_released_by_the_next(tmp_path: Path) -> None:
+    """A later hook's interrupt stops the call after ours allowed it, and Strands sends no
+    AfterModelCallEvent: the agent's next model call releases it (one at a time)."""
+    from types import SimpleNamespace
+
+    from ratewarden.client import Guard
+    from ratewarden.integrations.strands import RatewardenHook
+
+    one_at_a_time = (
+        "version: 1\nrules:\n  - name: one\n    match: {tool: gpt-4o}\n    concurrency: 1\n"
+    )
+    with running_daemon(one_at_a_time, tmp_path / "daemon") as daemon:
+        hook = RatewardenHook(guard=Guard(daemon.url))
+
+        class Model:
+            def get_config(self) -> Any:
+                return MODEL_CONFIG
+
+        agent = SimpleNamespace(model=Model(), system_prompt="", messages=[])
+
+        def before() -> Any:
+            state = {"user_id": "u"}
+            return SimpleNamespace(
+                agent=agent, invocation_state=state, projected_input_tokens=10, cancel=False
+            )
+
+        first = before()
+        await hook.before_model_call(first)  # allowed, then interrupted: no after event
+        assert hook._model_calls  # it holds the rule's slot (else this proves nothing)
+        second = before()
+        await hook.before_model_call(second)
+        assert first.cancel is False
+        assert second.cancel is False  # the first's slot was released, not held
+        hook.guard.close()

@@ -113,7 +113,7 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
         # One hook may serve agents on several threads, hence the lock.
         self._held: dict[str, list[tuple[str, bool]]] = {}
         # id(agent) -> the call ids of its allowed model calls awaiting their after event
-        # (an agent runs one model call at a time; a list, should a hook nest them).
+        # (an agent runs one model call at a time: more than one are leftovers).
         self._model_calls: dict[int, list[str]] = {}
         self._lock = threading.Lock()
 
@@ -126,6 +126,11 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
 
     async def before_model_call(self, event: BeforeModelCallEvent) -> None:
         """Check the model call; refuse it through `cancel` unless ratewarden allows it."""
+        with self._lock:  # an agent runs one model call at a time: any left never ran
+            stale = self._model_calls.pop(id(event.agent), [])
+        for call_id in stale:  # e.g. an interrupt raised by a later hook: no after event
+            never_ran = usage_settlement(status=CallStatus.CANCELLED)
+            await asyncio.to_thread(self.guard.settle, call_id, never_ran)
         if event.cancel:  # another hook already refused it: nothing to count
             return
         request = self.model_request_for(event)
