@@ -99,3 +99,39 @@ def test_fail_closed_refuses_a_model_call_when_the_daemon_is_away(
     assert report["requests"] == 0  # the provider was never asked
     assert report["refusal"] == "Tool guard unavailable; gpt-4o calls are paused"
     assert report["error"] is None
+
+
+# -- the adapter, without crewai -----------------------------------------------------------
+
+
+def test_a_model_call_no_event_settled_is_released_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later before_llm_call hook blocks the call ours allowed: CrewAI emits no LLM
+    event for it. The run's next check releases it (after the wait), so it holds nothing."""
+    import contextvars
+    from types import SimpleNamespace
+
+    from ratewarden.client import Guard
+    from ratewarden.integrations import crewai
+
+    monkeypatch.setattr(crewai, "SETTLE_WAIT_S", 0.05)
+    one_at_a_time = (
+        "version: 1\nrules:\n  - name: one\n    match: {tool: gpt-4o}\n    concurrency: 1\n"
+    )
+    with running_daemon(one_at_a_time, tmp_path / "daemon") as daemon:
+        hooks = crewai.RatewardenHooks(guard=Guard(daemon.url), user="u")
+        llm = SimpleNamespace(model="gpt-4o", max_tokens=100)
+        context = SimpleNamespace(llm=llm, messages=[{"role": "user", "content": "hi"}])
+
+        def two_calls() -> tuple[object, object]:
+            hooks.before_llm_call(context)
+            first = crewai._MODEL_CALL.get()
+            hooks.before_llm_call(context)  # no event came for the first
+            return first, crewai._MODEL_CALL.get()
+
+        first, second = contextvars.copy_context().run(two_calls)
+        assert first is not None  # allowed, holding the rule's slot
+        assert second is not None  # allowed too: the first was released
+        assert second is not first
+        hooks.guard.close()

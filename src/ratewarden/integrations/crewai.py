@@ -248,8 +248,11 @@ class RatewardenHooks:
     def before_llm_call(self, context: Any) -> None:
         """Check the model call; a refusal raises CrewAI's HookAborted with the sentence."""
         previous = _MODEL_CALL.get()
-        if previous is not None and not previous.settled.wait(SETTLE_WAIT_S):
-            log.warning("ratewarden: no settle for model call %s yet", previous.call_id)
+        if previous is not None and not previous.settled.wait(SETTLE_WAIT_S) and previous.claim():
+            # No event came: a later hook blocked it, it never reached the provider.
+            log.warning("ratewarden: no event for model call %s; released", previous.call_id)
+            self.guard.settle(previous.call_id, usage_settlement(status=CallStatus.BLOCKED))
+            previous.settled.set()
         _MODEL_CALL.set(None)
         model = llm_model(getattr(context, "llm", None))
         try:
