@@ -263,11 +263,10 @@ def _model(
 
     settings = vocabulary.ClientSettings.read(environ)
     url = options.url or settings.url
-    where = ledger.folder(host.name, environ)
-    found_by = (ledger.key(event.model),)
-    now_ms = _now_ms()
     if isinstance(event, ModelDone):
-        call_id = ledger.take(where, event.session or "", found_by, now_ms) if where else None
+        where = ledger.folder(host.name, environ)
+        found_by = (ledger.key(event.model),)  # the key digests: hashlib, only now
+        call_id = ledger.take(where, event.session or "", found_by, _now_ms()) if where else None
         if call_id is None:  # refused, held nothing, or kept nowhere
             return host.allow
         body: dict[str, Any] = {"status": "ok"}
@@ -316,9 +315,10 @@ def _model(
     if not holds or not isinstance(call_id, str):
         return host.allow
     try:
+        where = ledger.folder(host.name, environ)
         if where is None:
             raise OSError("no folder for the hook ledger")
-        ledger.keep(where, event.session or "", found_by, call_id, now_ms)
+        ledger.keep(where, event.session or "", (ledger.key(event.model),), call_id, _now_ms())
     except OSError as exc:
         lost = f"ratewarden: could not keep model call {call_id} for its AfterModel ({exc})"
         return host.allow._replace(stderr=(one_line(f"{lost}; it is charged its reservation"),))
