@@ -67,6 +67,10 @@ class Unanswered(Exception):
     """The daemon gave no decision: unreachable, too slow, or it refused the request."""
 
 
+class NeedsUser(Unanswered):
+    """A request naming no user, from a token that is no user's (422 on `user`)."""
+
+
 class NotVouched(Exception):
     """The daemon refused the user the hook named (403 on `user`): its token may not act
     as them. A decision, not an outage: the call is refused whatever `--fail` says."""
@@ -277,11 +281,12 @@ def _model(
         except (Unanswered, NotVouched) as exc:
             return HookOutput(stderr=(one_line(f"ratewarden: could not settle {call_id}: {exc}"),))
         return host.allow
-    user = options.user or settings.user
-    if user is None and (options.token or settings.token) is None:
-        user = _login_name()
+    # Who calls, as for a tool call: `--user` is a claim the token must allow; without it
+    # a user token is its user, and a service token (or none) takes the default user.
+    token = options.token or settings.token
+    default = settings.user or _login_name() if options.user is None else None
     check = {
-        "user": user,
+        "user": options.user if options.user is not None or token is not None else default,
         "team": options.team,
         "kind": "model",
         "model": event.model,
@@ -293,7 +298,12 @@ def _model(
     sent = {k: _sendable(k, v) for k, v in check.items() if v is not None}
     refuse = host.refuse_model or (lambda decision, message: host.refuse(decision, message, ""))
     try:
-        answer = _post(url, "/v1/check", sent, options, settings)
+        try:
+            answer = _post(url, "/v1/check", sent, options, settings)
+        except NeedsUser:  # a service token: the default user, as a tool call's hook sends
+            answer = _post(
+                url, "/v1/check", {**sent, "user": _sendable("user", default)}, options, settings
+            )
     except Unanswered as exc:
         note = one_line(f"ratewarden: {exc}; failing {options.fail}")
         if options.fail == "open":
@@ -443,6 +453,8 @@ def _post(
         raise Unanswered(f"daemon unreachable at {url} ({exc or type(exc).__name__})") from None
     if status == 403 and _names_user(raw):
         raise NotVouched(_error_message(raw))
+    if status == 422 and "user" not in body and _names_user(raw):
+        raise NeedsUser(_error_message(raw))
     if status != 200:
         raise Unanswered(f"the daemon refused the hook ({status}: {_error_message(raw)})")
     try:
