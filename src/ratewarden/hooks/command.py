@@ -277,7 +277,8 @@ def _model(
         if event.usage is not None:
             body["usage"] = dict(event.usage)
         try:
-            _post(url, f"/v1/calls/{call_id}/settle", body, options, settings)
+            path = vocabulary.SETTLE_PATH.format(call_id=_quoted(call_id))
+            _post(url, path, body, options, settings)
         except (Unanswered, NotVouched) as exc:
             return HookOutput(stderr=(one_line(f"ratewarden: could not settle {call_id}: {exc}"),))
         return host.allow
@@ -333,6 +334,13 @@ def _model(
         lost = f"ratewarden: could not keep model call {call_id} for its AfterModel ({exc})"
         return host.allow._replace(stderr=(one_line(f"{lost}; it is charged its reservation"),))
     return host.allow
+
+
+def _quoted(call_id: str) -> str:
+    """A call id as one path segment (the client's `quote(call_id, safe="")`, without
+    importing urllib): every byte outside the unreserved set percent-encoded."""
+    unreserved = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+    return "".join(chr(b) if b in unreserved else f"%{b:02X}" for b in call_id.encode())
 
 
 def _now_ms() -> int:

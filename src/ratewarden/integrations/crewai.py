@@ -67,7 +67,7 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user, user_from
-from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall
+from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall, settlement
 from ratewarden.integrations._models import (
     FAILED,
     estimate_tokens,
@@ -414,12 +414,12 @@ def event_settlement(event: Any) -> SettleRequest:
     if type(event).__name__ == "LLMCallFailedEvent":
         return FAILED
     if not isinstance(usage, Mapping) or not usage:
-        return SettleRequest(status=CallStatus.OK)
+        return settlement(CallStatus.OK, None)
     from crewai.types.usage_metrics import UsageMetrics
 
     metrics = UsageMetrics.from_provider_dict(dict(usage))
     if metrics is None:
-        return SettleRequest(status=CallStatus.OK)
+        return settlement(CallStatus.OK, None)
     counts = (
         metrics.prompt_tokens,
         metrics.completion_tokens,

@@ -378,7 +378,7 @@ def response_settlement(response: Any) -> SettleRequest:
     charged its reservation."""
     usage = _get(response, "usage")
     if usage is None:
-        return SettleRequest(status=CallStatus.OK)
+        return settlement(CallStatus.OK, None)
     if _get(usage, "prompt_tokens") is not None:  # chat completions
         details = _get(usage, "prompt_tokens_details")
         return usage_settlement(
