@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 from ratewarden.arguments import MISSING, ArgPath, digest
-from ratewarden.vocabulary import ARGS_DIMENSION, Dimension
+from ratewarden.vocabulary import ARGS_DIMENSION, CallKind, Dimension
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ UNCLASSIFIED = ToolFacts()
 
 @dataclass(slots=True)  # built per call: not frozen, whose __init__ costs 5x; never mutated
 class Call:
-    """One tool invocation an agent wants to make."""
+    """One tool invocation (or model request) an agent wants to make."""
 
     user: str
     tool: str
@@ -63,6 +63,11 @@ class Call:
     # The host's own name for the tool when `tool` is its canonical one (`Bash` for
     # `terminal` from Claude Code: wire/tools.py); a rule naming either matches the call.
     host_tool: str | None = None
+    # A model call (docs/budgets.md): `tool` is its model, its cost the price of these
+    # tokens (its most output: None, the policy's `defaults.max_output_tokens`).
+    kind: str = CallKind.TOOL
+    input_tokens: int = 0
+    max_output_tokens: int | None = None
     _args_digest: str | None = field(default=None, repr=False, compare=False)
 
     def args_digest(self) -> str | None:

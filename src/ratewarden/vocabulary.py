@@ -52,6 +52,14 @@ class CallKind(StrEnum):
     MODEL = "model"
 
 
+class MatchKind(StrEnum):
+    """A rule's `match: {kind: ...}`: the kinds of call it covers (`any`: both)."""
+
+    TOOL = "tool"
+    MODEL = "model"
+    ANY = "any"
+
+
 MAX_TOKENS = 100_000_000  # tokens in one field of a model call: 50x the largest context
 # The settle route, the call id one path segment in it: the client quotes an id into
 # `{call_id}`, the daemon's route and its auth table put their path converters there.
@@ -71,6 +79,14 @@ BUDGET_HELD = "budget_held"
 REPEATED = "repeated"
 # ...and of one keyed on results (`same_result: true`): the same call got the same result.
 SAME_RESULT = "same_result"
+# Model calls' own refusals (docs/budgets.md): a budget that refuses a model call (with
+# calls in flight holding part of it); one whose room left is less than the call could
+# cost; a token rate; a model nothing prices.
+MODEL_BUDGET = "model_budget"
+MODEL_BUDGET_HELD = "model_budget_held"
+MODEL_CALL_TOO_COSTLY = "model_call_too_costly"
+TOKEN_RATE = "token_rate"
+NO_PRICE = "no_price"
 
 
 class Algorithm(StrEnum):
@@ -207,8 +223,31 @@ TEMPLATES: dict[str, str] = {
         "Repeated call: {label} returned the same result {limit} times in a row; change the "
         "arguments or the approach"
     ),
+    MODEL_BUDGET: (
+        "Budget exceeded for model calls: {spent} spent of {budget} {currency} this {period}"
+    ),
+    MODEL_BUDGET_HELD: (
+        "Budget exceeded for model calls: {spent} spent and {reserved} held by calls in "
+        "flight of {budget} {currency} this {period}"
+    ),
+    # Waiting is not the advice: a smaller call fits now.
+    MODEL_CALL_TOO_COSTLY: (
+        "This model call could cost up to {cost} {currency}; {remaining} {currency} is left "
+        "of {whose} {budget} {currency} budget: ask for a shorter answer or a smaller model"
+    ),
+    TOKEN_RATE: "Rate limit: max {limit} model tokens per {window}",
+    NO_PRICE: (
+        "No price is known for model {tool}: ask the operator to add it to the policy's models"
+    ),
 }
-NO_RETRY_SUFFIX = frozenset({REPEATED, SAME_RESULT})
+NO_RETRY_SUFFIX = frozenset({REPEATED, SAME_RESULT, MODEL_CALL_TOO_COSTLY, NO_PRICE})
+# `{whose}` in MODEL_CALL_TOO_COSTLY, by budget period.
+PERIOD_OWNER = {
+    "hour": "this hour's",
+    "day": "today's",
+    "week": "this week's",
+    "month": "this month's",
+}
 # Fields a `message:` template may use, by the kind of rule it belongs to.
 _COMMON = frozenset({"limit", "label", "retry_after", "remaining", "user", "tool", "rule"})
 TEMPLATE_FIELDS: dict[str, frozenset[str]] = {

@@ -20,6 +20,8 @@ import redis.asyncio as aioredis
 from ratewarden.calls import UNCLASSIFIED, Call, ToolFacts
 from ratewarden.clock import FakeClock
 from ratewarden.engine import Decision, Engine
+from ratewarden.limiter.ops import CallRecord, CounterOp, Hold, Kind, Role
+from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import Policy, PolicyError, parse_policy
 from ratewarden.store import MemoryStore, Store
 from ratewarden.store.keys import all_keys_pattern, record_key
@@ -973,3 +975,182 @@ async def test_a_call_record_on_redis_outlives_its_lease(
     assert 7_190_000 < lease_ttl <= 7_200_000
     # Both TTLs are set by one script; the two PTTL reads are a few ms apart, so allow that.
     assert record_ttl >= lease_ttl - 10, (record_ttl, lease_ttl)
+
+
+# ------------------------------------------------------------ token rates, below the engine
+#
+# A token rate's counter (Kind.TOKENS) on every store, driven as the engine drives it: a
+# check sends the op with its rule set (so the call's record lists it), and a settle
+# reads the record's holds and fills each with the call's tokens and its rule's limit and
+# window (zeros: the rule is gone). Every step states the store's full answer per op:
+# (admitted, used, remaining, retry_after_ms, reset_after_ms). Windows are clock-aligned:
+# the minute ends MINUTE_ENDS_AT after the start, the hour 2_782_655 ms after it.
+
+HOUR_ENDS_AT = 2_782_655
+ENFORCE, SHADOW, FORCED = Role.ENFORCE, Role.SHADOW, Role.FORCED
+
+OpAnswer = tuple[bool, int, int, int | None, int]
+
+
+@dataclass(frozen=True)
+class TokenCall:
+    at: int
+    call: str
+    ops: tuple[tuple[str, Role], ...]  # (counter, role), in op order
+    expected: tuple[OpAnswer, ...]
+    dry: bool = False  # a read (GET /v1/usage): nothing taken, nothing recorded
+
+
+@dataclass(frozen=True)
+class TokenSettle:
+    at: int
+    call: str
+    tokens: int
+    status: SettleStatus
+    charged: tuple[int, ...] = ()
+    rule_gone: bool = False
+
+
+@dataclass(frozen=True)
+class TokenScenario:
+    name: str
+    counters: dict[str, tuple[Kind, int, int]]  # name -> (kind, limit, window_ms)
+    steps: tuple[TokenCall | TokenSettle, ...]
+
+
+ONE = (("tk", ENFORCE),)
+
+TOKEN_SCENARIOS = [
+    TokenScenario(
+        "token-window-check-settle-rollover",
+        {"tk": (Kind.TOKENS, 1_000, 60_000)},
+        (
+            TokenCall(0, "a", ONE, ((True, 0, 1_000, 0, 0),)),
+            TokenCall(0, "b", ONE, ((True, 0, 1_000, 0, 0),)),  # a check adds nothing
+            TokenSettle(100, "a", 600, SettleStatus.SETTLED, (0,)),
+            TokenCall(200, "c", ONE, ((True, 600, 400, 0, 22_455),)),
+            # A call in flight when the window filled takes it past its limit.
+            TokenSettle(300, "b", 500, SettleStatus.SETTLED, (0,)),
+            TokenCall(400, "d", ONE, ((False, 1_100, 0, 22_255, 22_255),)),
+            TokenSettle(500, "a", 999, SettleStatus.ALREADY_SETTLED),  # adds nothing
+            TokenSettle(500, "d", 999, SettleStatus.UNKNOWN),  # refused: nothing recorded
+            TokenCall(600, "read", ONE, ((False, 1_100, 0, 22_055, 22_055),), dry=True),
+            TokenCall(22_600, "e", ONE, ((False, 1_100, 0, 55, 55),)),
+            TokenCall(MINUTE_ENDS_AT, "f", ONE, ((True, 0, 1_000, 0, 0),)),  # turned over
+            # Checked in the old window, settled in the new: its tokens land in the new.
+            TokenSettle(MINUTE_ENDS_AT + 10, "c", 300, SettleStatus.SETTLED, (0,)),
+            TokenCall(MINUTE_ENDS_AT + 20, "g", ONE, ((True, 300, 700, 0, 59_980),)),
+            TokenSettle(MINUTE_ENDS_AT + 30, "f", 0, SettleStatus.SETTLED, (0,)),
+            TokenCall(MINUTE_ENDS_AT + 40, "h", ONE, ((True, 300, 700, 0, 59_960),)),
+            TokenSettle(MINUTE_ENDS_AT + 50, "g", 700, SettleStatus.SETTLED, (0,)),
+            TokenCall(MINUTE_ENDS_AT + 60, "i", ONE, ((False, 1_000, 0, 59_940, 59_940),)),
+        ),
+    ),
+    TokenScenario(
+        "token-window-roles-beside-a-fixed-window",
+        {"tk": (Kind.TOKENS, 100, 60_000), "fw": (Kind.FIXED_WINDOW, 2, 60_000)},
+        (
+            TokenCall(
+                0,
+                "a",
+                (("tk", ENFORCE), ("fw", ENFORCE)),
+                ((True, 0, 100, 0, 0), (True, 1, 1, 0, 22_655)),
+            ),
+            TokenSettle(10, "a", 150, SettleStatus.SETTLED, (0,)),  # only the token rate holds
+            # A shadow token rate refuses, the call is allowed: its settle still adds.
+            TokenCall(
+                20,
+                "b",
+                (("tk", SHADOW), ("fw", ENFORCE)),
+                ((False, 150, 0, 22_635, 22_635), (True, 2, 0, 0, 22_635)),
+            ),
+            TokenSettle(30, "b", 50, SettleStatus.SETTLED, (0,)),
+            # An approved `ask` token rate: allowed past it, nothing taken, settled.
+            TokenCall(
+                40,
+                "c",
+                (("tk", FORCED), ("fw", SHADOW)),
+                ((False, 200, 0, 22_615, 22_615), (False, 2, 0, 22_615, 22_615)),
+            ),
+            TokenSettle(50, "c", 25, SettleStatus.SETTLED, (0,)),
+            # Blocked by another rule: not recorded, so its settle adds nothing.
+            TokenCall(
+                60,
+                "d",
+                (("tk", SHADOW), ("fw", ENFORCE)),
+                ((False, 225, 0, 22_595, 22_595), (False, 2, 0, 22_595, 22_595)),
+            ),
+            TokenSettle(70, "d", 1_000, SettleStatus.UNKNOWN),
+            TokenCall(80, "read", ONE, ((False, 225, 0, 22_575, 22_575),), dry=True),
+        ),
+    ),
+    TokenScenario(
+        "token-window-limit-zero-and-rule-gone",
+        {"zero": (Kind.TOKENS, 0, 60_000), "tk": (Kind.TOKENS, 1_000, 3_600_000)},
+        (
+            TokenCall(
+                0,
+                "a",
+                (("zero", SHADOW), ("tk", ENFORCE)),
+                ((False, 0, 0, None, 0), (True, 0, 1_000, 0, 0)),
+            ),
+            TokenCall(0, "z", (("zero", ENFORCE),), ((False, 0, 0, None, 0),)),  # no retry
+            TokenSettle(10, "a", 40, SettleStatus.SETTLED, (0, 0)),
+            TokenCall(
+                20,
+                "b",
+                (("zero", ENFORCE), ("tk", ENFORCE)),
+                ((False, 40, 0, None, 22_635), (True, 40, 960, 0, HOUR_ENDS_AT - 20)),
+            ),
+            TokenCall(30, "c", ONE, ((True, 40, 960, 0, HOUR_ENDS_AT - 30),)),
+            TokenSettle(40, "c", 500, SettleStatus.SETTLED, (0,), rule_gone=True),  # adds nothing
+            TokenCall(50, "read", ONE, ((True, 40, 960, 0, HOUR_ENDS_AT - 50),), dry=True),
+        ),
+    ),
+]
+
+
+def token_key(scenario: TokenScenario, counter: str) -> str:
+    """Each counter under a hash tag of its own: on a cluster, a call spans slots."""
+    return f"rw:{{{scenario.name}-{counter}}}:{scenario.counters[counter][0].value}"
+
+
+async def run_token_scenario(scenario: TokenScenario, store: Store, clock: FakeClock) -> None:
+    start = clock.now_ms()
+    by_key = {token_key(scenario, name): spec for name, spec in scenario.counters.items()}
+    for i, step in enumerate(scenario.steps):
+        assert i == 0 or step.at >= scenario.steps[i - 1].at, "time only moves forward"
+        clock.set(start + step.at)
+        where = f"step {i} ({step.call})"
+        if isinstance(step, TokenCall):
+            ops = []
+            for name, role in step.ops:
+                kind, limit, window = scenario.counters[name]
+                rule = name if kind is Kind.TOKENS else ""  # as the engine sends it
+                ops.append(
+                    CounterOp(token_key(scenario, name), kind, role, limit, window, rule=rule)
+                )
+            record = CallRecord(
+                record_key(step.call), step.call, f"fp-{step.call}", 3_600_000, False
+            )
+            found = await store.evaluate(ops, None if step.dry else record, dry_run=step.dry)
+            got = tuple(
+                (r.admitted, r.used, r.remaining, r.retry_after_ms, r.reset_after_ms)
+                for r in found.results
+            )
+            assert got == step.expected, where
+            continue
+        recorded_call = await store.read_holds(record_key(step.call))
+        holds = []
+        for hold in recorded_call.holds if recorded_call else []:
+            _, limit, window = by_key[hold.key]
+            numbers = (0, 0, 0) if step.rule_gone else (limit, window, 0)
+            holds.append(Hold(hold.kind, hold.key, step.tokens, hold.rule, numbers))
+        fingerprint = recorded_call.fingerprint if recorded_call else f"fp-{step.call}"
+        settled = await store.settle(record_key(step.call), step.call, None, holds, fingerprint)
+        assert settled == (step.status, list(step.charged)), where
+
+
+@pytest.mark.parametrize("scenario", TOKEN_SCENARIOS, ids=lambda s: s.name)
+async def test_token_scenario(scenario: TokenScenario, store: Store, clock: FakeClock) -> None:
+    await run_token_scenario(scenario, store, clock)

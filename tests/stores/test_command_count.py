@@ -26,7 +26,8 @@ import redis.asyncio as aioredis
 
 from ratewarden.calls import Call
 from ratewarden.engine import Engine
-from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation
+from ratewarden.limiter.ops import CallRecord, CounterOp, Evaluation, Hold, Kind, Role
+from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
 from ratewarden.store.keys import record_key
 from ratewarden.store.redis_store import RedisStore
@@ -340,3 +341,38 @@ async def test_a_settle_costs_one_more_write_per_budget_and_a_check_none(
     assert {c[2].split(":")[2] for c in extra} == {"{per-user|user=on}", "{per-team|team=on}"}
     assert all(c[4] == "PX" for c in extra if c[1] == "SET")
     assert [c[3] for c in extra if c[1] == "SET"] == ["200000", "200000"]
+
+
+async def test_a_token_rate_is_one_evalsha_at_check_and_one_at_settle(
+    monitor: Monitor, redis_url: str
+) -> None:
+    """A token rate beside a rate rule: the check is one EVALSHA that reads the window
+    (one GET) and writes nothing of it; the settle, after reading the holds, is one
+    EVALSHA whose script reads the window and writes it once (GET, SET)."""
+    tokens = "rw:{tokens|user=u}:tk"
+    rate = "rw:{calls|user=u}:sw"
+    store = await started_store(redis_url)
+    try:
+        ops = [
+            CounterOp(rate, Kind.SLIDING_WINDOW, Role.ENFORCE, 10, 60_000),
+            CounterOp(tokens, Kind.TOKENS, Role.ENFORCE, 1_000, 60_000, rule="tokens"),
+        ]
+        record = CallRecord(record_key("tk-1"), "tk-1", "fp", 60_000, False)
+        with recording(monitor, scripts=True) as check:
+            assert (await store.evaluate(ops, record)).results[1].admitted
+        with recording(monitor, scripts=True) as settle:
+            found = await store.read_holds(record_key("tk-1"))
+            assert found is not None
+            holds = [Hold(h.kind, h.key, 321, h.rule, (1_000, 60_000, 0)) for h in found.holds]
+            settled = await store.settle(record_key("tk-1"), "tk-1", None, holds, "fp")
+            assert settled == (SettleStatus.SETTLED, [0])
+    finally:
+        await store.close()
+    sent = [c for c in check if not c[0].endswith("lua") and c[1] not in CONNECTING]
+    assert names_and_numkeys(sent) == [("EVALSHA", "3")]
+    on_tokens = [c[1] for c in check if c[0].endswith("lua") and tokens in c]
+    assert on_tokens == ["GET"]  # read, never written at check
+    sent = [c for c in settle if not c[0].endswith("lua") and c[1] not in CONNECTING]
+    assert names_and_numkeys(sent) == [("HMGET",), ("EVALSHA", "2")]
+    on_tokens = [c[1] for c in settle if c[0].endswith("lua") and tokens in c]
+    assert on_tokens == ["GET", "SET"]

@@ -38,10 +38,13 @@ from ratewarden.arguments import result_digest
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
 from ratewarden.engine import Engine
+from ratewarden.limiter.ops import CallRecord, CounterOp, Hold, Kind, Role
+from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
 from ratewarden.service.settings import Settings
 from ratewarden.store import MemoryStore, StoreURLError, store_from_url
 from ratewarden.store import snapshot as snapshot_module
+from ratewarden.store.keys import record_key
 from ratewarden.store.snapshot import FORMAT, VERSION, StateFile, StateFileError
 from tests.helpers.daemon import Daemon, clean_environment, running_daemon
 from tests.helpers.redis_server import RedisServer, ensure_redis_server, free_port
@@ -158,6 +161,35 @@ async def test_every_kind_of_cell_survives_a_save_and_a_load(
     assert (await engine.settle("a0")).outcome == "already_settled"
     spend = {u.rule: u for u in await engine.usage("alice", tool="terminal")}["spend"]
     assert (spend.used, spend.reserved) == (0.15, 0.25)  # a0 0.10 + a1 0.05; a2 reserved
+    await reopened.close()
+
+
+async def test_a_token_window_and_its_open_calls_survive_a_restart(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A token rate's window is a window cell; a call checked before the restart is
+    settled after it, once, into the same window."""
+    path = tmp_path / "state.json"
+    key = "rw:{tokens|user=alice}:tk"
+    op = CounterOp(key, Kind.TOKENS, Role.ENFORCE, 1_000, 60_000, rule="tokens")
+    store = open_store(path, clock)
+    for call_id in ("t0", "t1"):
+        record = CallRecord(record_key(call_id), call_id, "fp", 600_000, False)
+        assert (await store.evaluate([op], record)).results[0].admitted
+
+    async def settle(on: MemoryStore, call_id: str, tokens: int) -> tuple[SettleStatus, list[int]]:
+        hold = Hold(Kind.TOKENS, key, tokens, "tokens", (1_000, 60_000, 0))
+        return await on.settle(record_key(call_id), call_id, None, [hold], "fp")
+
+    assert await settle(store, "t0", 600) == (SettleStatus.SETTLED, [0])
+    await store.close()
+    assert "window" in tags_in(path)
+    reopened = open_store(path, clock)
+    assert (await reopened.evaluate([op], None, dry_run=True)).results[0].used == 600
+    assert await settle(reopened, "t0", 600) == (SettleStatus.ALREADY_SETTLED, [])
+    assert await settle(reopened, "t1", 500) == (SettleStatus.SETTLED, [0])
+    found = (await reopened.evaluate([op], None, dry_run=True)).results[0]
+    assert (found.admitted, found.used) == (False, 1_100)
     await reopened.close()
 
 

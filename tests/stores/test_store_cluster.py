@@ -138,6 +138,20 @@ async def test_conformance_scenario_on_cluster(
     await conformance.test_scenario(scenario, cluster_store, clock)
 
 
+@pytest.mark.parametrize("scenario", conformance.TOKEN_SCENARIOS, ids=lambda s: s.name)
+async def test_token_scenario_on_cluster(
+    scenario: conformance.TokenScenario, cluster_store: ClusterStore, clock: FakeClock
+) -> None:
+    await conformance.run_token_scenario(scenario, cluster_store, clock)
+
+
+def test_the_token_scenarios_span_several_slots() -> None:
+    """A call's token rate, its other counter and its record each in a slot of its own."""
+    for scenario in conformance.TOKEN_SCENARIOS[1:]:
+        keys = [conformance.token_key(scenario, name) for name in scenario.counters]
+        assert len({slot_of(key) for key in [*keys, record_key("a")]}) == 3, scenario.name
+
+
 def test_the_scenarios_do_span_several_slots() -> None:
     """Otherwise the table would not exercise the multi-slot protocol at all."""
     spanning = 0

@@ -80,6 +80,23 @@ def test_default_templates_are_the_documented_ones() -> None:
             "Repeated call: {label} returned the same result {limit} times in a row; change "
             "the arguments or the approach"
         ),
+        "model_budget": (
+            "Budget exceeded for model calls: {spent} spent of {budget} {currency} this {period}"
+        ),
+        "model_budget_held": (
+            "Budget exceeded for model calls: {spent} spent and {reserved} held by calls in "
+            "flight of {budget} {currency} this {period}"
+        ),
+        "model_call_too_costly": (
+            "This model call could cost up to {cost} {currency}; {remaining} {currency} is "
+            "left of {whose} {budget} {currency} budget: ask for a shorter answer or a "
+            "smaller model"
+        ),
+        "token_rate": "Rate limit: max {limit} model tokens per {window}",
+        "no_price": (
+            "No price is known for model {tool}: ask the operator to add it to the policy's "
+            "models"
+        ),
     }
     fields = {"limit": 2, "label": "browser", "window": "minute"}
     money = {"spent": "4.98", "budget": "5.00", "currency": "USD", "period": "day"}

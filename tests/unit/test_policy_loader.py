@@ -362,9 +362,10 @@ def test_spec_example_compiles_to_the_documented_rules() -> None:
         "algorithm": "sliding_window",
         "timezone": "UTC",
     }
-    # Not in the file: the defaults for leases, reservations and call records.
+    # Not in the file: the defaults for leases, reservations, call records, model calls.
     assert set(policy.defaults) == {
-        "mode", "fail", "algorithm", "timezone", "lease_timeout", "reservation_ttl", "call_ttl"
+        "mode", "fail", "algorithm", "timezone", "lease_timeout", "reservation_ttl", "call_ttl",
+        "max_output_tokens", "model_price",
     }  # fmt: skip
     assert (policy.reservation_ttl_ms, policy.call_ttl_ms) == (3_600_000, 3_600_000)
     assert (policy.label_for("browser_open"), policy.cost_for("browser_open")) == ("browser", 0.05)

@@ -263,6 +263,7 @@ def test_the_schema_and_the_model_use_the_vocabularys_enums() -> None:
         ("RuleSpec", "mode"): {vocabulary.Mode},
         ("RuleSpec", "on_exceed"): {vocabulary.OnExceed},
         ("RuleSpec", "fail"): {vocabulary.FailMode},
+        ("MatchSpec", "kind"): {vocabulary.MatchKind},
     }
     assert (model.Mode, model.OnExceed, model.Algorithm) == (
         vocabulary.Mode,
@@ -341,7 +342,7 @@ def test_the_metadata_fields_are_the_vocabularys_everywhere() -> None:
     assert [n for n in ToolMetadata.model_fields if n != "title"] == list(
         vocabulary.METADATA_FIELDS
     )
-    call_parts = {"tool", "user", "group", "session", "team", "args"}
+    call_parts = {"kind", "model", "tool", "user", "group", "session", "team", "args"}
     assert [n for n in schema.MatchSpec.model_fields if n not in call_parts] == list(
         vocabulary.METADATA_FIELDS
     )

@@ -139,7 +139,7 @@ def _settle(args: argparse.Namespace) -> int:
         print(f"ratewarden: {shown(exc)}", file=sys.stderr)
         return EXIT_DENY
     if args.json:
-        print(answer.model_dump_json(indent=2))
+        print(answer.model_dump_json(indent=2, exclude_none=True))  # `tokens`: model calls'
     else:
         charged = ", ".join(f"{rule} {amount:.2f}" for rule, amount in answer.charged.items())
         print(

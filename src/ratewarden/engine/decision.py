@@ -9,7 +9,7 @@ from ratewarden import vocabulary
 from ratewarden.calls import Call
 from ratewarden.limiter.ops import OpResult
 from ratewarden.policy.durations import MICROS, format_amount, humanize_seconds
-from ratewarden.policy.messages import default_template, retry_text
+from ratewarden.policy.messages import Template, default_template, retry_text
 from ratewarden.policy.model import (
     Applied,
     BudgetLimit,
@@ -18,7 +18,7 @@ from ratewarden.policy.model import (
     RateLimit,
     Rule,
 )
-from ratewarden.vocabulary import DecisionName, SettleOutcome
+from ratewarden.vocabulary import CallKind, DecisionName, SettleOutcome
 
 Number = int | float
 
@@ -97,6 +97,8 @@ class Settlement:
     call_id: str
     outcome: SettleOutcome
     charged: dict[str, float] = field(default_factory=dict)  # budget rule -> amount charged
+    model: str | None = None  # a model call's model
+    tokens: int | None = None  # a model call's usage, in tokens (in + out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +198,9 @@ def _with_message(
             "period": found.period,
         }
     template = rule.template
-    if found.reserved and not template.custom:
+    if call.kind == CallKind.MODEL and isinstance(applied.limit, BudgetLimit):
+        template = _model_budget(template, fields, found, policy, call)
+    elif found.reserved and not template.custom:
         template = _BUDGET_HELD  # the default budget sentence, saying what is held
     return replace(
         found,
@@ -208,6 +212,25 @@ def _with_message(
 
 
 _BUDGET_HELD = default_template(vocabulary.BUDGET_HELD)
+_MODEL_BUDGET = default_template(vocabulary.MODEL_BUDGET)
+_MODEL_BUDGET_HELD = default_template(vocabulary.MODEL_BUDGET_HELD)
+_TOO_COSTLY = default_template(vocabulary.MODEL_CALL_TOO_COSTLY)
+
+
+def _model_budget(
+    template: Template, fields: dict[str, object], found: Verdict, policy: Policy, call: Call
+) -> Template:
+    """A budget's default sentence for a model call: what could fit when some of the
+    budget is left (a smaller call may), else that it is spent (fields filled in here)."""
+    if template.custom:
+        return template
+    left = round(float(found.remaining) * MICROS)
+    most = policy.most_cost(call) or 0
+    if 0 < left < most:
+        fields["cost"] = f"{-(-most // 10_000) / 100:.2f}"  # in cents, rounded up
+        fields["whose"] = vocabulary.PERIOD_OWNER.get(str(found.period), "this period's")
+        return _TOO_COSTLY
+    return _MODEL_BUDGET_HELD if found.reserved else _MODEL_BUDGET
 
 
 def soft_limit_warning(found: Verdict, label: str) -> str:

@@ -23,6 +23,7 @@ from ratewarden.engine.decision import (
     Usage,
     Verdict,
     binding,
+    scope_of,
     soft_limit_warning,
     verdict,
 )
@@ -31,6 +32,7 @@ from ratewarden.engine.refusals import MAX_ENTRIES, RefusalCache
 from ratewarden.errors import RatewardenError
 from ratewarden.limiter.ops import (
     HOLDING,
+    SETTLED_KINDS,
     CallRecord,
     CounterOp,
     Evaluation,
@@ -58,7 +60,8 @@ from ratewarden.policy.model import (
 from ratewarden.store.base import Counters, Store, StoreError
 from ratewarden.store.breaker import CircuitOpenError
 from ratewarden.store.keys import CounterKeys, encode, record_key, reset_patterns
-from ratewarden.vocabulary import APPROVED_PAST, UNAVAILABLE
+from ratewarden.vocabulary import APPROVED_PAST, NO_PRICE, UNAVAILABLE, CallKind
+from ratewarden.wire.bodies import ModelUsage
 
 log = logging.getLogger("ratewarden.engine")
 
@@ -73,9 +76,22 @@ class CallIdConflict(RatewardenError):
     """A call_id already recorded for another call, or for a call already settled."""
 
 
+class NotAModelCall(RatewardenError):
+    """A settle with a model call's usage, of a call checked as a tool call."""
+
+
 def owner_of(fingerprint: str) -> str:
     """The user whose call a record is, from its fingerprint (which begins with it)."""
     return unquote(fingerprint.partition("|")[0])
+
+
+_MODEL_MARK = "model"  # a model call's fingerprint: user|model|model[|digest]
+
+
+def model_of(fingerprint: str) -> str | None:
+    """The model a recorded model call named, from its fingerprint; None: a tool call."""
+    parts = fingerprint.split("|", 3)
+    return unquote(parts[1]) if len(parts) > 2 and parts[2] == _MODEL_MARK else None
 
 
 def fingerprint(call: Call) -> str:
@@ -86,6 +102,8 @@ def fingerprint(call: Call) -> str:
     same string (and no argument's text is kept).
     """
     head = f"{encode(call.user)}|{encode(call.tool)}"
+    if call.kind == CallKind.MODEL:  # its settle prices the model named here, no other
+        head = f"{head}|{_MODEL_MARK}"
     if not call.named:
         return head  # an id the daemon made up is never sent again: nothing to tell apart
     facts = call.facts
@@ -97,6 +115,7 @@ def fingerprint(call: Call) -> str:
         and not call.approved
         and call.args is None
         and call.host_tool is None
+        and call.kind == CallKind.TOOL
     ):
         return head
     rest = [
@@ -114,6 +133,8 @@ def fingerprint(call: Call) -> str:
     ]
     if call.host_tool is not None:  # last, and only when set: older records keep their digest
         rest.append(call.host_tool)
+    if call.kind == CallKind.MODEL:  # its tokens shape its price, as a tool's cost does
+        rest += [call.input_tokens, call.max_output_tokens]
     digest = hashlib.blake2b(json.dumps(rest).encode(), digest_size=16).hexdigest()
     return f"{head}|{digest}"
 
@@ -154,7 +175,7 @@ class _Plan:
         window_ms = burst = 0
         same_result = False
         if isinstance(limit, RateLimit):
-            kind = KIND_OF[limit.algorithm]
+            kind = Kind.TOKENS if limit.rate.tokens else KIND_OF[limit.algorithm]
             window_ms, burst = limit.rate.window_ms, limit.burst or limit.limit
             same_result = limit.same_result
         elif isinstance(limit, ConcurrencyLimit):
@@ -162,7 +183,8 @@ class _Plan:
         else:
             assert isinstance(limit, BudgetLimit)
             kind = Kind.BUDGET
-        holder = rule.name if kind in HOLDING or same_result else ""
+        # A token rate's settle adds the call's tokens: it must reach the counter too.
+        holder = rule.name if kind in SETTLED_KINDS or same_result else ""
         keys = CounterKeys.of(rule.name, kind, rule.per)
         return cls(
             applied, keys, kind, role, approved, limit.limit, window_ms, burst, holder,
@@ -199,10 +221,10 @@ class Engine:
         applied = policy.applicable(call)
         if not applied:
             return Decision("allow", call.call_id, approved=call.approved)
-        gate = AccessGate.of(policy, applied, call) if policy.has_access_rules else None
+        refused, gate = _answered_first(policy, call, applied)
+        if refused is not None:
+            return refused
         if gate is not None:
-            if gate.refused or not gate.counted:  # no counter to ask, or nothing to consume
-                return gate.decision(call)
             if gate.asking:  # what would the counters say? (read, nothing taken)
                 return await self._asked(policy, call, gate)
             applied = gate.counted
@@ -295,8 +317,13 @@ class Engine:
         cost: float | None = None,
         may_settle: Callable[[str], bool] | None = None,
         result_digest: str | None = None,
+        usage: ModelUsage | None = None,
     ) -> Settlement:
         """Charge the call's actual cost (default: its estimate) and release its slots, once.
+
+        A model call's `usage` is priced with the model its check named (docs/budgets.md)
+        and its tokens added to its token rates; with no price known (a reload took it
+        away), its reservation is charged. `usage` on a tool call raises NotAModelCall.
 
         `result_digest` (arguments.result_digest of what the tool returned) is what loop
         rules keyed on results compare (docs/policy.md, loops): a result other than the
@@ -316,13 +343,13 @@ class Engine:
             found = None
         if found is not None:
             return await self._settled_in(
-                self.store, key, call_id, cost, may_settle, found, result_digest
+                self.store, key, call_id, cost, may_settle, found, result_digest, usage
             )
         if local.used:  # a call decided while the store was down is settled where counted
             found = await local.read_holds(key)
             if found is not None:
                 return await self._settled_in(
-                    local, key, call_id, cost, may_settle, found, result_digest
+                    local, key, call_id, cost, may_settle, found, result_digest, usage
                 )
         return Settlement(call_id, "unknown")
 
@@ -335,13 +362,22 @@ class Engine:
         may_settle: Callable[[str], bool] | None,
         found: Recorded,
         result_digest: str | None,
+        usage: ModelUsage | None = None,
     ) -> Settlement:
         """Settle the call recorded as `found` in `store` (the real one, or the local count)."""
         if may_settle is not None and not may_settle(owner_of(found.fingerprint)):
             return Settlement(call_id, "unknown")
         owner = owner_of(found.fingerprint)
-        holds = [self._with_rule(h, owner) for h in found.holds]
+        model = model_of(found.fingerprint)
         actual = None if cost is None else to_micros(cost)
+        tokens = None
+        if usage is not None:
+            if model is None:
+                raise NotAModelCall(
+                    f"call {call_id!r} is a tool call: a settle's usage is a model call's"
+                )
+            actual, tokens = self.policy.usage_cost(model, usage), usage.tokens
+        holds = [self._with_rule(h, owner, tokens or 0) for h in found.holds]
         status, charged = await store.settle(
             key, call_id, actual, holds, found.fingerprint, result_digest
         )
@@ -357,6 +393,8 @@ class Engine:
                 for h, c in zip(holds, charged, strict=True)
                 if h.kind is Kind.BUDGET
             },
+            model=model,
+            tokens=tokens,
         )
 
     async def reset(self, user: str | None = None, rule: str | None = None) -> int:
@@ -416,7 +454,10 @@ class Engine:
                 key, plan.kind, role, plan.limit, plan.window_ms, plan.burst, rule=plan.holder
             )
         bounds = policy.period(budget.budget.period, self.clock.now_ms())
-        cost = to_micros(call.cost if call.cost is not None else policy.cost_for(call.tool))
+        if call.kind == CallKind.MODEL:  # its most: a call without a price was refused
+            cost = policy.most_cost(call) or 0
+        else:
+            cost = to_micros(call.cost if call.cost is not None else policy.cost_for(call.tool))
         return CounterOp(
             key,
             Kind.BUDGET,
@@ -438,12 +479,18 @@ class Engine:
         bounds = self.policy.period(rule.limit.budget.period, self.clock.now_ms())
         return (bounds.start, bounds.end, bounds.next_end)
 
-    def _with_rule(self, hold: Hold, user: str) -> Hold:
+    def _with_rule(self, hold: Hold, user: str, tokens: int = 0) -> Hold:
         """A hold with what its rule in force says: a budget's current period (so a settle
         rolls periods over too); a loop hold's limit, window and burst for `user` (whose
-        call it is: an override's limit counts). A rule gone or changed leaves zeros: a
-        budget keeps the counter's period, a loop is left alone."""
+        call it is: an override's limit counts); a token rate's limit and window, and the
+        `tokens` its settle adds. A rule gone or changed leaves zeros: a budget keeps the
+        counter's period, a loop and a token rate are left alone."""
         rule = next((r for r in self.policy.rules if r.name == hold.rule), None)
+        if hold.kind is Kind.TOKENS:
+            mine = None if rule is None else self.policy.limit_for(rule, user)
+            if not isinstance(mine, RateLimit) or not mine.rate.tokens:
+                return replace(hold, estimate=0)
+            return replace(hold, estimate=tokens, period=(mine.limit, mine.rate.window_ms, 0))
         if rule is None:
             return hold
         if hold.loop:
@@ -570,6 +617,36 @@ class Engine:
         message = default_template(UNAVAILABLE).render({"label": label}, None)
         refusal = Verdict(rule.name, UNAVAILABLE, False, 0, 0, None, 0.0, message)
         return Decision("deny", call.call_id, message, None, (refusal,), degraded=True)
+
+
+def _answered_first(
+    policy: Policy, call: Call, applied: Sequence[Applied]
+) -> tuple[Decision | None, AccessGate | None]:
+    """A refusal before any counter is asked (a model call nothing prices, an access
+    rule's answer, or an access gate leaving nothing to count), and the call's access
+    gate (None: the policy has no access rules)."""
+    if call.kind == CallKind.MODEL and (unpriced := _unpriced(policy, call, applied)):
+        return unpriced, None
+    gate = AccessGate.of(policy, applied, call) if policy.has_access_rules else None
+    if gate is not None and (gate.refused or not gate.counted):  # nothing to ask or take
+        return gate.decision(call), gate
+    return None, gate
+
+
+def _unpriced(policy: Policy, call: Call, applied: Sequence[Applied]) -> Decision | None:
+    """A refusal of a model call that a budget would price, when nothing knows its price
+    (docs/budgets.md, "Prices"); None when it has one, or no budget needs it."""
+    budgets = [a for a in applied if isinstance(a.limit, BudgetLimit)]
+    if not budgets or policy.most_cost(call) is not None:
+        return None
+    rule, limit = budgets[0].rule, budgets[0].limit
+    assert isinstance(limit, BudgetLimit)
+    message = default_template(NO_PRICE).render({"tool": call.tool}, None)
+    refusal = Verdict(
+        rule.name, rule.kind, False, limit.budget.amount, 0, None, 0.0, message,
+        currency=limit.currency, period=limit.budget.period, scope=scope_of(rule, call),
+    )  # fmt: skip
+    return Decision("deny", call.call_id, message, None, (refusal,))
 
 
 def _sends_result(

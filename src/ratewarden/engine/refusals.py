@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from ratewarden.clock import Clock, SystemClock
 from ratewarden.limiter.ops import CounterOp, Kind, OpResult, Role
 
-# Counters that only time refills.
-_RATE_KINDS = frozenset({Kind.SLIDING_WINDOW, Kind.TOKEN_BUCKET, Kind.FIXED_WINDOW})
+# Counters that only time refills (a token window too: its settles only add).
+_RATE_KINDS = frozenset({Kind.SLIDING_WINDOW, Kind.TOKEN_BUCKET, Kind.FIXED_WINDOW, Kind.TOKENS})
 # Entries kept at most; a flood of distinct refused keys empties the cache, never grows it.
 MAX_ENTRIES = 100_000
 

@@ -30,9 +30,9 @@ from typing import Any, Final
 
 from ratewarden.arguments import result_digest
 from ratewarden.vocabulary import CallStatus
-from ratewarden.wire.bodies import SettleRequest
+from ratewarden.wire.bodies import ModelUsage, SettleRequest
 
-__all__ = ["NO_RESULT", "AdmittedCall", "call_tool_result", "settlement"]
+__all__ = ["NO_RESULT", "AdmittedCall", "call_tool_result", "settlement", "usage_settlement"]
 
 Clock = Callable[[], float]  # seconds on a monotonic clock
 # No result to digest (None is a tool's result like any other).
@@ -47,6 +47,27 @@ def settlement(status: str, duration_ms: float | None, result: Any = NO_RESULT) 
     duration = None if duration_ms is None else max(duration_ms, 0.0)
     digest = None if result is NO_RESULT else result_digest(result)
     return SettleRequest(status=status, duration_ms=duration, result_digest=digest)
+
+
+def usage_settlement(
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    cache_read_tokens: int = 0,
+    cache_write_tokens: int = 0,
+    *,
+    status: str = CallStatus.OK,
+    duration_ms: float | None = None,
+) -> SettleRequest:
+    """The settle of a model call that used these tokens (input includes cached ones;
+    a cache count past what the input holds is cut to it): docs/budgets.md."""
+    usage = ModelUsage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cache_read_tokens=min(cache_read_tokens, input_tokens),
+        cache_write_tokens=min(cache_write_tokens, max(0, input_tokens - cache_read_tokens)),
+    )
+    duration = None if duration_ms is None else max(duration_ms, 0.0)
+    return SettleRequest(status=status, usage=usage, duration_ms=duration)
 
 
 def call_tool_result(result: Any) -> Any:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ratewarden.vocabulary import CallKind, CallStatus
-from ratewarden.wire.bodies import CheckRequest, ModelUsage, SettleRequest
+from ratewarden.integrations._lifecycle import usage_settlement
+from ratewarden.vocabulary import CallStatus
+from ratewarden.wire.bodies import CheckRequest
+from ratewarden.wire.names import model_check_request
 
 __all__ = ["FAILED", "estimate_tokens", "model_request", "usage_settlement"]
 
@@ -39,7 +41,7 @@ def estimate_tokens(texts: str | Iterable[str]) -> int:
 
 
 def model_request(
-    user: str | None,
+    user: str,
     model: str,
     input_tokens: int | None = None,
     max_output_tokens: int | None = None,
@@ -48,11 +50,10 @@ def model_request(
     team: str | None = None,
     call_id: str | None = None,
 ) -> CheckRequest:
-    """The check of a model call; None fields are left to the daemon."""
-    return CheckRequest(
+    """The check of a model call (names made acceptable, counts bounded); None fields
+    are left to the daemon."""
+    return model_check_request(
         user=user,
-        kind=CallKind.MODEL,
-        tool=model,
         model=model,
         input_tokens=input_tokens,
         max_output_tokens=max_output_tokens,
@@ -60,26 +61,6 @@ def model_request(
         team=team,
         call_id=call_id,
     )
-
-
-def usage_settlement(
-    input_tokens: int = 0,
-    output_tokens: int = 0,
-    cache_read_tokens: int = 0,
-    cache_write_tokens: int = 0,
-    *,
-    status: str = CallStatus.OK,
-    duration_ms: float | None = None,
-) -> SettleRequest:
-    """The settle of a model call that used these tokens (input includes cached ones)."""
-    usage = ModelUsage(
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        cache_read_tokens=min(cache_read_tokens, input_tokens),
-        cache_write_tokens=min(cache_write_tokens, max(0, input_tokens - cache_read_tokens)),
-    )
-    duration = None if duration_ms is None else max(duration_ms, 0.0)
-    return SettleRequest(status=status, usage=usage, duration_ms=duration)
 
 
 # A model call that raised before the provider answered: nothing used, nothing charged.

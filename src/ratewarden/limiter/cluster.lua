@@ -66,7 +66,7 @@ local function group()
   end
   local reply = {blocked and 1 or 0}
   for _, c in ipairs(checks) do
-    local committed = not dry and not blocked and (c.admitted or c.op.role == 2)
+    local committed = not dry and not blocked and consumes(c)
     if committed then c.commit() end
     if c.save then c.save() end
     for _, v in ipairs({c.admitted and 1 or 0, c.used, c.retry, c.reset, c.reserved or 0,
@@ -168,7 +168,10 @@ local function cc_release(key, op, call_id)
   end
 end
 
-local RELEASE = {sw = sw_release, tb = tb_release, fw = fw_release, bg = bg_release, cc = cc_release}
+local function tk_release() end  -- a token rate's check took nothing
+
+local RELEASE = {sw = sw_release, tb = tb_release, fw = fw_release, bg = bg_release, cc = cc_release,
+                 tk = tk_release}
 
 local function release()
   local call_id = ARGV[3]

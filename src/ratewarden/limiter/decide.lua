@@ -2,7 +2,8 @@
 -- an allowed call (its answer for replays, what it holds for its settle).
 -- Twin: reference.py `decide`. Layout: limiter/script.py, Mode.DECIDE.
 
-local EVALUATE = {sw = sliding_window, tb = token_bucket, fw = fixed_window, bg = budget, cc = concurrency}
+local EVALUATE = {sw = sliding_window, tb = token_bucket, fw = fixed_window, bg = budget, cc = concurrency,
+  tk = token_window}
 
 local function read_op(key, a)  -- the ten values of one op, from ARGV[a] on
   return {
@@ -27,11 +28,17 @@ local function answer_from_record(fingerprint)
   return recorded_numbers({2}, record[2])
 end
 
+-- Whether an op takes its unit once the call is allowed (and is listed in its record):
+-- a token rate takes nothing, but is listed whatever its verdict (its settle adds).
+local function consumes(c)
+  return c.admitted or c.op.role == 2 or c.op.kind == 'tk'
+end
+
 -- Commit what the call consumes (if `commit`); the numbers of every op, and its holds.
 local function apply(checks, commit)
   local numbers, holds = {}, {}
   for _, c in ipairs(checks) do
-    if commit and (c.admitted or c.op.role == 2) then
+    if commit and consumes(c) then
       c.commit()
       if c.op.hold ~= '' then holds[#holds + 1] = c.op.hold end
     end

@@ -21,9 +21,14 @@ class Kind(StrEnum):
     FIXED_WINDOW = "fw"
     BUDGET = "bg"
     CONCURRENCY = "cc"
+    TOKENS = "tk"  # a token rate: a clock-aligned window of model tokens, added at settle
 
 
 HOLDING = (Kind.BUDGET, Kind.CONCURRENCY)  # kinds a call holds until it settles
+# A token rate holds nothing (its check takes nothing, so nothing expires or is released
+# unsettled, and the record needs no TTL past the policy's call_ttl), but its op carries
+# a hold line all the same: the call's settle adds its tokens to the counter.
+SETTLED_KINDS = (*HOLDING, Kind.TOKENS)  # kinds whose ops carry a hold line (rule set)
 # A loop rule keyed on results (`same_result: true`) is a rate counter whose ops carry a
 # hold line too: nothing is held, but the call's settle must find the counter to compare
 # its result with the last one kept (a "loop hold", of a rate kind).
@@ -48,7 +53,7 @@ class CounterOp:
     burst: int = 0  # token bucket capacity
     cost: int = 0  # budget: the estimate to reserve, in micro-units
     period: tuple[int, int, int] = (0, 0, 0)  # budget: period start, end, next period's end
-    # Set on ops a settle must reach (budget, concurrency, a loop rule keyed on results):
+    # Set on ops a settle must reach (budget, concurrency, tokens, a loop rule keyed on results):
     # recorded with them, so a settle can find the rule again. Empty on any other.
     rule: str = ""
 
@@ -60,8 +65,10 @@ class CounterOp:
         return _hold_line(self.kind, self.cost, self.rule, self.key)
 
     def consumes(self, admitted: bool) -> bool:
-        """Whether this op takes its unit once the call as a whole is allowed."""
-        return admitted or self.role is Role.FORCED
+        """Whether this op takes its unit once the call as a whole is allowed (and so
+        is listed in the call's record). A token rate takes nothing at its check, but is
+        listed whatever its verdict: a shadow one's settle still adds the tokens."""
+        return admitted or self.role is Role.FORCED or self.kind is Kind.TOKENS
 
     @property
     def capacity(self) -> int:
@@ -111,11 +118,14 @@ class Hold:
 
     kind: Kind
     key: str
-    estimate: int  # reserved micro-units (budget); 0 for a slot or a loop hold
+    # Reserved micro-units (budget); 0 for a slot or a loop hold. A token rate's: the
+    # tokens its settle adds (filled in at settle time from the call's usage).
+    estimate: int
     rule: str
     # Filled in at settle time from the rule in force: a budget's period (start, end,
-    # next period's end); a loop hold's limit, window (ms) and burst. Zeros: its rule is
-    # gone (a budget keeps the counter's period; a loop hold changes nothing).
+    # next period's end); a loop hold's limit, window (ms) and burst; a token rate's
+    # limit, window (ms) and 0. Zeros: its rule is gone (a budget keeps the counter's
+    # period; a loop hold changes nothing; a token rate adds nothing).
     period: tuple[int, int, int] = (0, 0, 0)
 
     @property

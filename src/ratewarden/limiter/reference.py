@@ -25,6 +25,7 @@ from ratewarden.limiter.algorithms.concurrency import concurrency
 from ratewarden.limiter.algorithms.fixed_window import fixed_window
 from ratewarden.limiter.algorithms.sliding_window import Ring, sliding_window
 from ratewarden.limiter.algorithms.token_bucket import token_bucket
+from ratewarden.limiter.algorithms.token_window import token_window, token_window_add
 from ratewarden.limiter.ops import (
     CallRecord,
     CounterOp,
@@ -44,6 +45,7 @@ _EVALUATE: dict[Kind, Callable[[Table, CounterOp, int, str], Check]] = {
     Kind.FIXED_WINDOW: fixed_window,
     Kind.BUDGET: budget,
     Kind.CONCURRENCY: concurrency,
+    Kind.TOKENS: token_window,
 }
 
 
@@ -120,9 +122,9 @@ def settle(
     fingerprint: str = "",
     digest: str | None = None,
 ) -> tuple[SettleStatus, list[int]]:
-    """Release slots, swap reservations for the actual cost, compare the result `digest`
-    with a loop rule's last one (twin of settle.lua). With a `fingerprint`, a record of
-    another fingerprint is as unknown."""
+    """Release slots, swap reservations for the actual cost, add tokens to token rates,
+    compare the result `digest` with a loop rule's last one (twin of settle.lua). With a
+    `fingerprint`, a record of another fingerprint is as unknown."""
     stored: Record | None = table.get(record_key, now)
     if stored is None or (fingerprint and stored.fingerprint != fingerprint):
         return SettleStatus.UNKNOWN, []
@@ -132,6 +134,10 @@ def settle(
     for hold in holds:
         if hold.loop:
             settle_loop(table, hold, call_id, digest, now)
+            charged.append(0)
+            continue
+        if hold.kind is Kind.TOKENS:  # the call's tokens (estimate) into its window
+            token_window_add(table, hold.key, hold.period[1], hold.estimate, now)
             charged.append(0)
             continue
         if hold.kind is Kind.CONCURRENCY:

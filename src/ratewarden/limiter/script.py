@@ -54,6 +54,13 @@ digest compares it with the result kept in `rw:{<rule>|<dims>}:<alg>:r` (a strin
 last 32-hex digest, expiring with the window): a different one empties the counter and
 commits this call as its first unit (by the algorithm's own commit); then the digest is
 kept (SET ... PX window). Without a digest, nothing changes.
+
+A token rate's op (kind 'tk') takes nothing at its check: it admits while its window
+(clock-aligned, "start:count" as a fixed window's) holds fewer tokens than its limit, and
+its hold line is listed in the record of every allowed call, whatever its own verdict.
+Its hold at settle carries the tokens to add as its estimate and its rule's limit, window
+and 0 as its period (zeros: the rule is gone, nothing is added); the settle adds the
+tokens to the current window (PX to its end) and reports 0 charged. One key per hold.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ _PARTS = (
     "algorithms/sliding_window.lua",
     "algorithms/token_bucket.lua",
     "algorithms/fixed_window.lua",
+    "algorithms/token_window.lua",
     "algorithms/budget.lua",
     "algorithms/concurrency.lua",
     "decide.lua",

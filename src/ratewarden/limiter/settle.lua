@@ -1,5 +1,6 @@
 -- settle.lua: replace a call's budget reservations by its actual cost, release its
--- slots, compare its result with a loop rule's last one, once. Twin: reference.py
+-- slots, add its tokens to its token rates, compare its result with a loop rule's last
+-- one, once. Twin: reference.py
 -- `settle`. Layout: limiter/script.py, Mode.SETTLE.
 
 -- Settle one hold (its five values start at ARGV[a]); returns what it charged.
@@ -52,6 +53,10 @@ local function settle_all(k, a, call_id, actual, digest)
     local kind = ARGV[a]
     if kind == 'bg' or kind == 'cc' then
       reply[#reply + 1] = settle_hold(KEYS[k], a, call_id, actual)
+      k = k + 1
+    elseif kind == 'tk' then  -- a token rate (estimate: the tokens; limit, window, 0)
+      token_window_add(KEYS[k], tonumber(ARGV[a + 3]), tonumber(ARGV[a + 1]))
+      reply[#reply + 1] = 0
       k = k + 1
     else
       reply[#reply + 1] = settle_loop(KEYS[k], KEYS[k + 1], a, call_id, digest)

@@ -17,6 +17,8 @@ from ratewarden.policy.conditions import ArgCondition, compile_condition
 from ratewarden.policy.errors import PolicyIssue
 from ratewarden.policy.messages import Template, compile_template, default_template
 from ratewarden.policy.model import (
+    MODEL_CALLS,
+    TOOL_CALLS,
     AccessLimit,
     Bounded,
     BudgetLimit,
@@ -35,6 +37,7 @@ from ratewarden.policy.model import (
     compile_glob,
     is_glob,
 )
+from ratewarden.policy.prices import Prices, price_of
 from ratewarden.policy.schema import (
     MatchSpec,
     OverrideSpec,
@@ -48,6 +51,7 @@ from ratewarden.vocabulary import (
     METADATA_FLAGS,
     REPEATED,
     SAME_RESULT,
+    TOKEN_RATE,
     Algorithm,
     Dimension,
     OnExceed,
@@ -86,6 +90,8 @@ def compile_policy(
         mine.append(compiled)
     names, found = compile_names(spec)
     issues += found
+    prices = compile_prices(spec)
+    issues += unpriced_models(spec, prices)
     if issues:
         return None, issues
     runtime_compiled = {
@@ -118,6 +124,8 @@ def compile_policy(
         spec=spec,
         file_overrides=tuple(mine),
         runtime_overrides=runtime_compiled,
+        prices=prices,
+        max_output_tokens=spec.defaults.max_output_tokens,
     )
     return policy, []
 
@@ -172,7 +180,7 @@ def _compile_rule(
     return Rule(
         name=rule.name,
         index=index,
-        match=_compile_match(rule.match),
+        match=_compile_match(rule.match, kinds=_kinds(rule)),
         unless=None if rule.unless is None else _compile_match(rule.unless, cut_holds=False),
         per=() if access else tuple(rule.per),  # an access rule has no counter
         limit=limit,
@@ -192,6 +200,8 @@ def _template(rule: RuleSpec) -> Template:
     text = rule.deny or rule.ask or rule.message
     if text is not None:
         return compile_template(text, rule.kind)
+    if rule.kind is RuleKind.RATE and rule.rate is not None and rule.rate.tokens:
+        return default_template(TOKEN_RATE)
     if rule.kind is RuleKind.RATE and rule.same_result:
         return default_template(SAME_RESULT)
     if rule.kind is RuleKind.RATE and Dimension.ARGS in rule.per:
@@ -213,17 +223,39 @@ def _rule_limit(
     if base.concurrency is not None:
         slots = base.concurrency if rule.concurrency is None else rule.concurrency
         return ConcurrencyLimit(slots, base.lease_timeout or spec.defaults.lease_timeout)
+    return _rate_limit(spec, rule, base)
+
+
+def _rate_limit(spec: PolicySpec, rule: RuleSpec | OverrideSpec, base: RuleSpec) -> RateLimit:
     rate = rule.rate or base.rate
     assert rate is not None
     algorithm = base.algorithm or spec.defaults.algorithm
+    if rate.tokens:  # counted in fixed windows (the schema refused any other algorithm)
+        algorithm = Algorithm.FIXED_WINDOW
     return RateLimit(rate, algorithm, rule.burst or base.burst, bool(base.same_result))
 
 
-def _compile_match(spec: MatchSpec, *, cut_holds: bool = True) -> Match:
+def _kinds(rule: RuleSpec) -> frozenset[str]:
+    """The kinds of call a rule covers: what its match says, else tool calls (a token
+    rate: model calls, whose tokens it counts)."""
+    stated = rule.match.kinds
+    if stated is not None:
+        return stated
+    return MODEL_CALLS if rule.rate is not None and rule.rate.tokens else TOOL_CALLS
+
+
+def _compile_match(
+    spec: MatchSpec, *, cut_holds: bool = True, kinds: frozenset[str] | None = None
+) -> Match:
+    """A rule's `match` (its `kinds` worked out by `_kinds`), or its `unless:` (the
+    kinds it states, None: any)."""
+
     def names(value: list[str] | None) -> NameSet | None:
         return None if value is None else NameSet.of(value)
 
     return Match(
+        kinds=spec.kinds if kinds is None else kinds,
+        models=names(spec.model),
         tools=names(spec.tool),
         users=names(spec.user),
         groups=None if spec.group is None else frozenset(spec.group),
@@ -330,12 +362,48 @@ def _override_limit(
         kind != RuleKind.RATE or rule.algorithm != Algorithm.TOKEN_BUCKET
     ):
         issues.append(PolicyIssue((*where, "burst"), "burst only applies to token_bucket rules"))
+    if (unit := _other_unit(rule, override)) is not None:
+        issues.append(PolicyIssue((*where, "rate"), unit))
     limit = _rule_limit(spec, override, rule)
     if isinstance(limit, RateLimit) and (
         problem := sliding_cap_problem(limit.rate, limit.algorithm)
     ):
         issues.append(PolicyIssue((*where, "rate"), problem))  # the rule's cap holds for it too
     return limit
+
+
+def compile_prices(spec: PolicySpec) -> Prices:
+    """The policy's model prices: its `models:` lines, genai-prices, its default."""
+    default = spec.defaults.model_price
+    return Prices(
+        [(pattern, price_of(line.model_dump())) for pattern, line in spec.models.items()],
+        None if default is None else price_of(default.model_dump()),
+    )
+
+
+def unpriced_models(spec: PolicySpec, prices: Prices) -> list[PolicyIssue]:
+    """A rule naming a model (exactly) whose price nothing knows: with no default price,
+    its every call would be refused (docs/budgets.md, "Prices")."""
+    if prices.default is not None:
+        return []
+    return [
+        PolicyIssue(
+            ("rules", i, "match", "model"),
+            f"no price is known for model {model!r}: add it to the policy's models, or "
+            "set defaults.model_price",
+        )
+        for i, rule in enumerate(spec.rules)
+        for model in rule.match.model or ()
+        if not is_glob(model) and not prices.known(model)
+    ]
+
+
+def _other_unit(rule: RuleSpec, override: OverrideSpec) -> str | None:
+    """What is wrong with an override's rate counting calls for a rule counting tokens,
+    or the other way round (None: nothing)."""
+    if override.rate is None or rule.rate is None or override.rate.tokens == rule.rate.tokens:
+        return None
+    return f"rule {rule.name!r} counts {'tokens' if rule.rate.tokens else 'calls'}"
 
 
 def _default_tool(spec: PolicySpec) -> ToolEntry:

@@ -1,4 +1,5 @@
-"""Parse the policy's rate syntax: `10/minute`, `100/5m`, `5/10 minutes`."""
+"""Parse the policy's rate syntax: `10/minute`, `100/5m`, `5/10 minutes`, and token
+rates: `200000 tokens/minute`."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ _UNIT_ALIASES = {
     "h": "hour", "hr": "hour", "hrs": "hour", "hour": "hour", "hours": "hour",
     "d": "day", "day": "day", "days": "day",
 }  # fmt: skip
-_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)?\s*([a-z]+)\s*$")
+_RATE = re.compile(r"^\s*(\d+)\s*(tokens?\s*)?/\s*(\d+)?\s*([a-z]+)\s*$")
 
 # Longest window a rate rule may use; longer periods are what budgets are for.
 MAX_WINDOW_MS = 31 * _UNIT_MS["day"]
@@ -27,25 +28,28 @@ MAX_WINDOW_MS = 31 * _UNIT_MS["day"]
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """`limit` calls per `window_ms`; `window` is the human name used in messages."""
+    """`limit` calls (or, with `tokens`, model tokens) per `window_ms`; `window` is the
+    human name used in messages."""
 
     limit: int
     window_ms: int
     window: str
+    tokens: bool = False  # a token rate: model calls' tokens, added at their settle
 
     def __str__(self) -> str:
-        return f"{self.limit}/{self.window}"
+        return f"{self.limit}{' tokens' if self.tokens else ''}/{self.window}"
 
 
 def parse_rate(text: object) -> Rate:
-    """Parse `N/unit`, `N/Kunit` or `N/K units`; raise ValueError naming what was expected."""
+    """Parse `N/unit`, `N/Kunit` or `N/K units`, each with `tokens` after N for a token
+    rate; raise ValueError naming what was expected."""
     expected = f'expected "N/window" (e.g. "10/minute", "5/10 minutes"), got {text!r}'
     if not isinstance(text, str):
         raise ValueError(expected)
     found = _RATE.match(text.lower())
     if not found:
         raise ValueError(expected)
-    limit, count_text, unit_text = found.groups()
+    limit, tokens, count_text, unit_text = found.groups()
     unit = _UNIT_ALIASES.get(unit_text)
     if unit is None:
         raise ValueError(
@@ -57,7 +61,7 @@ def parse_rate(text: object) -> Rate:
     window_ms = count * _UNIT_MS[unit]
     if window_ms > MAX_WINDOW_MS:
         raise ValueError(f"the window in {text!r} is longer than 31 days; use a budget instead")
-    return Rate(limit=int(limit), window_ms=window_ms, window=window_name(count, unit))
+    return Rate(int(limit), window_ms, window_name(count, unit), tokens=tokens is not None)
 
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([a-z]+)\s*$")

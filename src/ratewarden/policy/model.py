@@ -22,8 +22,10 @@ from ratewarden.policy.durations import Budget, Rate
 from ratewarden.policy.errors import PolicyIssue
 from ratewarden.policy.messages import Template
 from ratewarden.policy.periods import Bounds, PeriodClock
-from ratewarden.vocabulary import Algorithm, FailMode, Mode, OnExceed, RuleKind
+from ratewarden.policy.prices import Prices
+from ratewarden.vocabulary import Algorithm, CallKind, FailMode, Mode, OnExceed, RuleKind
 from ratewarden.wire import tools
+from ratewarden.wire.bodies import ModelUsage
 from ratewarden.wire.tools import Canonical, HostTool
 
 # The policy's enums are the vocabulary's (one spelling for the file, the model, the API);
@@ -192,10 +194,18 @@ Bounded = Counted | AccessLimit
 Limit = Bounded | Unlimited
 
 
+TOOL_CALLS = frozenset({CallKind.TOOL})  # what a rule's match covers when it says nothing
+MODEL_CALLS = frozenset({CallKind.MODEL})
+
+
 @dataclass(frozen=True, slots=True)
 class Match:
     """Which calls a rule applies to; `None` fields match everything."""
 
+    # The kinds of call (vocabulary.CallKind) it covers: a rule's match says tool calls
+    # unless it states otherwise (compile.py); None (an `unless:`): any kind.
+    kinds: frozenset[str] | None = None
+    models: NameSet | None = None  # a model call's model (its `tool`)
     tools: NameSet | None = None
     users: NameSet | None = None
     groups: frozenset[str] | None = None
@@ -210,10 +220,20 @@ class Match:
     cut_holds: bool = True
 
     def static_mismatch(
-        self, user: str, tool: str, groups: frozenset[str], host_tool: str | None = None
+        self,
+        user: str,
+        tool: str,
+        groups: frozenset[str],
+        host_tool: str | None = None,
+        kind: str = CallKind.TOOL,
     ) -> str | None:
         """Why the rule cannot apply to this user and tool (by its canonical name or the
-        host's own, `host_tool`), or None if it may."""
+        host's own, `host_tool`) or model (`kind` model), or None if it may."""
+        if self.kinds is not None and kind not in self.kinds:
+            return f"it covers {' and '.join(sorted(self.kinds))} calls, not {kind} calls"
+        models = self.models
+        if models is not None and tool not in models:
+            return f"model {tool!r} is not in {list(models.source)}"
         tools = self.tools
         if (
             tools is not None
@@ -306,14 +326,14 @@ class Match:
     def matches(self, call: Call, groups: frozenset[str]) -> bool:
         """Whether every condition holds for `call` (`unless:` asks this)."""
         return (
-            self.static_mismatch(call.user, call.tool, groups, call.host_tool) is None
+            self.static_mismatch(call.user, call.tool, groups, call.host_tool, call.kind) is None
             and self.call_mismatch(call) is None
         )
 
     def conditions(self, call: Call, groups: frozenset[str]) -> list[tuple[str, bool]]:
         """Each condition this match states, described, and whether it holds for `call`
         (all of them, for `policy explain`; deciding stops at the first that fails)."""
-        held: list[bool] = []
+        held = self._kind_held(call)
         if self.tools is not None:
             host_tool = call.host_tool
             held.append(
@@ -340,9 +360,22 @@ class Match:
                 texts[index] += said
         return list(zip(texts, held, strict=True))
 
+    def _kind_held(self, call: Call) -> list[bool]:
+        """`conditions`' first: whether the call is of the kind and model stated."""
+        held = []
+        if self.kinds is not None and self.kinds != TOOL_CALLS:  # as stated_parts says them
+            held.append(call.kind in self.kinds)
+        if self.models is not None:
+            held.append(call.tool in self.models)
+        return held
+
     def stated_parts(self) -> list[str]:
         """Each condition this match states, in `policy explain`'s words and order."""
         found: list[str] = []
+        if self.kinds is not None and self.kinds != TOOL_CALLS:  # the default goes unsaid
+            found.append(f"kind in {sorted(self.kinds)}")
+        if self.models is not None:
+            found.append(f"model in {list(self.models.source)}")
         if self.tools is not None:
             found.append(f"tool in {list(self.tools.source)}")
         for name, names in (("user", self.users), ("session", self.sessions), ("team", self.teams)):
@@ -568,7 +601,9 @@ class Notifications:
         )
 
 
-@dataclass(eq=False)
+# Slotted: a Policy's attributes are read on every decision, and a slotted one's by index
+# however many it has (a dict's only while under 30: service/metrics.py, MAX_ATTRIBUTES).
+@dataclass(eq=False, slots=True)
 class Policy:
     """A loaded, validated policy. Immutable once built; reloads build a new one."""
 
@@ -597,6 +632,10 @@ class Policy:
     runtime_overrides: dict[str, CompiledOverride] = field(
         default_factory=dict, repr=False, compare=False
     )
+    # Model calls' prices (the `models:` lines, genai-prices, `defaults.model_price`) and
+    # the output a call that names no maximum reserves (docs/budgets.md).
+    prices: Prices = field(default_factory=Prices, repr=False, compare=False)
+    max_output_tokens: int = 4096
     _periods: dict[str, PeriodClock] = field(init=False, repr=False)
     _metric_tool: Callable[[str], str] = field(init=False, repr=False)
     _by_name: dict[str, Rule] = field(init=False, repr=False)
@@ -607,6 +646,8 @@ class Policy:
     # when some rule names that host's name (`_names_tool`); else as (user, tool).
     _hosted: Callable[[str, str, str], tuple[Applied, ...]] = field(init=False, repr=False)
     _names_tool: Callable[[str], bool] = field(init=False, repr=False)
+    _model_candidates: Callable[[str, str], tuple[Applied, ...]] = field(init=False, repr=False)
+    _metric_model: Callable[[str], str] = field(init=False, repr=False)
     _shared_candidates: dict[tuple[tuple[int, int, str, bool], ...], tuple[Applied, ...]] = field(
         init=False, repr=False
     )
@@ -620,6 +661,8 @@ class Policy:
         self._candidates = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_candidates)
         self._hosted = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_candidates)
         self._names_tool = lru_cache(maxsize=4096)(self._find_named_tool)
+        self._model_candidates = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_for_model)
+        self._metric_model = lru_cache(maxsize=4096)(self._find_metric_model)
         # Bounded by the policy: one entry per distinct set of rules and limits.
         self._shared_candidates = {}
         self._label = lru_cache(maxsize=4096)(self._find_label)
@@ -650,7 +693,9 @@ class Policy:
         """The rules that apply to `call`, in policy order, with their effective limits
         (a rule an override makes unlimited for this user does not apply to them)."""
         host_tool = call.host_tool
-        if host_tool is None or not self._names_tool(host_tool):
+        if call.kind == CallKind.MODEL:
+            candidates = self._model_candidates(call.user, call.tool)
+        elif host_tool is None or not self._names_tool(host_tool):
             candidates = self._candidates(call.user, call.tool)
         else:  # a rule names the host's own name for the tool: it may apply too
             candidates = self._hosted(call.user, call.tool, host_tool)
@@ -756,6 +801,32 @@ class Policy:
         while an instance has fewer than 30 (service/metrics.py, MAX_ATTRIBUTES)."""
         return Notifications.of(self.spec.notifications if self.spec is not None else None)
 
+    def most_cost(self, call: Call) -> int | None:
+        """The most model call `call` can cost, in micro-USD (None: no price is known)."""
+        price = self.prices.of(call.tool)
+        if price is None:
+            return None
+        most = call.max_output_tokens
+        return price.most(call.input_tokens, self.max_output_tokens if most is None else most)
+
+    def usage_cost(self, model: str, usage: ModelUsage) -> int | None:
+        """What `usage` of `model` cost, in micro-USD (None: no price is known)."""
+        price = self.prices.of(model)
+        return None if price is None else price.micros(usage)
+
+    def metric_model(self, model: str) -> str:
+        """A bounded metric label: the policy's pattern (a `models:` line, a rule's
+        `model:`) that `model` matches, or `other`."""
+        return self._metric_model(model)
+
+    def _find_metric_model(self, model: str) -> str:
+        lines = [*self.prices.exact, *(pattern for pattern, _ in self.prices.globs)]
+        named = [p for r in self.rules if r.match.models is not None for p in r.match.models.source]
+        for pattern in (*lines, *named):
+            if pattern == model or (is_glob(pattern) and fnmatch.fnmatchcase(model, pattern)):
+                return pattern
+        return "other"
+
     def rule_named(self, rule_name: str) -> Rule | None:
         return self._by_name.get(rule_name)
 
@@ -783,17 +854,21 @@ class Policy:
             for names in (rule.match.tools, rule.unless.tools if rule.unless else None)
         )
 
+    def _find_for_model(self, user: str, model: str) -> tuple[Applied, ...]:
+        return self._find_candidates(user, model, None, CallKind.MODEL)
+
     def _find_candidates(
-        self, user: str, tool: str, host_tool: str | None = None
+        self, user: str, tool: str, host_tool: str | None = None, kind: str = CallKind.TOOL
     ) -> tuple[Applied, ...]:
         groups = self.groups_of(user)
         found = []
         for rule in self.rules:
-            if rule.match.static_mismatch(user, tool, groups, host_tool) is not None:
+            if rule.match.static_mismatch(user, tool, groups, host_tool, kind) is not None:
                 continue
             unless = rule.unless
             check_unless = (
-                unless is not None and unless.static_mismatch(user, tool, groups, host_tool) is None
+                unless is not None
+                and unless.static_mismatch(user, tool, groups, host_tool, kind) is None
             )
             if check_unless and not unless.has_call_conditions:  # type: ignore[union-attr]
                 continue  # its `unless:` holds for every call of this user and tool

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import zoneinfo
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -42,10 +43,14 @@ from ratewarden.vocabulary import (
     ACCESS_ANSWERS,
     ARGS_DIMENSION,
     COUNTED_KINDS,
+    MAX_TOKENS,
+    METADATA_FIELDS,
     UNREADABLE_MESSAGE,
     Algorithm,
+    CallKind,
     Dimension,
     FailMode,
+    MatchKind,
     Mode,
     NotifyEvent,
     OnExceed,
@@ -79,6 +84,12 @@ DurationText = Annotated[
 ]
 
 
+def _ten_decimals(value: float) -> float:
+    if Decimal(str(value)).as_tuple().exponent < -10:  # type: ignore[operator]
+        raise ValueError(f"a price has at most ten decimals, got {value!r}")
+    return value
+
+
 def _percent(value: object) -> float:
     """`80%` or 80 -> 0.8: the share of a budget at which calls get flagged."""
     text = value.strip().removesuffix("%") if isinstance(value, str) else value
@@ -101,7 +112,9 @@ MAX_SLIDING_LIMIT = 100_000
 def sliding_cap_problem(rate: Rate, algorithm: Algorithm | None) -> str | None:
     """What is wrong with `rate` on a sliding window (None: the default algorithm here,
     as for a rule that names none), or None: a rule's and its overrides' one cap."""
-    if rate.limit <= MAX_SLIDING_LIMIT or algorithm not in (None, Algorithm.SLIDING_WINDOW):
+    if rate.tokens or rate.limit <= MAX_SLIDING_LIMIT:  # token rates: fixed windows
+        return None
+    if algorithm not in (None, Algorithm.SLIDING_WINDOW):
         return None
     return (
         f"sliding_window limits are capped at {MAX_SLIDING_LIMIT} calls per window; "
@@ -111,6 +124,22 @@ def sliding_cap_problem(rate: Rate, algorithm: Algorithm | None) -> str | None:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# A model's price in USD per million tokens (the providers' unit), up to ten decimals.
+PricePerMTok = Annotated[
+    float, Field(ge=0, le=1_000_000, allow_inf_nan=False), AfterValidator(_ten_decimals)
+]
+
+
+class ModelPriceSpec(_Strict):
+    """A model's price (`models:` lines, `defaults.model_price`), USD per million tokens;
+    a cache price left out charges those tokens at the input price."""
+
+    input: PricePerMTok
+    output: PricePerMTok
+    cache_read: PricePerMTok | None = None
+    cache_write: PricePerMTok | None = None
 
 
 class DefaultsSpec(_Strict):
@@ -124,6 +153,10 @@ class DefaultsSpec(_Strict):
     reservation_ttl: DurationText = 3_600_000
     # Records of allowed calls (for idempotent re-checks and settles) are kept this long.
     call_ttl: DurationText = 3_600_000
+    # A model call that names no `max_output_tokens` reserves this many (docs/budgets.md).
+    max_output_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 4096
+    # The price of a model nothing else prices; without it such a model call is refused.
+    model_price: ModelPriceSpec | None = None
 
     @field_validator("timezone")
     @classmethod
@@ -240,6 +273,9 @@ PerDimension = Annotated[str, PlainValidator(_per_dimension, json_schema_input_t
 
 
 class MatchSpec(_Strict):
+    # Which calls: tool calls (the default), model calls, or both (docs/budgets.md).
+    kind: MatchKind | None = None
+    model: Names | None = None  # model calls of these models (names or globs)
     tool: Names | None = None
     user: Names | None = None
     group: Names | None = None
@@ -252,6 +288,33 @@ class MatchSpec(_Strict):
     requires_confirmation: StrictBool | None = None
     tags: list[Name] | None = None
     args: dict[ArgPathText, ConditionSpec] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> MatchSpec:
+        about_tools = [name for name in _TOOL_CONDITIONS if getattr(self, name) is not None]
+        if self.model is not None and self.kind in (MatchKind.TOOL, MatchKind.ANY):
+            raise ValueError(f"model: names model calls; kind: {self.kind} says otherwise")
+        if about_tools and (
+            self.kind in (MatchKind.MODEL, MatchKind.ANY) or self.model is not None
+        ):
+            said = f"kind: {self.kind}" if self.kind is not None else "model:"
+            raise ValueError(
+                f"{about_tools[0]}: asks about a tool call, and {said} covers model calls"
+            )
+        return self
+
+    @property
+    def kinds(self) -> frozenset[str] | None:
+        """The kinds of call it states (None: it says nothing of the kind)."""
+        if self.kind is MatchKind.ANY:
+            return frozenset(CallKind)
+        if self.kind is not None:
+            return frozenset({self.kind})
+        return frozenset({CallKind.MODEL}) if self.model is not None else None
+
+
+# What a `match` asks of a tool call alone: a model call has none of them.
+_TOOL_CONDITIONS = ("tool", *METADATA_FIELDS, "args")
 
 
 # An access rule's text: a template, like `message:`.
@@ -326,11 +389,22 @@ class RuleSpec(_Strict):
                 "same_result needs per to name args or args.PATH: it keys a loop rule, "
                 "which counts identical calls, on their results"
             )
+        if self.rate is not None and self.rate.tokens:
+            self._a_token_rate()
         _only_with(self, RuleKind.BUDGET, "currency", "soft_limit")
         _only_with(self, RuleKind.CONCURRENCY, "lease_timeout")
         if self.rate and (problem := sliding_cap_problem(self.rate, self.algorithm)):
             raise ValueError(problem)
         return self
+
+    def _a_token_rate(self) -> None:
+        """Token rates count model calls' tokens in fixed windows (docs/budgets.md)."""
+        if self.algorithm not in (None, Algorithm.FIXED_WINDOW):
+            raise ValueError("a token rate counts in fixed windows: algorithm: fixed_window")
+        if self.same_result is not None:
+            raise ValueError("same_result does not apply to a token rate")
+        if self.match.kind is MatchKind.TOOL:
+            raise ValueError("a token rate counts model calls' tokens: not kind: tool")
 
     def _an_access_rule(self) -> RuleSpec:
         """An access rule counts nothing: what only a counter uses has no place in it."""
@@ -514,3 +588,7 @@ class PolicySpec(_Strict):
     rules: list[RuleSpec] = Field(default_factory=list)
     overrides: list[OverrideSpec] = Field(default_factory=list)
     notifications: NotificationsSpec | None = None
+    # Model prices that beat genai-prices', by model name or glob (docs/budgets.md).
+    models: Annotated[dict[Name, ModelPriceSpec], Field(max_length=1000)] = Field(
+        default_factory=dict
+    )

@@ -57,6 +57,9 @@ def to_call(request: CheckRequest, names: ToolNames | None = None) -> Call:
         args=args,
         args_cut=cut,
         host_tool=host_tool,
+        kind=request.kind,
+        input_tokens=request.input_tokens or 0,
+        max_output_tokens=request.max_output_tokens,
     )
 
 

@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from pydantic import AfterValidator, TypeAdapter, ValidationError
 from starlette.convertors import PathConvertor, register_url_convertor
 
-from ratewarden.engine import CallIdConflict, Decision, Engine
+from ratewarden.engine import CallIdConflict, Decision, Engine, NotAModelCall
 from ratewarden.service import resets, vouch
 from ratewarden.service.audit import RECENT_LIMIT
 from ratewarden.service.auth import admin_name
@@ -204,6 +204,7 @@ async def check_batch(body: BatchRequest, request: Request) -> BatchResponse | J
 @router.post(
     SETTLE_PATH.format(call_id="{call_id:anytext}"),
     response_model=SettleResponse,
+    response_model_exclude_none=True,  # `tokens`: a model call's alone
     responses={**BODY_ERRORS, 404: {"model": ErrorResponse}},
     tags=["decide"],
 )
@@ -219,12 +220,17 @@ async def settle(
     """
     cost = body.cost if body else None
     result = body.result_digest if body else None
+    usage = body.usage if body else None
     engine = engine_of(request.app)
     owner = vouch.may_settle(vouch.caller_of(request.scope))
     try:
-        found = await engine.settle(call_id, cost, owner, result)
+        found = await engine.settle(call_id, cost, owner, result, usage)
     except StoreError as exc:
         return error_response(503, "store_unavailable", f"the store did not answer: {exc}")
+    except NotAModelCall as exc:
+        return error_response(
+            422, "invalid_request", str(exc), [FieldError(field="usage", message=str(exc))]
+        )
     observer_of(request.app).settled(found, engine.policy)
     if found.outcome == "unknown":
         message = (
@@ -234,7 +240,9 @@ async def settle(
         return error_response(
             404, "unknown_call", message, [FieldError(field="call_id", message=message)]
         )
-    return SettleResponse(call_id=call_id, outcome=found.outcome, charged=found.charged)
+    return SettleResponse(
+        call_id=call_id, outcome=found.outcome, charged=found.charged, tokens=found.tokens
+    )
 
 
 @router.post("/v1/admin/reset", response_model=ResetResponse, responses=BODY_ERRORS, tags=["admin"])

@@ -212,8 +212,8 @@ def _model_call(data: dict[str, Any]) -> dict[str, Any]:
     """A model call's body as the engine reads it: its model as its `tool`; a field of
     the other kind of call is refused, by name."""
     if data.get("kind") != CallKind.MODEL:
-        if any(name in data for name in _MODEL_ONLY):
-            found = [name for name in _MODEL_ONLY if name in data]
+        found = [name for name in _MODEL_ONLY if data.get(name) is not None]
+        if found:
             raise ValueError(f"{', '.join(found)}: only for a model call (kind: model)")
         return data
     found = [name for name in _TOOL_ONLY if data.get(name) is not None]

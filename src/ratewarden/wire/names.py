@@ -38,7 +38,16 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, from_json, to_json, to_jsonable_python
 
 from ratewarden.arguments import MAX_CUT, WHOLE_ARGS, BoundedArgs, bounded_args
-from ratewarden.vocabulary import MAX_CALL_ID, MAX_NAME, SUFFIX_CHARS, digest, sendable, tagged
+from ratewarden.vocabulary import (
+    MAX_CALL_ID,
+    MAX_NAME,
+    MAX_TOKENS,
+    SUFFIX_CHARS,
+    CallKind,
+    digest,
+    sendable,
+    tagged,
+)
 from ratewarden.wire.bodies import MAX_ARGS_BYTES, Args, CallId, CheckRequest, Subject, ToolMetadata
 from ratewarden.wire.bounded import MAX_ITEMS, count_items
 
@@ -81,6 +90,35 @@ def usable_call_id(value: str) -> str:
 def mapped(value: str, limit: int) -> str:
     """`<prefix>~<digest>` in at most `limit` characters: the same for the same `value`."""
     return tagged(value, digest(value), limit)
+
+
+def model_check_request(
+    *,
+    user: str,
+    model: str,
+    input_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    session: str | None = None,
+    team: str | None = None,
+    call_id: str | None = None,
+) -> CheckRequest:
+    """The check for one model call (docs/budgets.md), every name and id made acceptable
+    and every count within the wire's bounds (a count past MAX_TOKENS is sent as it)."""
+    return CheckRequest(
+        user=subject(user),
+        kind=CallKind.MODEL,
+        tool=subject(model),
+        model=subject(model),
+        input_tokens=_tokens(input_tokens),
+        max_output_tokens=_tokens(max_output_tokens),
+        session=subject(session) if session else None,
+        team=subject(team) if team else None,
+        call_id=usable_call_id(call_id) if call_id else None,
+    )
+
+
+def _tokens(count: int | None) -> int | None:
+    return None if count is None else min(max(int(count), 0), MAX_TOKENS)
 
 
 def check_request(
