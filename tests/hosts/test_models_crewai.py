@@ -117,7 +117,7 @@ def test_a_model_call_no_event_settled_is_released_by_the_next(
 
     monkeypatch.setattr(crewai, "SETTLE_WAIT_S", 0.05)
     one_at_a_time = (
-        "version: 1\nrules:\n  - name: one\n    match: {tool: gpt-4o}\n    concurrency: 1\n"
+        "version: 1\nrules:\n  - name: one\n    match: {model: gpt-4o}\n    concurrency: 1\n"
     )
     with running_daemon(one_at_a_time, tmp_path / "daemon") as daemon:
         hooks = crewai.RatewardenHooks(guard=Guard(daemon.url), user="u")

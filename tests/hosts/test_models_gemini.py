@@ -110,7 +110,7 @@ def test_model_calls_are_charged_by_usage_until_one_is_refused(
     # Gemini says the call was blocked (stderr) and shows the sentence as the answer.
     blocked = next(line for line in err.splitlines() if "Agent execution blocked" in line)
     assert SINGLE_CALL.match(blocked.split("Agent execution blocked: ", 1)[1]), blocked
-    assert SINGLE_CALL.search(out), out
+    assert SINGLE_CALL.match(out.strip().splitlines()[-1]), out  # the last answer
 
 
 def test_fail_closed_refuses_a_model_call_when_the_daemon_is_away(

@@ -222,7 +222,7 @@ async def test_a_model_call_that_never_ran_is_released_by_the_next(tmp_path: Pat
     from ratewarden.integrations.strands import RatewardenHook
 
     one_at_a_time = (
-        "version: 1\nrules:\n  - name: one\n    match: {tool: gpt-4o}\n    concurrency: 1\n"
+        "version: 1\nrules:\n  - name: one\n    match: {model: gpt-4o}\n    concurrency: 1\n"
     )
     with running_daemon(one_at_a_time, tmp_path / "daemon") as daemon:
         hook = RatewardenHook(guard=Guard(daemon.url))
