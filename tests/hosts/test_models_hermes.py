@@ -58,8 +58,10 @@ def test_model_calls_are_charged_by_usage_until_one_is_refused(
     calls = report["requests"]  # model calls that reached the model
     ran = len(counter.read_text().splitlines()) if counter.exists() else 0
     assert SINGLE_CALL.match(report["final_response"] or ""), report["final_response"]
-    assert calls >= 5  # the budget paid for several calls before the refusal
-    assert ran == calls  # each answer asked for one terminal call, which ran
+    # hermes' requests reserve more than the policy's 8000 output tokens would
+    assert calls >= 3  # the budget paid for several calls before the refusal
+    assert calls - 1 <= ran <= calls  # the last terminal call may meet the budget
+    # Each model call charged exactly genai-prices' price of its usage, each tool its cost.
     assert spent == calls * price_micros() + ran * TOOL_MICROS
 
 

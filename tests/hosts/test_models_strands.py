@@ -72,9 +72,12 @@ def test_model_calls_are_charged_by_usage_until_one_is_refused(
     assert SINGLE_CALL.match(report["reply"]), report["reply"]
     assert report["stop_reason"] == "end_turn"
     assert turns >= 5  # the budget paid for several calls before the refusal
-    assert len(report["ran"]) == turns  # each answered turn asked for one terminal call
+    # Each answered turn asked for one terminal call, which ran; the last may have been
+    # refused by the same budget (0.05 USD when less is left: the scenario's BUDGET).
+    ran = len(report["ran"])
+    assert turns - 1 <= ran <= turns
     # Each model call charged exactly genai-prices' price of its usage, each tool its cost.
-    assert spent == turns * price_micros() + turns * TOOL_MICROS
+    assert spent == turns * price_micros() + ran * TOOL_MICROS
     assert other == 0
 
 
@@ -86,7 +89,8 @@ def test_a_failed_model_call_costs_nothing(strands_python: Path, tmp_path: Path)
             strands_python, daemon.url, tmp_path, user="slack:U42", usage=FOLDED, fail_at=2
         )
         spent = spent_micros(daemon, "slack:U42")
-    assert report["error"] == "RuntimeError: the provider dropped the connection"
+    # Strands wraps the provider's error in its EventLoopException, raised to the caller.
+    assert report["error"].endswith("the provider dropped the connection")
     assert report["model_turns"] == 3
     assert spent == 2 * price_micros() + 2 * TOOL_MICROS
 

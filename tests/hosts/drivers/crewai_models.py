@@ -7,9 +7,10 @@ Runs inside the crewai host venv (tests/helpers/hostenv.py), never in the main o
 (RATEWARDEN_URL in the environment.) One `crew.kickoff` of a one-agent, one-task Crew
 whose LLM is CrewAI's own OpenAI provider (`LLM(model="openai/gpt-4o", max_tokens=8000)`)
 talking to a fake chat-completions server on 127.0.0.1 that answers every request with
-one `terminal` tool call and reports `usage` (OpenAI's names). `fail_at`: the request
-the server answers with a 500 instead. The tool is a CrewAI `@tool` that appends a line
-to a file, so the test counts what really ran. The last line of stdout is a JSON report:
+one `terminal` tool call and reports `usage` (OpenAI's names). `fail_at`: from that
+answer on, the server answers 500 (the SDK's retries too), so that model call fails.
+The tool is a CrewAI `@tool` that appends a line to a file, so the test counts what
+really ran. The last line of stdout is a JSON report:
 the requests the server answered, the tool runs, and the kickoff's output or the
 exception it raised (a ratewarden refusal is CrewAI's HookAborted, its `reason` ours).
 """
@@ -67,8 +68,9 @@ class Server:
                 self.rfile.read(length)
                 with host.lock:
                     turn = host.answered
-                    host.answered += 1
-                if turn == host.fail_at:
+                    down = host.fail_at is not None and turn >= host.fail_at
+                    host.answered += 0 if down else 1
+                if down:  # from then on (the SDK's retries too): the call fails
                     self._json({"error": {"message": "the provider is down"}}, 500)
                     return
                 call = {
