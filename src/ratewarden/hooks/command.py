@@ -260,51 +260,13 @@ def _model(
 ) -> HookOutput:
     """Check a model call (`POST /v1/check`, `kind: model`), keeping its id in the hook
     ledger when it holds a reservation; or settle the call its answer ends, with the
-    provider's usage (`POST /v1/calls/ID/settle`). Who calls: `--user`, else
-    RATEWARDEN_USER; with neither, the token's user (a user token), else, when no token
-    is set, the login name (a service token must be given a user)."""
-    from ratewarden.hooks import ledger
-
+    provider's usage (`POST /v1/calls/ID/settle`)."""
     settings = vocabulary.ClientSettings.read(environ)
-    url = options.url or settings.url
     if isinstance(event, ModelDone):
-        where = ledger.folder(host.name, environ)
-        found_by = (ledger.key(event.model),)  # the key digests: hashlib, only now
-        call_id = ledger.take(where, event.session or "", found_by, _now_ms()) if where else None
-        if call_id is None:  # refused, held nothing, or kept nowhere
-            return host.allow
-        body: dict[str, Any] = {"status": "ok"}
-        if event.usage is not None:
-            body["usage"] = dict(event.usage)
-        try:
-            path = vocabulary.SETTLE_PATH.format(call_id=_quoted(call_id))
-            _post(url, path, body, options, settings)
-        except (Unanswered, NotVouched) as exc:
-            return HookOutput(stderr=(one_line(f"ratewarden: could not settle {call_id}: {exc}"),))
-        return host.allow
-    # Who calls, as for a tool call: `--user` is a claim the token must allow; without it
-    # a user token is its user, and a service token (or none) takes the default user.
-    token = options.token or settings.token
-    default = settings.user or _login_name() if options.user is None else None
-    check = {
-        "user": options.user if options.user is not None or token is not None else default,
-        "team": options.team,
-        "kind": "model",
-        "model": event.model,
-        "input_tokens": event.input_tokens,
-        "max_output_tokens": event.max_output_tokens,
-        "session": event.session,
-        "call_id": vocabulary.call_id(host.name),
-    }
-    sent = {k: _sendable(k, v) for k, v in check.items() if v is not None}
+        return _settle_model(host, options, event, environ, settings)
     refuse = host.refuse_model or (lambda decision, message: host.refuse(decision, message, ""))
     try:
-        try:
-            answer = _post(url, "/v1/check", sent, options, settings)
-        except NeedsUser:  # a service token: the default user, as a tool call's hook sends
-            answer = _post(
-                url, "/v1/check", {**sent, "user": _sendable("user", default)}, options, settings
-            )
+        answer = _check_model(host, options, event, settings)
     except Unanswered as exc:
         note = one_line(f"ratewarden: {exc}; failing {options.fail}")
         if options.fail == "open":
@@ -317,14 +279,54 @@ def _model(
     if answer.get("allowed") is not True:
         decision: vocabulary.DecisionName = "ask" if answer.get("decision") == "ask" else "deny"
         return refuse(decision, str(answer.get("message", "")))
+    call_id = answer.get("call_id")
+    if not _holds(answer) or not isinstance(call_id, str):
+        return host.allow
+    return _keep_model_call(host, event, call_id, environ)
+
+
+def _check_model(
+    host: Host, options: HookOptions, event: ModelCall, settings: Any
+) -> dict[str, Any]:
+    """The daemon's answer to the model call's check. Who calls, as for a tool call:
+    `--user` is a claim the token must allow; without it a user token is its user, and a
+    service token (or none) takes RATEWARDEN_USER, else the login name."""
+    url = options.url or settings.url
+    token = options.token or settings.token
+    default = (settings.user or _login_name()) if options.user is None else None
+    check = {
+        "user": options.user if options.user is not None or token is not None else default,
+        "team": options.team,
+        "kind": "model",
+        "model": event.model,
+        "input_tokens": event.input_tokens,
+        "max_output_tokens": event.max_output_tokens,
+        "session": event.session,
+        "call_id": vocabulary.call_id(host.name),
+    }
+    sent = {k: _sendable(k, v) for k, v in check.items() if v is not None}
+    try:
+        return _post(url, "/v1/check", sent, options, settings)
+    except NeedsUser:  # a service token: the default user, as a tool call's hook sends
+        named = {**sent, "user": _sendable("user", default)}
+        return _post(url, "/v1/check", named, options, settings)
+
+
+def _holds(answer: Mapping[str, Any]) -> bool:
+    """Whether an allowed call holds something until settled (CheckResponse.holds)."""
     given = answer.get("limits")
     limits = given if isinstance(given, list) else []
-    holds = answer.get("send_result") is True or any(
+    return answer.get("send_result") is True or any(
         isinstance(limit, dict) and limit.get("kind") in HOLDING for limit in limits
     )
-    call_id = answer.get("call_id")
-    if not holds or not isinstance(call_id, str):
-        return host.allow
+
+
+def _keep_model_call(
+    host: Host, event: ModelCall, call_id: str, environ: Mapping[str, str]
+) -> HookOutput:
+    """Keep the allowed call's id for the AfterModel that ends its answer."""
+    from ratewarden.hooks import ledger
+
     try:
         where = ledger.folder(host.name, environ)
         if where is None:
@@ -333,6 +335,28 @@ def _model(
     except OSError as exc:
         lost = f"ratewarden: could not keep model call {call_id} for its AfterModel ({exc})"
         return host.allow._replace(stderr=(one_line(f"{lost}; it is charged its reservation"),))
+    return host.allow
+
+
+def _settle_model(
+    host: Host, options: HookOptions, event: ModelDone, environ: Mapping[str, str], settings: Any
+) -> HookOutput:
+    """Settle the call the ledger kept for this model's answer, with its usage."""
+    from ratewarden.hooks import ledger
+
+    where = ledger.folder(host.name, environ)
+    found_by = (ledger.key(event.model),)  # the key digests: hashlib, only now
+    call_id = ledger.take(where, event.session or "", found_by, _now_ms()) if where else None
+    if call_id is None:  # refused, held nothing, or kept nowhere
+        return host.allow
+    body: dict[str, Any] = {"status": "ok"}
+    if event.usage is not None:
+        body["usage"] = dict(event.usage)
+    path = vocabulary.SETTLE_PATH.format(call_id=_quoted(call_id))
+    try:
+        _post(options.url or settings.url, path, body, options, settings)
+    except (Unanswered, NotVouched) as exc:
+        return HookOutput(stderr=(one_line(f"ratewarden: could not settle {call_id}: {exc}"),))
     return host.allow
 
 
