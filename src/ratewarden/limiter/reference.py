@@ -146,26 +146,31 @@ def settle(
                 slots.pop(call_id, None)
             charged.append(0)
             continue
-        state: Budget | None = table.get(hold.key, now)
-        if state is None and hold.period[1] == 0:  # gone, and its rule too: nothing to charge
-            charged.append(0)
-            continue
-        state = state or Budget()  # e.g. a call estimated at 0 reserved nothing
-        cost = hold.estimate if actual is None else actual
-        budget = load_budget(state, *hold.period, now)
-        if call_id in budget.holds:  # still reserved: swap the reservation for the actual cost
-            amount, _ = budget.holds.pop(call_id)
-            budget.reserved -= amount
-            charge(budget, cost)
-        elif call_id in budget.charged:  # charged when it expired, in this period: correct it
-            charge(budget, cost - budget.charged.pop(call_id))
-        else:  # charged in an earlier period (or nothing reserved): only an excess lands here
-            charge(budget, max(0, cost - hold.estimate))
-        budget.dirty = True
-        save_budget(table, hold.key, budget, 0, now)
-        charged.append(cost)
+        charged.append(settle_budget(table, hold, call_id, actual, now))
     stored.settled = True
     return SettleStatus.SETTLED, charged
+
+
+def settle_budget(table: Table, hold: Hold, call_id: str, actual: int | None, now: int) -> int:
+    """Swap one budget hold's reservation for the call's cost (`actual`, else its
+    estimate); what it charged (twin of settle.lua's `settle_hold`)."""
+    state: Budget | None = table.get(hold.key, now)
+    if state is None and hold.period[1] == 0:  # gone, and its rule too: nothing to charge
+        return 0
+    state = state or Budget()  # e.g. a call estimated at 0 reserved nothing
+    cost = hold.estimate if actual is None else actual
+    budget = load_budget(state, *hold.period, now)
+    if call_id in budget.holds:  # still reserved: swap the reservation for the actual cost
+        amount, _ = budget.holds.pop(call_id)
+        budget.reserved -= amount
+        charge(budget, cost)
+    elif call_id in budget.charged:  # charged when it expired, in this period: correct it
+        charge(budget, cost - budget.charged.pop(call_id))
+    else:  # charged in an earlier period (or nothing reserved): only an excess lands here
+        charge(budget, max(0, cost - hold.estimate))
+    budget.dirty = True
+    save_budget(table, hold.key, budget, 0, now)
+    return cost
 
 
 def sweep(table: Table, key: str, period: tuple[int, int, int], now: int) -> int:

@@ -53,6 +53,12 @@ def no_control_characters(value: str) -> str:
     return value
 
 
+def readable_name(value: str) -> str:
+    if not readable(value):
+        raise ValueError(UNREADABLE_MESSAGE)
+    return value
+
+
 CallId = Annotated[
     str,
     Field(
@@ -196,6 +202,8 @@ _HOST_TOOL = "the host's own name for the tool, when `tool` is already the canon
 
 
 Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
+# A model's name reaches the model's own sentence (`No price is known for model ...`).
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_NAME), AfterValidator(readable_name)]
 _KIND = "`tool` (the default) or `model`: a model call, priced from its tokens (docs/budgets.md)"
 _MODEL = "a model call's model (kind: model); it becomes the call's `tool`"
 _INPUT_TOKENS = "a model call's input tokens, counted or estimated: priced into its reservation"
@@ -231,7 +239,7 @@ class CheckRequest(_Body):
     user: Subject | None = Field(None, description=_USER)
     tool: Subject
     kind: CallKind = Field(CallKind.TOOL, description=_KIND)
-    model: Subject | None = Field(None, description=_MODEL)
+    model: ModelName | None = Field(None, description=_MODEL)
     input_tokens: Tokens | None = Field(None, description=_INPUT_TOKENS)
     max_output_tokens: Tokens | None = Field(None, description=_MAX_OUTPUT)
     host: Subject | None = Field(None, description=_HOST)
