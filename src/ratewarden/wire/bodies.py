@@ -40,6 +40,7 @@ from ratewarden.vocabulary import (
     SettledOutcome,
     readable,
 )
+from ratewarden.vocabulary import SETTLE_PATH as VOCABULARY_SETTLE_PATH
 from ratewarden.wire.bounded import ARGS_MARKS, depth, outside_strings
 
 Subject = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
@@ -370,9 +371,8 @@ class UsageResponse(BaseModel):
     unshown: list[UnshownRule] = []
 
 
-# The settle route, the call id one path segment in it: the client quotes an id into
-# `{call_id}`, the daemon's route and its auth table put their path converters there.
-SETTLE_PATH = "/v1/calls/{call_id}/settle"
+# The settle route (vocabulary.SETTLE_PATH, where the command hook reads it too).
+SETTLE_PATH = VOCABULARY_SETTLE_PATH
 
 
 # A tool result's digest (arguments.result_digest), never the result: what a loop rule
