@@ -60,6 +60,7 @@ TERMINAL_LIMIT_AFTER_FIRST = {
     "kind": "rate",
     "limit": 10,
     "window": "minute",
+    "tokens": False,  # a rate of calls, not a token rate
     "remaining": 9,
     "reset_after": 60.0,
     **NOT_A_BUDGET,
@@ -194,6 +195,7 @@ async def test_eleventh_terminal_call_in_a_minute_is_denied(
                 "kind": "rate",
                 "limit": 10,
                 "window": "minute",
+                "tokens": False,
                 "remaining": 0,
                 "reset_after": 47.4,
                 **NOT_A_BUDGET,

@@ -111,6 +111,7 @@ async def test_check_reserves_settle_replaces_and_usage_shows_both(
             "kind": "budget",
             "limit": 5.0,
             "window": None,
+            "tokens": False,
             "remaining": 3.0,
             "reset_after": SECONDS_TO_DAY_END,
             "spent": 0.0,

@@ -15,6 +15,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -197,10 +198,9 @@ def test_the_readme_policy_commands_work_on_a_clone() -> None:
 def test_the_readme_check_settle_and_curl_work_as_written(tmp_path: Path) -> None:
     """The README's client lines against a real daemon: check, then settle with the id it
     printed, then the curl line with the system's curl (no `--json`: curl 7.82+ only)."""
-    [check, settle, curl] = [
-        line for line in readme_shell_lines() if line.split()[1:2] in (["check"], ["settle"])
-        or line.startswith("curl ")
-    ]  # fmt: skip
+    lines = readme_shell_lines()
+    [check, settle] = [line for line in lines if line.split()[1:2] in (["check"], ["settle"])]
+    [curl, model_check, model_settle] = [line for line in lines if line.startswith("curl ")]
     for text in (README, *(p.read_text() for p in (ROOT / "docs").glob("*.md"))):
         assert not re.search(r"curl [^\n]*--json", text)
     with running_daemon(tmp_path) as daemon:
@@ -229,3 +229,20 @@ def test_the_readme_check_settle_and_curl_work_as_written(tmp_path: Path) -> Non
         )  # fmt: skip
         assert posted.returncode == 0, posted.stderr
         assert json.loads(posted.stdout)["decision"] == "allow"
+
+        def run_curl(line: str) -> Any:
+            line = line.replace("localhost:8470", f"127.0.0.1:{daemon.port}")
+            done = subprocess.run(
+                shlex.split(line), env=env, capture_output=True, text=True, timeout=30,
+                check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        # The model call: checked, then settled with the id it got; charged its usage.
+        model_call = run_curl(model_check)
+        assert model_call["decision"] == "allow", model_call
+        settled_model = run_curl(model_settle.replace("rw-…", model_call["call_id"]))
+        assert settled_model["outcome"] == "settled", settled_model
+        # 1 180 input tokens at 2.5 USD per million, 350 output at 10
+        assert settled_model["charged"] == {"daily-spend": 0.00645}

@@ -68,10 +68,15 @@ def test_a_usage_with_more_cached_than_input_is_settled_within_it() -> None:
 
 
 def test_a_model_call_a_rule_counted_is_settled_even_holding_nothing() -> None:
-    """A token rate answers as a `rate` and holds nothing, yet counts the settle's tokens."""
-    rate = LimitState(rule="tokens", kind="rate", limit=20000, remaining=1, reset_after=1)
+    """A token rate holds the call until its settle brings the tokens; a rate of calls
+    holds nothing (the daemon keeps no record to settle)."""
+    rate = LimitState(
+        rule="tokens", kind="rate", limit=20000, tokens=True, remaining=1, reset_after=1
+    )
+    calls = LimitState(rule="calls", kind="rate", limit=10, remaining=1, reset_after=1)
     allowed = CheckResponse(decision="allow", allowed=True, message="", call_id="c")
     assert must_settle(allowed.model_copy(update={"limits": [rate]}))
+    assert not must_settle(allowed.model_copy(update={"limits": [calls]}))
     assert not must_settle(allowed)  # no rule covers it (or the client's own fail-open)
     refused = CheckResponse(decision="deny", allowed=False, message="m", call_id="c")
     assert not must_settle(refused.model_copy(update={"limits": [rate]}))

@@ -37,6 +37,7 @@ class Verdict:
     message: str = ""
     on_exceed: str = "deny"
     window: str | None = None  # rate rules
+    tokens: bool = False  # a token rate: its settle adds the call's tokens
     spent: float | None = None  # budget rules: settled (and expired) spend
     reserved: float | None = None  # budget rules: held by calls not yet settled
     currency: str | None = None
@@ -111,6 +112,7 @@ class Shape:
     on_exceed: str
     window: str | None = None  # rate rules
     budget: BudgetLimit | None = None
+    tokens: bool = False  # a token rate
 
     @classmethod
     def of(cls, applied: Applied) -> Shape:
@@ -121,7 +123,8 @@ class Shape:
         if isinstance(limit, ConcurrencyLimit):
             return cls(rule.name, rule.kind, limit.slots, on_exceed)
         assert isinstance(limit, RateLimit)
-        return cls(rule.name, rule.kind, limit.limit, on_exceed, window=limit.rate.window)
+        rate = limit.rate
+        return cls(rule.name, rule.kind, limit.limit, on_exceed, rate.window, tokens=rate.tokens)
 
 
 def verdict(
@@ -142,6 +145,7 @@ def verdict(
             result.reset_after_ms / 1000,
             on_exceed=shape.on_exceed,
             window=shape.window,
+            tokens=shape.tokens,
         )
     else:
         held = result.used + result.reserved

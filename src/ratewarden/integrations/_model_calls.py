@@ -226,11 +226,11 @@ def model_settlement(
 
 
 def must_settle(answer: CheckResponse) -> bool:
-    """Whether an allowed model call waits for its settle: it holds budget money or a
-    slot, or a rule counted it (a token rate counts the tokens the settle reports, and
-    its answer lists it as a `rate`, like a rate of calls). A call no rule covers, or
-    allowed by the client's own fail-open answer (no limits), is not settled."""
-    return answer.allowed and (answer.holds or bool(answer.limits))
+    """Whether an allowed model call waits for its settle: it holds budget money, a
+    slot, or a token rate waiting for its tokens (`CheckResponse.holds`). A call no such
+    rule covers, or allowed by the client's own fail-open answer (no limits), is not
+    settled: the daemon kept nothing to settle."""
+    return answer.holds
 
 
 def refusal_text(answer: CheckResponse, model: str) -> str:

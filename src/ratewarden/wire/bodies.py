@@ -295,6 +295,9 @@ class LimitState(BaseModel):
     kind: str
     limit: Number
     window: str | None = None
+    # A token rate (`rate: N tokens/minute`): the call's settle adds its tokens, so the
+    # call holds it, as it holds a budget's money, until it is settled.
+    tokens: bool = False
     remaining: Number
     reset_after: float
     spent: float | None = None  # budgets
@@ -325,12 +328,14 @@ class CheckResponse(BaseModel):
     @property
     def holds(self) -> bool:
         """Whether this allowed call holds something until it is settled: a concurrency
-        slot, budget money, or a loop count waiting for the tool's result (`send_result`).
+        slot, budget money, a token rate waiting for the model call's usage, or a loop
+        count waiting for the tool's result (`send_result`).
         A degraded answer may: the daemon counts fail-open rules in its own process while
         the store is down, and frees the slot at the settle. A client's own fail-open
         answer (no daemon) lists no limits, so it holds nothing."""
         return self.allowed and (
-            self.send_result or any(limit.kind in HOLDING_KINDS for limit in self.limits)
+            self.send_result
+            or any(limit.kind in HOLDING_KINDS or limit.tokens for limit in self.limits)
         )
 
 
