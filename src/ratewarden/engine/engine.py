@@ -395,6 +395,7 @@ class Engine:
             },
             model=model,
             tokens=tokens,
+            usage=usage,
         )
 
     async def reset(self, user: str | None = None, rule: str | None = None) -> int:
