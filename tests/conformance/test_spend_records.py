@@ -289,3 +289,23 @@ async def test_tool_calls_write_no_model_record(store: Store, clock: FakeClock) 
     await engine.settle("t2", 0.20)
     assert await records(store, user="carol") != {}
     assert await model_records(store) == {}
+
+
+async def test_a_model_calls_late_settle_moves_its_whole_cost_into_model_spend(
+    store: Store, clock: FakeClock
+) -> None:
+    """Its reservation expired (charged at its estimate, 0.01, as any call's: in the
+    day's amount, not its model part); its late settle corrects the amount to the cost
+    (0.006) and puts that whole cost in the model part."""
+    engine = engine_on(store, clock, MODEL_POLICY)
+    model = Call("dan", "house-7", "m3", kind=CallKind.MODEL, input_tokens=1000,
+                 max_output_tokens=1000)  # fmt: skip
+    assert (await engine.check(model)).allowed
+    clock.advance(11 * 60_000)  # past the 10m reservation_ttl
+    await engine.usage("dan")  # its scope loaded: the reservation charged at its estimate
+    dan, day = (("user", "dan"),), today(clock)
+    assert (await records(store, user="dan"))["daily-spend", dan, day] == 10_000
+    assert await model_records(store, user="dan") == {}
+    await engine.settle("m3", usage=ModelUsage(input_tokens=1000, output_tokens=500))
+    assert (await records(store, user="dan"))["daily-spend", dan, day] == 6_000
+    assert await model_records(store, user="dan") == {("daily-spend", dan, day): 6_000}

@@ -163,7 +163,9 @@ def settle(
             budget.reserved -= amount
             charge(budget, cost)
         elif call_id in budget.charged:  # charged when it expired, in this period: correct it
-            charge(budget, cost - budget.charged.pop(call_id))
+            expired = budget.charged.pop(call_id)
+            charge(budget, cost - expired)
+            before -= expired  # the model record takes the call's whole cost
         else:  # charged in an earlier period (or nothing reserved): only an excess lands here
             charge(budget, max(0, cost - hold.estimate))
         budget.dirty = True

@@ -5,7 +5,9 @@
 
 -- Settle one hold (its five values start at ARGV[a]); returns what it charged. A model
 -- call's settle (`model`) also adds what it moved on the counter to the day's model
--- record, `rw:spend:{<tag>}:<day>:m` beside the day's record (twin: record_spend).
+-- record, `rw:spend:{<tag>}:<day>:m` beside the day's record (twin: record_spend); for a
+-- reservation charged at its estimate when it expired in this period, what it moved and
+-- that charge: the call's whole cost.
 local function settle_hold(key, a, call_id, actual, model)
   local kind, estimate = ARGV[a], tonumber(ARGV[a + 1])
   if kind == 'cc' then
@@ -24,6 +26,7 @@ local function settle_hold(key, a, call_id, actual, model)
   elseif found[2] then  -- charged when it expired, in this period: correct by the difference
     redis.call('HDEL', key, 'x:' .. call_id)
     charge(b, cost - tonumber(found[2]))
+    before = before - tonumber(found[2])  -- the model record takes the call's whole cost
   else  -- charged in an earlier period (or nothing reserved): only an excess lands here
     charge(b, math.max(0, cost - estimate))
   end
