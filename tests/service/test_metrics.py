@@ -883,6 +883,9 @@ async def test_model_calls_are_labelled_by_the_policys_pattern_never_their_name(
         call = {"user": "u", "team": "red", "kind": "model", "model": "house-7b",
                 "input_tokens": 1000, "max_output_tokens": 1000}  # fmt: skip
         assert (await r.check(**call, call_id="m1"))["decision"] == "allow"
+        # Reserved: its most cost, 1000 in at 2 and 1000 out at 8 per million: 0.01 USD.
+        reserved = r.value("ratewarden_budget_reserved_total", rule="daily-spend", currency="USD")
+        assert reserved == pytest.approx(0.01)
         usage = {"input_tokens": 1000, "output_tokens": 500, "cache_read_tokens": 600,
                  "cache_write_tokens": 100}  # fmt: skip
         settled = await r.settle("m1", status="ok", usage=usage)

@@ -44,6 +44,7 @@ from starlette.types import Message, Scope, Send
 from ratewarden.calls import Call
 from ratewarden.engine import Decision, Settlement, Verdict
 from ratewarden.policy import Policy
+from ratewarden.policy.durations import MICROS
 from ratewarden.service.periodic import Periodic
 from ratewarden.store import Store, StoreError
 from ratewarden.store.base import Args, Layer
@@ -300,18 +301,18 @@ class Metrics:
                 self.series(self.shadow, tool, verdict.rule, verdict.kind).inc()
             for verdict in decision.approvals:
                 self.series(self.approved, tool, verdict.rule).inc()
-        cost = call.cost if call.cost is not None else policy.cost_for(call.tool)
         for verdict in decision.limits:
             if verdict.admitted:
-                self._observe_consumed(verdict, cost)
+                self._observe_consumed(verdict, call, policy)
                 if near_limit(verdict):
                     tool = tool or call_label(call, policy)
                     self.series(self.near_limit, tool, verdict.rule).inc()
         for verdict in decision.approvals:  # past the limit: consumed, but not "near" it
-            self._observe_consumed(verdict, cost)
+            self._observe_consumed(verdict, call, policy)
 
-    def _observe_consumed(self, verdict: Verdict, cost: float) -> None:
+    def _observe_consumed(self, verdict: Verdict, call: Call, policy: Policy) -> None:
         if verdict.kind == "budget" and verdict.currency:
+            cost = reserved_cost(call, policy)
             self.series(self.budget_reserved, verdict.rule, verdict.currency).inc(cost)
             if cost > 0:  # only a call with a cost holds a reservation (budget.py)
                 self.series(self.reservations, verdict.rule).inc()
@@ -446,6 +447,18 @@ def route_patterns(routes: Iterable[Any], prefix: str = "") -> Iterable[tuple[An
 def status_code(status: int) -> str:
     """The `code` label of an HTTP status: itself if in HTTP_CODES, else its class."""
     return str(status) if status in HTTP_CODES else f"{min(max(status // 100, 1), 5)}xx"
+
+
+def reserved_cost(call: Call, policy: Policy) -> float:
+    """What an allowed call reserved in each budget: its cost, its tool's in the policy, or
+    a model call's most cost (its input and most output tokens priced: docs/budgets.md).
+    Found only for a budget's verdict: a decision without one needs none."""
+    if call.cost is not None:
+        return call.cost
+    if call.kind == CallKind.MODEL:
+        most = policy.most_cost(call)
+        return 0.0 if most is None else most / MICROS
+    return policy.cost_for(call.tool)
 
 
 def call_label(call: Call, policy: Policy) -> str:
