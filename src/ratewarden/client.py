@@ -19,11 +19,11 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import httpx
-from pydantic import Field
 from pydantic_core import from_json, to_json
 
 from ratewarden.errors import RatewardenError
 from ratewarden.http.keepalive import KeepAlive, Unreachable
+from ratewarden.spending import ModelSpendResponse
 from ratewarden.vocabulary import (
     ADAPTER_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
@@ -47,8 +47,6 @@ from ratewarden.wire.bodies import (
     ResetResponse,
     SettleRequest,
     SettleResponse,
-    SpendResponse,
-    SpendRow,
     UsageResponse,
 )
 from ratewarden.wire.names import subject
@@ -98,24 +96,6 @@ def _raise_for(response: httpx.Response) -> None:
 
 
 SPEND_PATH = "/v1/admin/spend"
-
-
-class ModelSpendRow(SpendRow):
-    """A spend row with the part of its amount that model calls charged.
-
-    Here, not in wire.bodies, while that module is another change's: fold `model` into
-    SpendRow there and these two go."""
-
-    model: float = Field(
-        0.0, description="the part of amount that model calls' settles charged (the rest: "
-        "tool calls, and reservations charged at their estimate when they expired)"
-    )  # fmt: skip
-
-
-class ModelSpendResponse(SpendResponse):
-    rows: list[ModelSpendRow] = Field(  # type: ignore[assignment]
-        description="per day, rule and scope, oldest day first"
-    )
 
 
 def _settle_path(call_id: str) -> str:

@@ -150,32 +150,41 @@ def settle(
                 slots.pop(call_id, None)
             charged.append(0)
             continue
-        state: Budget | None = table.get(hold.key, now)
-        if state is None and hold.period[1] == 0:  # gone, and its rule too: nothing to charge
-            charged.append(0)
-            continue
-        state = state or Budget()  # e.g. a call estimated at 0 reserved nothing
-        cost = hold.estimate if actual is None else actual
-        budget = load_budget(state, *hold.period, now)
-        before = budget.charged_now  # what the load charged (expired reservations): not ours
-        if call_id in budget.holds:  # still reserved: swap the reservation for the actual cost
-            amount, _ = budget.holds.pop(call_id)
-            budget.reserved -= amount
-            charge(budget, cost)
-        elif call_id in budget.charged:  # charged when it expired, in this period: correct it
-            expired = budget.charged.pop(call_id)
-            charge(budget, cost - expired)
-            before -= expired  # the model record takes the call's whole cost
-        else:  # charged in an earlier period (or nothing reserved): only an excess lands here
-            charge(budget, max(0, cost - hold.estimate))
-        budget.dirty = True
-        moved = budget.charged_now - before
-        save_budget(table, hold.key, budget, 0, now)
-        if model:
-            record_spend(table, hold.key, moved, now, MODEL_SPEND)
-        charged.append(cost)
+        charged.append(settle_budget(table, hold, call_id, actual, now, model))
     stored.settled = True
     return SettleStatus.SETTLED, charged
+
+
+def settle_budget(
+    table: Table, hold: Hold, call_id: str, actual: int | None, now: int, model: bool
+) -> int:
+    """Swap a budget hold's reservation for the actual cost; what it charged (twin of
+    settle.lua's `settle_hold`). A `model` call's settle adds what it moved to the day's
+    model record too: for a reservation charged at its estimate when it expired in this
+    period, that charge as well (the call's whole cost)."""
+    state: Budget | None = table.get(hold.key, now)
+    if state is None and hold.period[1] == 0:  # gone, and its rule too: nothing to charge
+        return 0
+    state = state or Budget()  # e.g. a call estimated at 0 reserved nothing
+    cost = hold.estimate if actual is None else actual
+    budget = load_budget(state, *hold.period, now)
+    before = budget.charged_now  # what the load charged (expired reservations): not ours
+    if call_id in budget.holds:  # still reserved: swap the reservation for the actual cost
+        amount, _ = budget.holds.pop(call_id)
+        budget.reserved -= amount
+        charge(budget, cost)
+    elif call_id in budget.charged:  # charged when it expired, in this period: correct it
+        expired = budget.charged.pop(call_id)
+        charge(budget, cost - expired)
+        before -= expired  # the model record takes the call's whole cost
+    else:  # charged in an earlier period (or nothing reserved): only an excess lands here
+        charge(budget, max(0, cost - hold.estimate))
+    budget.dirty = True
+    moved = budget.charged_now - before
+    save_budget(table, hold.key, budget, 0, now)
+    if model:
+        record_spend(table, hold.key, moved, now, MODEL_SPEND)
+    return cost
 
 
 def sweep(table: Table, key: str, period: tuple[int, int, int], now: int) -> int:

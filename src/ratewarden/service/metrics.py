@@ -287,20 +287,12 @@ class Metrics:
         self.series(self.checks, decision.decision, mode).inc()
         if decision.degraded:
             self.series(self.degraded, decision.decision).inc()
-        tool = ""
-        if decision.violations:
-            tool = call_label(call, policy)
-            refused = self.blocked if decision.decision == "deny" else self.asked
-            for verdict in decision.violations:
-                self.series(refused, tool, verdict.rule, verdict.kind).inc()
+        tool = self._observe_refused(decision, call, policy) if decision.violations else ""
         if not decision.allowed or decision.replayed:  # a replay consumed nothing, again
             return
         if decision.shadow or decision.approvals:
             tool = tool or call_label(call, policy)
-            for verdict in decision.shadow:
-                self.series(self.shadow, tool, verdict.rule, verdict.kind).inc()
-            for verdict in decision.approvals:
-                self.series(self.approved, tool, verdict.rule).inc()
+            self._observe_let_through(decision, tool)
         for verdict in decision.limits:
             if verdict.admitted:
                 self._observe_consumed(verdict, call, policy)
@@ -309,6 +301,21 @@ class Metrics:
                     self.series(self.near_limit, tool, verdict.rule).inc()
         for verdict in decision.approvals:  # past the limit: consumed, but not "near" it
             self._observe_consumed(verdict, call, policy)
+
+    def _observe_refused(self, decision: Decision, call: Call, policy: Policy) -> str:
+        """Each rule that refused the call (or asked); the call's label, found for them."""
+        tool = call_label(call, policy)
+        refused = self.blocked if decision.decision == "deny" else self.asked
+        for verdict in decision.violations:
+            self.series(refused, tool, verdict.rule, verdict.kind).inc()
+        return tool
+
+    def _observe_let_through(self, decision: Decision, tool: str) -> None:
+        """The rules that let an allowed call through: shadow blocks and approvals."""
+        for verdict in decision.shadow:
+            self.series(self.shadow, tool, verdict.rule, verdict.kind).inc()
+        for verdict in decision.approvals:
+            self.series(self.approved, tool, verdict.rule).inc()
 
     def _observe_consumed(self, verdict: Verdict, call: Call, policy: Policy) -> None:
         if verdict.kind == "budget" and verdict.currency:

@@ -26,12 +26,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from ratewarden.client import ModelSpendResponse, ModelSpendRow
 from ratewarden.engine import Engine
 from ratewarden.limiter.algorithms.budget import DAY_MS
 from ratewarden.limiter.script import MAX_SPEND_RETENTION_DAYS
 from ratewarden.policy.durations import MICROS
 from ratewarden.service.errors import error_response
+from ratewarden.spending import ModelSpendResponse, ModelSpendRow
 from ratewarden.store import StoreError
 from ratewarden.store.keys import parse_spend_key, spend_patterns
 from ratewarden.vocabulary import MAX_NAME
