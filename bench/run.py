@@ -64,6 +64,8 @@ from bench.mcp_overhead import report as mcp_report
 from bench.mcp_worstbody import measure as measure_mcp_worst
 from bench.mcp_worstbody import report as mcp_worst_report
 from bench.memory import run_memory
+from bench.models import measure_models
+from bench.models import report as models_report
 from bench.peers import run_peers
 from bench.procstat import busy_cores, cpu_times
 from bench.redis_server import free_port, redis_server
@@ -90,6 +92,7 @@ TARGETS = {
     "MCP HTTP gateway, command upstream: ms added per call": ("<=", 2.0),
     "MCP HTTP gateway, URL upstream: ms added per call": ("<=", 2.0),
     "MCP gateway: worst body / a tools/call relay": ("<=", 10.0),
+    "model call / tool call (check and settle)": ("<=", 1.2),
 }
 MCP_ROWS = {  # target row -> the way bench/mcp_overhead.py measured it
     "MCP stdio proxy: ms added per call": "stdio proxy",
@@ -361,6 +364,7 @@ def ratios(
         "MCP gateway: worst body / a tools/call relay": float(
             mcp["worst_bodies"]["worst_vs_normal"]
         ),
+        "model call / tool call (check and settle)": float(inprocess["models"]["ratio"]),
     }
 
 
@@ -455,6 +459,7 @@ def report(results: dict[str, Any]) -> str:
         )
     lines += ["", "### Access rules and argument conditions, in process", ""]
     lines += inprocess_report(results["inprocess"])
+    lines += ["", *models_report(results["inprocess"]["models"])]
     lines += ["", "### An MCP tool call, straight to the server and through ratewarden mcp", ""]
     lines += mcp_report(results["mcp"])
     lines += ["", "### Worst bodies at the MCP gateway", ""]
@@ -510,6 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory = asyncio.run(measure_memory(redis_port, args.quick))
     print("access rules and argument conditions, in process…", file=sys.stderr)
     inprocess = asyncio.run(run_inprocess(args.quick))
+    print("model calls beside tool calls, in process…", file=sys.stderr)
+    quick = args.quick
+    inprocess["models"] = asyncio.run(measure_models(2_000 if quick else 20_000, 3 if quick else 7))
     print("command hook start…", file=sys.stderr)
     hooks = measure_hook_start(runs=11 if args.quick else 41)
     print("MCP tool calls through ratewarden mcp…", file=sys.stderr)

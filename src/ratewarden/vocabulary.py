@@ -61,6 +61,9 @@ class MatchKind(StrEnum):
 
 
 MAX_TOKENS = 100_000_000  # tokens in one field of a model call: 50x the largest context
+# The settle route, the call id one path segment in it: the client quotes an id into
+# `{call_id}`, the daemon's route and its auth table put their path converters there.
+SETTLE_PATH = "/v1/calls/{call_id}/settle"
 
 # The kinds with a counter in the store, each stated by the field of its own name.
 COUNTED_KINDS = (RuleKind.RATE, RuleKind.CONCURRENCY, RuleKind.BUDGET)

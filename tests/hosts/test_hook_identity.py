@@ -34,6 +34,10 @@ rules:
     match: {tool: Bash}
     per: [user]
     concurrency: 1
+  - name: model-per-minute
+    match: {model: gemini-2.5-pro}
+    per: [user]
+    rate: 50/minute
 """
 
 
@@ -116,3 +120,33 @@ def test_a_hook_with_a_service_token_still_falls_back_to_the_configured_user(
     assert decision(hook("claude-code", claude_pre("Bash", call), env=env)) == "allow"
     assert used(daemon, user) == 1
     hook("claude-code", claude_post("Bash", call), env=env)
+
+
+def model_calls(daemon: Daemon, user: str) -> float:
+    answer = httpx.get(
+        f"{daemon.url}/v1/usage",
+        params={"user": user},
+        headers={"authorization": f"Bearer {ADMIN}"},
+        timeout=5,
+    )
+    found = [item for item in answer.json()["limits"] if item["rule"] == "model-per-minute"]
+    return float(found[0]["used"]) if found else 0.0
+
+
+def test_a_model_call_hook_names_its_user_as_a_tool_call_hook_does(daemon: Daemon) -> None:
+    """Gemini CLI's BeforeModel posts /v1/check itself: alice's token is alice whatever
+    RATEWARDEN_USER says, `--user bob` is refused, a service token takes RATEWARDEN_USER."""
+    request = {"model": "gemini-2.5-pro", "messages": [{"role": "user", "content": "hi"}]}
+    payload = {"hook_event_name": "BeforeModel", "session_id": "s", "llm_request": request}
+    before = model_calls(daemon, "alice")
+    done = hook("gemini", payload, env=as_alice(daemon, RATEWARDEN_USER="bob"))
+    assert (done.returncode, done.stdout) == (0, "")  # allowed
+    assert model_calls(daemon, "alice") == before + 1
+    assert model_calls(daemon, "bob") == 0
+    refused = hook("gemini", payload, "--user", "bob", env=as_alice(daemon))
+    assert json.loads(refused.stdout)["decision"] == "deny"
+    assert model_calls(daemon, "bob") == 0
+    user = f"svc-user-{uuid.uuid4().hex[:8]}"
+    env = {"RATEWARDEN_URL": daemon.url, "RATEWARDEN_TOKEN": SERVICE, "RATEWARDEN_USER": user}
+    assert hook("gemini", payload, env=env).stdout == ""
+    assert model_calls(daemon, user) == 1

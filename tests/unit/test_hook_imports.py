@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,12 @@ HEAVY = ("pydantic", "pydantic_core", "pydantic_settings", "fastapi", "starlette
 PAYLOAD = {"hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {"command": "ls"}}
 
 
-def imported_by_hook(host: str) -> set[str]:
+def imported_by_hook(host: str, payload: Mapping[str, object] = PAYLOAD) -> set[str]:
     """Every module a hook invocation imported, from `python -X importtime`'s report."""
     done = subprocess.run(
         [sys.executable, "-X", "importtime", str(RATEWARDEN), "hook", host,
          "--url", "http://127.0.0.1:9", "--timeout", "0.2"],
-        input=json.dumps(PAYLOAD), capture_output=True, text=True, timeout=60, check=False,
+        input=json.dumps(payload), capture_output=True, text=True, timeout=60, check=False,
         env={"PATH": "/usr/bin:/bin", "AGENT_CODE_HOOK_EVENT": "pre_tool_use",
              "AGENT_CODE_HOOK_TOOL": "Bash"},
     )  # fmt: skip
@@ -59,3 +60,14 @@ COSTLY = ("dataclasses", "inspect", "hashlib", "logging", "uuid", "ratewarden.ar
 @pytest.mark.parametrize("host", sorted(HOSTS))
 def test_a_plain_payload_loads_none_of_the_costly_modules(host: str) -> None:
     assert imported_by_hook(host) & set(COSTLY) == set()
+
+
+def test_a_model_call_hook_is_as_light() -> None:
+    """Gemini CLI's BeforeModel: the model path (its ledger included) imports nothing
+    heavy or costly either."""
+    request = {"model": "gemini-2.5-pro", "messages": [{"role": "user", "content": "hi"}]}
+    payload = {"hook_event_name": "BeforeModel", "session_id": "s", "llm_request": request}
+    modules = imported_by_hook("gemini", payload)
+    assert "ratewarden.hooks.command" in modules
+    assert {m for m in modules if m.split(".")[0] in HEAVY} == set()
+    assert modules & set(COSTLY) == set()

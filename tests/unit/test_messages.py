@@ -94,8 +94,7 @@ def test_default_templates_are_the_documented_ones() -> None:
         ),
         "token_rate": "Rate limit: max {limit} model tokens per {window}",
         "no_price": (
-            "No price is known for model {tool}: ask the operator to add it to the policy's "
-            "models"
+            "No price is known for model {tool}: ask the operator to add it to the policy's models"
         ),
     }
     fields = {"limit": 2, "label": "browser", "window": "minute"}

@@ -153,6 +153,10 @@ def test_a_default_price_catches_what_nothing_else_prices() -> None:
         ),
         ("rules:\n  - {name: r, match: {kind: models}, budget: 1/day}", "match.kind"),
         (
+            "rules:\n  - {name: r, match: {kind: any}, budget: 1/day, currency: EUR}",
+            "rules[0].currency: model calls are priced in USD: a EUR budget cannot count them",
+        ),
+        (
             "rules:\n  - {name: r, rate: 10 tokens/minute, algorithm: token_bucket}",
             "a token rate counts in fixed windows",
         ),
@@ -199,3 +203,13 @@ def test_metric_labels_of_models_are_the_policys_patterns() -> None:
     assert policy.metric_model("gpt-4o") == "gpt-4o"
     assert policy.metric_model("my-local-llama") == "my-local-*"
     assert policy.metric_model("some-model-the-policy-never-names") == "other"
+
+
+def test_a_price_past_twenty_decimals_is_priced_by_genai_prices_itself() -> None:
+    from genai_prices.types import ModelPrice
+
+    model_price = ModelPrice(input_mtok=Decimal("0.1" + "0" * 24 + "1"), output_mtok=Decimal(2))
+    ours = _from_genai(model_price)
+    assert ours.exact is not None  # not our sums: they would round the price
+    usage = ModelUsage(input_tokens=10**7, output_tokens=3)
+    assert ours.micros(usage) == genai_micros(model_price, usage) == 1_000_007  # rounded up

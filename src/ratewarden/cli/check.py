@@ -45,7 +45,11 @@ def _add_check(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("--user", required=True)
-    check.add_argument("--tool", required=True)
+    what = check.add_mutually_exclusive_group(required=True)
+    what.add_argument("--tool")
+    what.add_argument("--model", help="a model call's model (docs/budgets.md), not a tool")
+    check.add_argument("--input-tokens", type=int, help="a model call's input tokens")
+    check.add_argument("--max-output-tokens", type=int, help="a model call's most output")
     check.add_argument("--session")
     check.add_argument("--team")
     check.add_argument("--cost", type=float)
@@ -65,14 +69,13 @@ def _check(args: argparse.Namespace) -> int:
     from ratewarden.client import Client, ClientError, DaemonUnavailable
     from ratewarden.wire.bodies import CheckRequest
 
-    request = CheckRequest.model_validate(
-        {
-            **flags_given(
-                args, "user", "tool", "session", "team", "cost", "call_id", "approved", "args"
-            ),
-            "metadata": _metadata(args),
-        }
-    )
+    given = flags_given(
+        args, "user", "tool", "session", "team", "cost", "call_id", "approved", "args",
+        "model", "input_tokens", "max_output_tokens",
+    )  # fmt: skip
+    if "model" in given:
+        given["kind"] = "model"
+    request = CheckRequest.model_validate({**given, "metadata": _metadata(args)})
     settings = client_target(args)
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:
@@ -107,6 +110,9 @@ def _metadata(args: argparse.Namespace) -> dict[str, Any] | None:
     return given or None
 
 
+_USAGE = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
 def _add_settle(commands: Any) -> None:
     settle = commands.add_parser(
         "settle",
@@ -117,6 +123,8 @@ def _add_settle(commands: Any) -> None:
     settle.add_argument("call_id", metavar="CALL_ID")
     settle.add_argument("--cost", type=float, help="actual cost (default: the estimate)")
     settle.add_argument("--status", help="how the call ended (ok, error...)")
+    for name in _USAGE:  # a model call's usage, priced by the daemon (docs/budgets.md)
+        settle.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name)
     add_client_flags(settle)
     settle.set_defaults(run=_settle)
 
@@ -125,7 +133,10 @@ def _settle(args: argparse.Namespace) -> int:
     from ratewarden.client import Client, ClientError, DaemonUnavailable
     from ratewarden.wire.bodies import SettleRequest
 
-    request = SettleRequest.model_validate(flags_given(args, "cost", "status"))
+    usage = flags_given(args, *_USAGE)
+    request = SettleRequest.model_validate(
+        {**flags_given(args, "cost", "status"), **({"usage": usage} if usage else {})}
+    )
     settings = client_target(args)
     try:
         with Client(settings.url, settings.token, timeout=args.timeout) as client:

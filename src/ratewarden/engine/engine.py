@@ -638,7 +638,7 @@ def _unpriced(policy: Policy, call: Call, applied: Sequence[Applied]) -> Decisio
     """A refusal of a model call that a budget would price, when nothing knows its price
     (docs/budgets.md, "Prices"); None when it has one, or no budget needs it."""
     budgets = [a for a in applied if isinstance(a.limit, BudgetLimit)]
-    if not budgets or policy.most_cost(call) is not None:
+    if not budgets or policy.prices.of(call.tool) is not None:
         return None
     rule, limit = budgets[0].rule, budgets[0].limit
     assert isinstance(limit, BudgetLimit)

@@ -31,7 +31,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ratewarden import vocabulary
-from ratewarden.hooks.contract import BadInput, HookOutput, Host, PostCall, PreCall, one_line
+from ratewarden.hooks.contract import (
+    BadInput,
+    HookOutput,
+    Host,
+    ModelCall,
+    ModelDone,
+    PostCall,
+    PreCall,
+    one_line,
+)
 from ratewarden.hooks.hosts import HOSTS, SUMMARIES
 from ratewarden.http import exchange
 
@@ -56,6 +65,10 @@ class HookOptions(NamedTuple):
 
 class Unanswered(Exception):
     """The daemon gave no decision: unreachable, too slow, or it refused the request."""
+
+
+class NeedsUser(Unanswered):
+    """A request naming no user, from a token that is no user's (422 on `user`)."""
 
 
 class NotVouched(Exception):
@@ -218,6 +231,8 @@ def run(host: Host, options: HookOptions, payload: bytes, environ: Mapping[str, 
         return _unreadable(host, options, str(exc))
     if event is None:
         return host.allow
+    if isinstance(event, ModelCall | ModelDone):
+        return _model(host, options, event, environ)
     settings = vocabulary.ClientSettings.read(environ)
     url = options.url or settings.url
     body = _event(event, options, settings)
@@ -233,6 +248,129 @@ def run(host: Host, options: HookOptions, payload: bytes, environ: Mapping[str, 
         return host.allow._replace(stderr=(*notes, *_opened(host, event, environ)))
     refusal = host.refuse(decision, str(answer.get("message", "")), str(answer.get("detail", "")))
     return refusal._replace(stderr=(*refusal.stderr, *notes))
+
+
+# -- model calls (Gemini CLI's BeforeModel and AfterModel) -----------------------------------
+
+HOLDING = frozenset({"concurrency", "budget"})  # vocabulary.HOLDING_KINDS, by name
+
+
+def _model(
+    host: Host, options: HookOptions, event: ModelCall | ModelDone, environ: Mapping[str, str]
+) -> HookOutput:
+    """Check a model call (`POST /v1/check`, `kind: model`), keeping its id in the hook
+    ledger when it holds a reservation; or settle the call its answer ends, with the
+    provider's usage (`POST /v1/calls/ID/settle`)."""
+    settings = vocabulary.ClientSettings.read(environ)
+    if isinstance(event, ModelDone):
+        return _settle_model(host, options, event, environ, settings)
+    refuse = host.refuse_model or (lambda decision, message: host.refuse(decision, message, ""))
+    try:
+        answer = _check_model(host, options, event, settings)
+    except Unanswered as exc:
+        note = one_line(f"ratewarden: {exc}; failing {options.fail}")
+        if options.fail == "open":
+            return host.allow._replace(stderr=(note,))
+        refusal = refuse("deny", vocabulary.unavailable(event.model))
+        return refusal._replace(stderr=(*refusal.stderr, note))
+    except NotVouched as exc:
+        refusal = refuse("deny", vocabulary.NOT_VOUCHED.format(field="--user"))
+        return refusal._replace(stderr=(one_line(f"ratewarden: {exc}"),))
+    if answer.get("allowed") is not True:
+        decision: vocabulary.DecisionName = "ask" if answer.get("decision") == "ask" else "deny"
+        return refuse(decision, str(answer.get("message", "")))
+    call_id = answer.get("call_id")
+    if not _holds(answer) or not isinstance(call_id, str):
+        return host.allow
+    return _keep_model_call(host, event, call_id, environ)
+
+
+def _check_model(
+    host: Host, options: HookOptions, event: ModelCall, settings: Any
+) -> dict[str, Any]:
+    """The daemon's answer to the model call's check. Who calls, as for a tool call:
+    `--user` is a claim the token must allow; without it a user token is its user, and a
+    service token (or none) takes RATEWARDEN_USER, else the login name."""
+    url = options.url or settings.url
+    token = options.token or settings.token
+    default = (settings.user or _login_name()) if options.user is None else None
+    check = {
+        "user": options.user if options.user is not None or token is not None else default,
+        "team": options.team,
+        "kind": "model",
+        "model": event.model,
+        "input_tokens": event.input_tokens,
+        "max_output_tokens": event.max_output_tokens,
+        "session": event.session,
+        "call_id": vocabulary.call_id(host.name),
+    }
+    sent = {k: _sendable(k, v) for k, v in check.items() if v is not None}
+    try:
+        return _post(url, "/v1/check", sent, options, settings)
+    except NeedsUser:  # a service token: the default user, as a tool call's hook sends
+        named = {**sent, "user": _sendable("user", default)}
+        return _post(url, "/v1/check", named, options, settings)
+
+
+def _holds(answer: Mapping[str, Any]) -> bool:
+    """Whether an allowed call holds something until settled (CheckResponse.holds)."""
+    given = answer.get("limits")
+    limits = given if isinstance(given, list) else []
+    return answer.get("send_result") is True or any(
+        isinstance(limit, dict) and limit.get("kind") in HOLDING for limit in limits
+    )
+
+
+def _keep_model_call(
+    host: Host, event: ModelCall, call_id: str, environ: Mapping[str, str]
+) -> HookOutput:
+    """Keep the allowed call's id for the AfterModel that ends its answer."""
+    from ratewarden.hooks import ledger
+
+    try:
+        where = ledger.folder(host.name, environ)
+        if where is None:
+            raise OSError("no folder for the hook ledger")
+        ledger.keep(where, event.session or "", (ledger.key(event.model),), call_id, _now_ms())
+    except OSError as exc:
+        lost = f"ratewarden: could not keep model call {call_id} for its AfterModel ({exc})"
+        return host.allow._replace(stderr=(one_line(f"{lost}; it is charged its reservation"),))
+    return host.allow
+
+
+def _settle_model(
+    host: Host, options: HookOptions, event: ModelDone, environ: Mapping[str, str], settings: Any
+) -> HookOutput:
+    """Settle the call the ledger kept for this model's answer, with its usage."""
+    from ratewarden.hooks import ledger
+
+    where = ledger.folder(host.name, environ)
+    found_by = (ledger.key(event.model),)  # the key digests: hashlib, only now
+    call_id = ledger.take(where, event.session or "", found_by, _now_ms()) if where else None
+    if call_id is None:  # refused, held nothing, or kept nowhere
+        return host.allow
+    body: dict[str, Any] = {"status": "ok"}
+    if event.usage is not None:
+        body["usage"] = dict(event.usage)
+    path = vocabulary.SETTLE_PATH.format(call_id=_quoted(call_id))
+    try:
+        _post(options.url or settings.url, path, body, options, settings)
+    except (Unanswered, NotVouched) as exc:
+        return HookOutput(stderr=(one_line(f"ratewarden: could not settle {call_id}: {exc}"),))
+    return host.allow
+
+
+def _quoted(call_id: str) -> str:
+    """A call id as one path segment (the client's `quote(call_id, safe="")`, without
+    importing urllib): every byte outside the unreserved set percent-encoded."""
+    unreserved = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+    return "".join(chr(b) if b in unreserved else f"%{b:02X}" for b in call_id.encode())
+
+
+def _now_ms() -> int:
+    import time
+
+    return time.time_ns() // 1_000_000
 
 
 def _opened(host: Host, event: PreCall | PostCall, environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -347,6 +485,8 @@ def _post(
         raise Unanswered(f"daemon unreachable at {url} ({exc or type(exc).__name__})") from None
     if status == 403 and _names_user(raw):
         raise NotVouched(_error_message(raw))
+    if status == 422 and "user" not in body and _names_user(raw):
+        raise NeedsUser(_error_message(raw))
     if status != 200:
         raise Unanswered(f"the daemon refused the hook ({status}: {_error_message(raw)})")
     try:

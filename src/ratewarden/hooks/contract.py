@@ -46,7 +46,25 @@ class PostCall(NamedTuple):
     result_digest: str | None = None  # arguments.result_digest of what the tool returned
 
 
-Event = PreCall | PostCall | None  # None: an event this hook has nothing to do for
+class ModelCall(NamedTuple):
+    """A model call about to be sent (Gemini CLI's BeforeModel): checked as `kind: model`."""
+
+    model: str
+    session: str | None = None
+    input_tokens: int = 0  # estimated from the request's text
+    max_output_tokens: int | None = None  # the request's own limit; None: the policy's
+
+
+class ModelDone(NamedTuple):
+    """A model call's answer complete, with the usage the provider reported (None: it
+    reported none); settles the call its ModelCall opened (hooks/ledger.py)."""
+
+    model: str
+    session: str | None = None
+    usage: Mapping[str, int] | None = None  # the settle's `usage`, genai-prices' names
+
+
+Event = PreCall | PostCall | ModelCall | ModelDone | None  # None: nothing to do for it
 
 
 class HookOutput(NamedTuple):
@@ -90,6 +108,8 @@ class Host(NamedTuple):
     - `allow`: what lets a call run (and answers any event there is nothing to say to):
       nothing at all, for most hosts; Cursor takes no output as a failed hook (refused
       by a hook set `failClosed`), so it gets `{}`, which leaves its own approval alone.
+    - `refuse_model`: a refused model call (ModelCall), as the host reads one; None: as
+      `refuse` words a tool call's.
     - `opened`: told of a call the daemon allowed (and the command hook's environment),
       for a host whose PostToolUse cannot name the call otherwise (Codex keeps its id:
       hooks/ledger.py); OSError when it could not (a note on stderr).
@@ -104,6 +124,7 @@ class Host(NamedTuple):
     http: Callable[[HookOutput], HttpAnswer] | None = None
     allow: HookOutput = HookOutput()
     opened: Callable[[PreCall, Mapping[str, str]], None] | None = None
+    refuse_model: Callable[[DecisionName, str], HookOutput] | None = None
 
 
 # -- reading payloads --------------------------------------------------------------------

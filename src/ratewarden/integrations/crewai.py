@@ -32,6 +32,21 @@ An `ask` rule goes to `approve(context, reason) -> bool` when one is given
 `approve`, or when the human declines, the call is refused and the model reads that a
 human must approve it.
 
+Model calls are asked too (issue 31; docs/budgets.md), unless `models=False`: a
+`before_llm_call` hook checks each model call (the LLM's `model`, the input tokens
+estimated from the messages, the LLM's `max_tokens`) and refuses it by raising CrewAI's
+`HookAborted` with ratewarden's sentence: CrewAI has no way to answer a model call in its
+place, so the deny ends the run and `crew.kickoff()` raises `HookAborted` whose `reason`
+is the sentence (CrewAI's own contract for a hook's deny; a `False` return would lose the
+reason). CrewAI's `after_llm_call` hook sees only the answer's text (not its usage, and
+not at all for tool-call answers or failures), so the call is settled from CrewAI's
+`LLMCallCompletedEvent` (its `usage`, read by CrewAI's own `UsageMetrics`) or
+`LLMCallFailedEvent` (nothing used), which the LLM emits inside the call: a context
+variable set by the before hook tells the handler which check it settles. The event bus
+runs handlers in a thread pool, so the next before hook of the same run waits (up to
+5 s) for the previous call's settle before it checks: a budget never sees a finished
+call's reservation.
+
 CrewAI's hooks are synchronous, also on its async paths (`akickoff`): the check is one
 blocking request to the daemon (1 s timeout) on the calling thread. The module imports
 without CrewAI (ratewarden never imports it); the hooks import it when CrewAI calls them.
@@ -39,6 +54,7 @@ without CrewAI (ratewarden never imports it); the hooks import it when CrewAI ca
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections import OrderedDict
@@ -51,9 +67,15 @@ from pydantic import ValidationError
 from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user, user_from
-from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall
+from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall, settlement
+from ratewarden.integrations._models import (
+    FAILED,
+    estimate_tokens,
+    model_request,
+    usage_settlement,
+)
 from ratewarden.vocabulary import CallStatus
-from ratewarden.wire.bodies import CheckRequest, CheckResponse
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
 from ratewarden.wire.names import check_request
 
 __all__ = ["RatewardenHooks", "console_approval", "kickoff_inputs"]
@@ -70,6 +92,32 @@ APPROVE_WORDS = frozenset({"approve", "approved", "yes", "y"})
 
 UserSource = str | Callable[[Any], str | None]
 Approver = Callable[[Any, str], bool]
+
+
+SETTLE_WAIT_S = 5.0  # how long a model check waits for the previous call's settle
+
+
+@dataclass(eq=False)
+class _ModelCall:
+    """An allowed model call holding a reservation, until CrewAI's event settles it."""
+
+    call_id: str
+    settled: threading.Event = field(default_factory=threading.Event)
+    _claimed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self) -> bool:
+        """True once: the first event for the call settles it, any other is ignored."""
+        with self._lock:
+            claimed, self._claimed = self._claimed, True
+            return not claimed
+
+
+# The model call the current context last checked: set by the before hook, read by the
+# event handler CrewAI runs in a copy of the context the LLM emitted its event from.
+_MODEL_CALL: contextvars.ContextVar[_ModelCall | None] = contextvars.ContextVar(
+    "ratewarden_crewai_model_call", default=None
+)
 
 
 @dataclass(eq=False)
@@ -103,9 +151,11 @@ class RatewardenHooks:
         user: UserSource | None = None,
         fail: str | None = None,
         approve: Approver | None = None,
+        models: bool = True,
     ) -> None:
         if guard is not None and fail is not None:
             raise ValueError("pass fail= to the Guard you give, not to RatewardenHooks")
+        self.models = models
         if guard is None:  # RATEWARDEN_FAIL read now, not at import
             guard = Guard(fail=fail or vocabulary.ClientSettings.read().fail)
         self.guard = guard
@@ -132,14 +182,30 @@ class RatewardenHooks:
             raise RuntimeError("RatewardenHooks are already registered; unregister them first")
         register_before_tool_call_hook(self.before_tool_call)
         register_after_tool_call_hook(self.after_tool_call)
+        if self.models:
+            from crewai.events import crewai_event_bus
+            from crewai.events.types.llm_events import LLMCallCompletedEvent, LLMCallFailedEvent
+            from crewai.hooks import register_before_llm_call_hook
+
+            register_before_llm_call_hook(self.before_llm_call)
+            crewai_event_bus.register_handler(LLMCallCompletedEvent, self.llm_call_finished)
+            crewai_event_bus.register_handler(LLMCallFailedEvent, self.llm_call_finished)
         return self
 
     def unregister(self) -> None:
-        """Remove both hooks (a no-op for hooks not registered)."""
+        """Remove the hooks (a no-op for hooks not registered)."""
         from crewai.hooks import unregister_after_tool_call_hook, unregister_before_tool_call_hook
 
         unregister_before_tool_call_hook(self.before_tool_call)
         unregister_after_tool_call_hook(self.after_tool_call)
+        if self.models:
+            from crewai.events import crewai_event_bus
+            from crewai.events.types.llm_events import LLMCallCompletedEvent, LLMCallFailedEvent
+            from crewai.hooks import unregister_before_llm_call_hook
+
+            unregister_before_llm_call_hook(self.before_llm_call)
+            crewai_event_bus.off(LLMCallCompletedEvent, self.llm_call_finished)
+            crewai_event_bus.off(LLMCallFailedEvent, self.llm_call_finished)
 
     def __enter__(self) -> RatewardenHooks:
         return self.register()
@@ -178,6 +244,56 @@ class RatewardenHooks:
         result = NO_RESULT if status == CallStatus.ERROR else tool_result(context)
         self.guard.settle(pending.call.call_id, pending.call.settlement(status, result))
         return None
+
+    def before_llm_call(self, context: Any) -> None:
+        """Check the model call; a refusal raises CrewAI's HookAborted with the sentence."""
+        previous = _MODEL_CALL.get()
+        if previous is not None and not previous.settled.wait(SETTLE_WAIT_S) and previous.claim():
+            # No event came: a later hook blocked it, it never reached the provider.
+            log.warning("ratewarden: no event for model call %s; released", previous.call_id)
+            self.guard.settle(previous.call_id, usage_settlement(status=CallStatus.BLOCKED))
+            previous.settled.set()
+        _MODEL_CALL.set(None)
+        model = llm_model(getattr(context, "llm", None))
+        try:
+            request = self.model_request_for(context, model)
+            answer = self._check(request)
+            if answer.decision == "ask":
+                answer = self._ask(context, request, answer)
+        except Exception as exc:  # CrewAI would fail open on our exception: apply ours
+            log.exception("ratewarden hook failed for model %s", model)
+            answer = unreachable_answer(_unjudged(model), self.guard.fail, exc)
+        if answer.allowed:
+            if answer.holds:
+                _MODEL_CALL.set(_ModelCall(answer.call_id))
+            return None
+        _block(refusal_message(answer, model))
+        return None  # a CrewAI without HookAborted: the call runs (cannot be refused)
+
+    def llm_call_finished(self, source: Any, event: Any) -> None:
+        """CrewAI's LLMCallCompletedEvent or LLMCallFailedEvent: settle the checked call."""
+        call = _MODEL_CALL.get()
+        if call is None or not call.claim():  # not ours, or settled by an earlier event
+            return
+        try:
+            self.guard.settle(call.call_id, event_settlement(event))
+        finally:
+            call.settled.set()
+
+    def model_request_for(self, context: Any, model: str) -> CheckRequest:
+        """The check of one model call."""
+        inputs = kickoff_inputs(context)
+        messages = getattr(context, "messages", None) or []
+        limit = llm_max_tokens(getattr(context, "llm", None))
+        return model_request(  # past the wire's cap: reserved at the cap, not unjudged
+            self.user_for(context, inputs),
+            model,
+            min(estimate_tokens(message_texts(messages)), vocabulary.MAX_TOKENS),
+            None if limit is None else min(limit, vocabulary.MAX_TOKENS),
+            session=user_from(inputs, "session_id"),
+            team=user_from(inputs, "team_id"),
+            call_id=vocabulary.call_id(HOST),
+        )
 
     # -- the parts --------------------------------------------------------------------
 
@@ -258,6 +374,61 @@ def kickoff_inputs(context: Any) -> Mapping[str, Any]:
     return inputs if isinstance(inputs, Mapping) else {}
 
 
+def llm_model(llm: Any) -> str:
+    """The model a CrewAI LLM calls (its `model`; the LLM itself when given as a name)."""
+    found = llm if isinstance(llm, str) else getattr(llm, "model", None)
+    return found if isinstance(found, str) and found else "model"
+
+
+def llm_max_tokens(llm: Any) -> int | None:
+    """The most output tokens the LLM asks for (`max_completion_tokens` or `max_tokens`,
+    as CrewAI reports them); None: the policy's default."""
+    for name in ("max_completion_tokens", "max_output_tokens", "max_tokens"):
+        found = getattr(llm, name, None)
+        if isinstance(found, int) and not isinstance(found, bool) and found > 0:
+            return found
+    return None
+
+
+def message_texts(messages: Any) -> list[str]:
+    """The texts of chat messages: string contents, and the text parts of lists."""
+    texts: list[str] = []
+    for message in messages if isinstance(messages, list) else []:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(
+                part["text"]
+                for part in content
+                if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+            )
+    return texts
+
+
+def event_settlement(event: Any) -> SettleRequest:
+    """The settle of a finished model call: a failed one used nothing; a completed one
+    its usage as CrewAI reads it (`UsageMetrics.from_provider_dict`: prompt tokens with
+    the cached ones, whatever the provider's names); none reported: the reservation."""
+    usage = getattr(event, "usage", None)
+    if type(event).__name__ == "LLMCallFailedEvent":
+        return FAILED
+    if not isinstance(usage, Mapping) or not usage:
+        return settlement(CallStatus.OK, None)
+    from crewai.types.usage_metrics import UsageMetrics
+
+    metrics = UsageMetrics.from_provider_dict(dict(usage))
+    if metrics is None:
+        return settlement(CallStatus.OK, None)
+    counts = (
+        metrics.prompt_tokens,
+        metrics.completion_tokens,
+        metrics.cached_prompt_tokens,
+        metrics.cache_creation_tokens,
+    )
+    return usage_settlement(*(min(max(int(n), 0), vocabulary.MAX_TOKENS) for n in counts))
+
+
 def result_status(context: Any) -> CallStatus:
     """`blocked`, `error` or `ok`, from the after hook context's raw result."""
     raw = getattr(context, "raw_tool_result", None)
@@ -290,7 +461,7 @@ def console_approval(context: Any, reason: str) -> bool:
     return str(response).strip().lower() in APPROVE_WORDS
 
 
-def _unjudged(tool: str) -> CheckRequest:
+def _unjudged(tool: str) -> CheckRequest:  # a model's name stands in for its tool
     return CheckRequest.model_construct(user="", tool=tool)
 
 

@@ -27,6 +27,17 @@ holds one thread-safe `Guard`, and its table of calls in flight is behind a lock
 
 A call the daemon answered with `send_result` (a loop rule keyed on results) is settled
 with the digest of `post_tool_call`'s `result`, the text the model reads.
+
+Model calls (issue 31; docs/budgets.md): hermes 0.19's `pre_llm_call` and
+`post_llm_call` hooks run once per turn and cannot veto, so the plugin registers an
+`llm_execution` middleware (`hermes_cli/middleware.py`), which wraps each provider
+request of the agent loop: it checks the model call (the request's `model`, its
+messages' estimated tokens, its `max_tokens`), calls the provider only when allowed,
+and settles with the response's `usage` (chat completions', Anthropic's or the Responses
+API's names). A refused call never reaches the provider: the middleware returns a
+response whose text is ratewarden's sentence (in the chat completions shape, or
+Anthropic's for `api_mode: anthropic_messages`), which hermes takes as the model's
+final answer of the turn. A hermes without middleware (older than 0.19) is left alone.
 """
 
 from __future__ import annotations
@@ -47,8 +58,14 @@ from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user
 from ratewarden.integrations._lifecycle import NO_RESULT, settlement
+from ratewarden.integrations._models import (
+    FAILED,
+    estimate_tokens,
+    model_request,
+    usage_settlement,
+)
 from ratewarden.vocabulary import CallStatus
-from ratewarden.wire.bodies import CheckRequest, CheckResponse, ToolMetadata
+from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
 from ratewarden.wire.names import check_request
 
 log = logging.getLogger("ratewarden.integrations.hermes")
@@ -76,9 +93,11 @@ class RatewardenPlugin:
         guard: Guard | None = None,
         user: UserCallable | None = None,
         fail: str | None = None,
+        models: bool = True,
     ) -> None:
         if guard is not None and fail is not None:
             raise ValueError("pass fail= to the Guard you give, not to RatewardenPlugin")
+        self.models = models
         self.guard = guard if guard is not None else Guard(fail=fail or fail_from_environment())
         self._user = user
         self._lock = threading.Lock()
@@ -94,6 +113,58 @@ class RatewardenPlugin:
             return
         ctx.register_hook("pre_tool_call", self.pre_tool_call)
         ctx.register_hook("post_tool_call", self.post_tool_call)
+        if self.models and hasattr(ctx, "register_middleware"):  # hermes >= 0.19
+            ctx.register_middleware("llm_execution", self.llm_execution)
+
+    def llm_execution(self, *, request: Any, next_call: Callable[..., Any], **context: Any) -> Any:
+        """hermes' `llm_execution` middleware: check the model call, call the provider if
+        allowed, settle with its usage; refused, answer with ratewarden's sentence."""
+        model = str(context.get("model") or _get(request, "model") or "model")
+        try:
+            check = self.model_request_for(model, request, context)
+            answer = self._check(check)
+        except Exception as exc:  # hermes would run the call on our exception: apply ours
+            log.exception("ratewarden middleware failed for model %s", model)
+            answer = self._fail_answer(CheckRequest.model_construct(user="", tool=model), exc)
+        if not answer.allowed:
+            message = answer.message or vocabulary.REFUSED.format(tool=model)
+            if answer.decision == "ask":
+                message = vocabulary.needs_approval(message)
+            return refused_response(message, model, str(context.get("api_mode") or ""))
+        if not answer.holds:
+            return next_call(request)
+        try:
+            response = next_call(request)
+        except BaseException:  # the provider failed: nothing used (hermes re-raises)
+            self.guard.settle(answer.call_id, FAILED)
+            raise
+        self.guard.settle(answer.call_id, response_settlement(response))
+        return response
+
+    def model_request_for(
+        self, model: str, request: Any, context: Mapping[str, Any]
+    ) -> CheckRequest:
+        """The check of one provider request (hermes' api_kwargs)."""
+        user = (self._user(dict(context)) if self._user is not None else None) or session_user()
+        limit = next(
+            (
+                _tokens(_get(request, key))
+                for key in ("max_tokens", "max_completion_tokens", "max_output_tokens")
+                if _tokens(_get(request, key))
+            ),
+            None,
+        )
+        texts = _texts(_get(request, "messages") or _get(request, "input"))
+        system = _get(request, "system")
+        texts.extend(_texts(system) if isinstance(system, list) else [str(system or "")])
+        return model_request(
+            user,
+            model,
+            min(estimate_tokens(texts), vocabulary.MAX_TOKENS),
+            limit,
+            session=str(context.get("session_id") or "") or None,
+            call_id=vocabulary.call_id(HOST, context.get("api_request_id")),
+        )
 
     # -- the hooks --------------------------------------------------------------------
 
@@ -266,6 +337,94 @@ def _already_registered(ctx: Any) -> bool:
         return False
     registered = hooks.get("pre_tool_call") or []
     return any(isinstance(getattr(cb, "__self__", None), RatewardenPlugin) for cb in registered)
+
+
+# -- model calls ------------------------------------------------------------------------
+
+
+def _get(found: Any, key: str) -> Any:
+    """`found[key]` or `found.key`: hermes' requests are dicts, SDK responses objects."""
+    if isinstance(found, Mapping):
+        return found.get(key)
+    return getattr(found, key, None)
+
+
+def _tokens(value: Any) -> int:
+    """A token count: a positive int, at most the wire's cap; else 0."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return min(value, vocabulary.MAX_TOKENS)
+    return 0
+
+
+def _texts(messages: Any) -> list[str]:
+    """The texts of chat messages (string contents, and the text of content parts)."""
+    texts: list[str] = []
+    for message in messages if isinstance(messages, list) else []:
+        content = _get(message, "content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(t for t in (_get(p, "text") for p in content) if isinstance(t, str))
+        elif isinstance(_get(message, "text"), str):
+            texts.append(_get(message, "text"))
+    return texts
+
+
+def response_settlement(response: Any) -> SettleRequest:
+    """The settle of a provider response by its `usage`: chat completions'
+    (`prompt_tokens` with the cached ones, `prompt_tokens_details.cached_tokens`),
+    Anthropic's (`input_tokens` without the cache reads and writes, which are added) or
+    the Responses API's (`input_tokens`, `input_tokens_details.cached_tokens`). No usage:
+    charged its reservation."""
+    usage = _get(response, "usage")
+    if usage is None:
+        return settlement(CallStatus.OK, None)
+    if _get(usage, "prompt_tokens") is not None:  # chat completions
+        details = _get(usage, "prompt_tokens_details")
+        return usage_settlement(
+            _tokens(_get(usage, "prompt_tokens")),
+            _tokens(_get(usage, "completion_tokens")),
+            _tokens(_get(details, "cached_tokens")),
+            _tokens(_get(details, "cache_write_tokens")),
+        )
+    read = _tokens(_get(usage, "cache_read_input_tokens"))
+    write = _tokens(_get(usage, "cache_creation_input_tokens"))
+    if read or write or _get(usage, "cache_read_input_tokens") is not None:  # Anthropic
+        given = _tokens(_get(usage, "input_tokens")) + read + write
+        output = _tokens(_get(usage, "output_tokens"))
+        return usage_settlement(min(given, vocabulary.MAX_TOKENS), output, read, write)
+    details = _get(usage, "input_tokens_details")  # the Responses API
+    return usage_settlement(
+        _tokens(_get(usage, "input_tokens")),
+        _tokens(_get(usage, "output_tokens")),
+        _tokens(_get(details, "cached_tokens")),
+    )
+
+
+def refused_response(message: str, model: str, api_mode: str) -> Any:
+    """A provider response whose answer is `message`, in the shape hermes' loop reads for
+    `api_mode` (its chat completions stream result, or an Anthropic message)."""
+    from types import SimpleNamespace
+
+    if api_mode == "anthropic_messages":
+        text = SimpleNamespace(type="text", text=message)
+        return SimpleNamespace(
+            id=f"ratewarden-{vocabulary.call_id(HOST)}",
+            type="message",
+            role="assistant",
+            model=model,
+            content=[text],
+            stop_reason="end_turn",
+            stop_sequence=None,
+            usage=None,
+        )
+    reply = SimpleNamespace(
+        role="assistant", content=message, tool_calls=None, reasoning_content=None
+    )
+    choice = SimpleNamespace(index=0, message=reply, finish_reason="stop")
+    return SimpleNamespace(
+        id=f"ratewarden-{vocabulary.call_id(HOST)}", model=model, choices=[choice], usage=None
+    )
 
 
 # -- the entry point and the directory plugin -------------------------------------------

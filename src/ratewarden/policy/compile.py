@@ -53,6 +53,7 @@ from ratewarden.vocabulary import (
     SAME_RESULT,
     TOKEN_RATE,
     Algorithm,
+    CallKind,
     Dimension,
     OnExceed,
     RuleKind,
@@ -91,7 +92,7 @@ def compile_policy(
     names, found = compile_names(spec)
     issues += found
     prices = compile_prices(spec)
-    issues += unpriced_models(spec, prices)
+    issues += unpriced_models(spec, prices) + model_currencies(spec)
     if issues:
         return None, issues
     runtime_compiled = {
@@ -404,6 +405,21 @@ def _other_unit(rule: RuleSpec, override: OverrideSpec) -> str | None:
     if override.rate is None or rule.rate is None or override.rate.tokens == rule.rate.tokens:
         return None
     return f"rule {rule.name!r} counts {'tokens' if rule.rate.tokens else 'calls'}"
+
+
+def model_currencies(spec: PolicySpec) -> list[PolicyIssue]:
+    """A budget in another currency than USD, over model calls: their prices are USD."""
+    return [
+        PolicyIssue(
+            ("rules", i, "currency"),
+            f"model calls are priced in USD: a {rule.currency} budget cannot count them "
+            "(match them out with kind: tool)",
+        )
+        for i, rule in enumerate(spec.rules)
+        if rule.budget is not None
+        and rule.currency not in (None, "USD")
+        and CallKind.MODEL in _kinds(rule)
+    ]
 
 
 def _default_tool(spec: PolicySpec) -> ToolEntry:

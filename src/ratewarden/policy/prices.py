@@ -71,22 +71,33 @@ class Price:
         """What `usage` costs, in micro-USD, rounded up."""
         if self.exact is not None:
             return self.exact(usage)
-        total_in = usage.input_tokens
-        uncached = total_in
-        pico = self.per_request + usage.output_tokens * self.output.at(total_in)
-        if self.cache_read is not None:
-            uncached -= usage.cache_read_tokens
-            pico += usage.cache_read_tokens * self.cache_read.at(total_in)
-        if self.cache_write is not None:
-            uncached -= usage.cache_write_tokens
-            pico += usage.cache_write_tokens * self.cache_write.at(total_in)
-        pico += uncached * self.input.at(total_in)
-        return -(-pico // PICO)
+        return self._summed(
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_tokens,
+            usage.cache_write_tokens,
+        )
 
     def most(self, input_tokens: int, max_output_tokens: int) -> int:
         """The most a call of `input_tokens` (none cached) answering up to
         `max_output_tokens` can cost, in micro-USD: its reservation."""
-        return self.micros(ModelUsage(input_tokens=input_tokens, output_tokens=max_output_tokens))
+        if self.exact is not None:
+            return self.exact(
+                ModelUsage(input_tokens=input_tokens, output_tokens=max_output_tokens)
+            )
+        return self._summed(input_tokens, max_output_tokens, 0, 0)
+
+    def _summed(self, total_in: int, output: int, read: int, written: int) -> int:
+        uncached = total_in
+        pico = self.per_request + output * self.output.at(total_in)
+        if self.cache_read is not None:
+            uncached -= read
+            pico += read * self.cache_read.at(total_in)
+        if self.cache_write is not None:
+            uncached -= written
+            pico += written * self.cache_write.at(total_in)
+        pico += uncached * self.input.at(total_in)
+        return -(-pico // PICO)
 
 
 class Inexact(ValueError):

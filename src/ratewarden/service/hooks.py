@@ -150,6 +150,8 @@ async def answer(
     caller = vouch.caller_of(scope)
     if isinstance(event, PostCall):
         return _http(found, await settle(app, event, vouch.may_settle(caller)))
+    if not isinstance(event, PreCall):  # a model call: only `ratewarden hook gemini` asks
+        return _http(found, None)
     return await _native_check(app, found, event, caller, user, team)
 
 

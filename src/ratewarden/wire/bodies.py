@@ -40,6 +40,7 @@ from ratewarden.vocabulary import (
     SettledOutcome,
     readable,
 )
+from ratewarden.vocabulary import SETTLE_PATH as VOCABULARY_SETTLE_PATH
 from ratewarden.wire.bounded import ARGS_MARKS, depth, outside_strings
 
 Subject = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
@@ -49,6 +50,12 @@ def no_control_characters(value: str) -> str:
     if any(unicodedata.category(char) == "Cc" for char in value):
         # A newline could never reach the settle route: the call could not be settled.
         raise ValueError("must not contain control characters: it travels in the settle URL")
+    return value
+
+
+def readable_name(value: str) -> str:
+    if not readable(value):
+        raise ValueError(UNREADABLE_MESSAGE)
     return value
 
 
@@ -195,6 +202,8 @@ _HOST_TOOL = "the host's own name for the tool, when `tool` is already the canon
 
 
 Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
+# A model's name reaches the model's own sentence (`No price is known for model ...`).
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_NAME), AfterValidator(readable_name)]
 _KIND = "`tool` (the default) or `model`: a model call, priced from its tokens (docs/budgets.md)"
 _MODEL = "a model call's model (kind: model); it becomes the call's `tool`"
 _INPUT_TOKENS = "a model call's input tokens, counted or estimated: priced into its reservation"
@@ -230,7 +239,7 @@ class CheckRequest(_Body):
     user: Subject | None = Field(None, description=_USER)
     tool: Subject
     kind: CallKind = Field(CallKind.TOOL, description=_KIND)
-    model: Subject | None = Field(None, description=_MODEL)
+    model: ModelName | None = Field(None, description=_MODEL)
     input_tokens: Tokens | None = Field(None, description=_INPUT_TOKENS)
     max_output_tokens: Tokens | None = Field(None, description=_MAX_OUTPUT)
     host: Subject | None = Field(None, description=_HOST)
@@ -362,9 +371,8 @@ class UsageResponse(BaseModel):
     unshown: list[UnshownRule] = []
 
 
-# The settle route, the call id one path segment in it: the client quotes an id into
-# `{call_id}`, the daemon's route and its auth table put their path converters there.
-SETTLE_PATH = "/v1/calls/{call_id}/settle"
+# The settle route (vocabulary.SETTLE_PATH, where the command hook reads it too).
+SETTLE_PATH = VOCABULARY_SETTLE_PATH
 
 
 # A tool result's digest (arguments.result_digest), never the result: what a loop rule

@@ -245,9 +245,9 @@ async def scenarios(url: str, dead_url: str) -> dict[str, Any]:
     report["fail_open"] = await Host(RatewardenPlugin(AsyncGuard(dead_url))).run(
         "fail_open", "u-open", echoes(3)
     )
-    report["fail_closed"] = await Host(RatewardenPlugin(AsyncGuard(dead_url, fail="closed"))).run(
-        "fail_closed", "u-closed", echoes(2)
-    )
+    report["fail_closed"] = await Host(
+        RatewardenPlugin(AsyncGuard(dead_url, fail="closed"), models=False)
+    ).run("fail_closed", "u-closed", echoes(2))
     return report
 
 

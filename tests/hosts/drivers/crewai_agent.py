@@ -205,6 +205,13 @@ class ReactModel(BaseLLM):
 # -- running a crew ---------------------------------------------------------------------
 
 
+class ToolHooks(RatewardenHooks):
+    """RatewardenHooks on tool calls only: model calls are crewai_models.py's."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(models=False, **options)
+
+
 class Host:
     def __init__(self, model: FakeModel, base_url: str) -> None:
         self.model = model
@@ -226,7 +233,7 @@ class Host:
         self,
         scenario: str,
         plan: Plan,
-        hooks: RatewardenHooks,
+        hooks: ToolHooks,
         inputs: dict[str, str] | None = None,
         *,
         use_async: bool = False,
@@ -253,7 +260,7 @@ class Host:
         return self.outcome(scenario, self.model.received(), output)
 
     def run_react(
-        self, scenario: str, script: list[Call], hooks: RatewardenHooks, inputs: dict[str, str]
+        self, scenario: str, script: list[Call], hooks: ToolHooks, inputs: dict[str, str]
     ) -> dict[str, Any]:
         os.environ["SCENARIO"] = scenario
         ran(scenario).touch()
@@ -276,7 +283,7 @@ def deploys(count: int) -> Plan:
     return [[("deploy", {"target": chr(ord("a") + i)})] for i in range(count)]
 
 
-class NoSettle(RatewardenHooks):
+class NoSettle(ToolHooks):
     """The control: checks like RatewardenHooks, never settles."""
 
     def after_tool_call(self, context: Any) -> str | None:
@@ -302,10 +309,8 @@ def scenarios(host: Host, url: str, dead_url: str) -> dict[str, Any]:
     os.environ["RATEWARDEN_URL"] = url
     run = host.run
     report: dict[str, Any] = {
-        "limit": run("limit", terminal_plan(11), RatewardenHooks(), {"user_id": "discord:77"}),
-        "second_user": run(
-            "second_user", terminal_plan(1), RatewardenHooks(), {"user_id": "discord:78"}
-        ),
+        "limit": run("limit", terminal_plan(11), ToolHooks(), {"user_id": "discord:77"}),
+        "second_user": run("second_user", terminal_plan(1), ToolHooks(), {"user_id": "discord:78"}),
         "no_settle": run("no_settle", terminal_plan(2), NoSettle(), {"user_id": "no-settle"}),
         "parallel": run(
             "parallel",
@@ -313,31 +318,31 @@ def scenarios(host: Host, url: str, dead_url: str) -> dict[str, Any]:
                 [("build", {"target": "a"}), ("build", {"target": "b"})],
                 [("build", {"target": "c"}), ("build", {"target": "d"})],
             ],
-            RatewardenHooks(),
+            ToolHooks(),
             {"user_id": "parallel-user"},
         ),
         "tool_error": run(
             "tool_error",
             [[("terminal", {"command": "fail"})], [("terminal", {"command": "after"})]],
-            RatewardenHooks(),
+            ToolHooks(),
             {"user_id": "errors-user"},
         ),
         "async": run(
-            "async", terminal_plan(11), RatewardenHooks(), {"user_id": "async-user"}, use_async=True
+            "async", terminal_plan(11), ToolHooks(), {"user_id": "async-user"}, use_async=True
         ),
         "react": host.run_react(
             "react",
             [("terminal", {"command": f"echo {i}"}) for i in range(1, 12)],
-            RatewardenHooks(user="react-user"),  # a fixed user id
+            ToolHooks(user="react-user"),  # a fixed user id
             {"user_id": "not-this-one"},
         ),
-        "no_inputs": run("no_inputs", terminal_plan(1), RatewardenHooks()),  # RATEWARDEN_USER
+        "no_inputs": run("no_inputs", terminal_plan(1), ToolHooks()),  # RATEWARDEN_USER
         # Allowed by us, then blocked by a hook registered after ours: settled as
         # `blocked`, so the one-at-a-time slot is free for the next call.
         "blocked_later": run(
             "blocked_later",
             terminal_plan(2),
-            RatewardenHooks(),
+            ToolHooks(),
             {"user_id": "blocked-later"},
             then=lambda context: False if context.tool_input["command"] == "echo 1" else None,
         ),
@@ -345,13 +350,13 @@ def scenarios(host: Host, url: str, dead_url: str) -> dict[str, Any]:
     report.update(ask_scenarios(host, url))
     report["register_twice"] = register_twice()
     transport = SendResult()  # the daemon answers send_result: the settles it got
-    hooks = RatewardenHooks(guard=Guard(url, transport=transport))
+    hooks = ToolHooks(guard=Guard(url, transport=transport))
     found = run("digest", terminal_plan(2), hooks, {"user_id": "digest-user"})
     report["digest"] = {**found, "settles": transport.settles}
 
     os.environ["RATEWARDEN_URL"] = dead_url
-    report["fail_open"] = run("fail_open", terminal_plan(3), RatewardenHooks(), {"user_id": "u1"})
-    closed = RatewardenHooks(fail="closed")
+    report["fail_open"] = run("fail_open", terminal_plan(3), ToolHooks(), {"user_id": "u1"})
+    closed = ToolHooks(fail="closed")
     report["fail_closed"] = run("fail_closed", terminal_plan(2), closed, {"user_id": "u2"})
     return report
 
@@ -360,13 +365,13 @@ def ask_scenarios(host: Host, url: str) -> dict[str, Any]:
     """`deploy` allows 1 a minute, then asks: an approver, CrewAI's console, or nobody."""
     approver = Approver()
     by_account: Callable[[Any], str | None] = lambda context: context.crew._inputs["account"]  # noqa: E731
-    approving = RatewardenHooks(guard=Guard(url), user=by_account, approve=approver)
+    approving = ToolHooks(guard=Guard(url), user=by_account, approve=approver)
     approved = host.run("ask_approved", deploys(2), approving, {"account": "acct-9"})
-    console = RatewardenHooks(approve=console_approval)
+    console = ToolHooks(approve=console_approval)
     return {
         "ask_approved": {**approved, "asked": approver.asked},
         "ask_no_approver": host.run(
-            "ask_no_approver", deploys(2), RatewardenHooks(), {"user_id": "acct-10"}
+            "ask_no_approver", deploys(2), ToolHooks(), {"user_id": "acct-10"}
         ),
         # stdin: "approve", then "no"
         "ask_console": host.run("ask_console", deploys(2), console, {"user_id": "acct-11"}),
@@ -377,7 +382,7 @@ def ask_scenarios(host: Host, url: str) -> dict[str, Any]:
 
 
 def register_twice() -> str:
-    with RatewardenHooks():
+    with ToolHooks():
         try:
             RatewardenHooks().register()
         except RuntimeError as exc:

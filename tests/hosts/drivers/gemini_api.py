@@ -27,6 +27,9 @@ USAGE = {"promptTokenCount": 10, "candidatesTokenCount": 1, "totalTokenCount": 1
 class FakeModel:
     command: Callable[[int], str]  # the n-th call's command
     calls: int
+    usage: dict[str, int] = field(default_factory=lambda: dict(USAGE))  # each answer's
+    chunks: int = 1  # an answer streamed in this many chunks; the last one ends it
+    streams: int = 0  # the streamed answers given: the model calls that reached the model
     call_ids: list[str] = field(default_factory=list)  # in the order they were asked
     tool_results: dict[str, str] = field(default_factory=dict)  # call id -> response
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -53,11 +56,11 @@ class FakeModel:
         return [{"functionCall": {"id": call_id, "name": SHELL_TOOL, "args": args}}]
 
 
-def _candidate(parts: list[dict[str, Any]]) -> dict[str, Any]:
+def _candidate(parts: list[dict[str, Any]], usage: dict[str, int] = USAGE) -> dict[str, Any]:
     content = {"role": "model", "parts": parts}
     return {
         "candidates": [{"content": content, "finishReason": "STOP", "index": 0}],
-        "usageMetadata": USAGE,
+        "usageMetadata": usage,
     }
 
 
@@ -66,7 +69,15 @@ def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
             if ":streamGenerateContent" in self.path:
-                data = f"data: {json.dumps(_candidate(fake.answer(body)))}\r\n\r\n".encode()
+                with fake.lock:
+                    fake.streams += 1
+                final = _candidate(fake.answer(body), fake.usage)
+                # Earlier chunks: no finishReason, and only the prompt's usage so far.
+                early = {"candidates": [{"content": {"role": "model", "parts": [{"text": "."}]},
+                                         "index": 0}],
+                         "usageMetadata": {"promptTokenCount": 1}}  # fmt: skip
+                events = [early] * (fake.chunks - 1) + [final]
+                data = b"".join(f"data: {json.dumps(e)}\r\n\r\n".encode() for e in events)
                 self._send(200, "text/event-stream", data)
             elif ":countTokens" in self.path:
                 self._send(200, "application/json", json.dumps({"totalTokens": 10}).encode())
@@ -94,9 +105,14 @@ def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
 
 
 @contextlib.contextmanager
-def fake_gemini_api(command: Callable[[int], str], calls: int) -> Iterator[tuple[str, FakeModel]]:
+def fake_gemini_api(
+    command: Callable[[int], str],
+    calls: int,
+    usage: dict[str, int] | None = None,
+    chunks: int = 1,
+) -> Iterator[tuple[str, FakeModel]]:
     """Serve the fake model on a free loopback port; yields (base URL, model)."""
-    fake = FakeModel(command, calls)
+    fake = FakeModel(command, calls, dict(usage or USAGE), chunks)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))  # a free port
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -69,7 +69,11 @@ def serve(model: FakeModel) -> ThreadingHTTPServer:
                 return
             message = model.answer(body)
             finish = "tool_calls" if message.get("tool_calls") else "stop"
-            usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+            usage = getattr(model, "usage", None) or {
+                "prompt_tokens": 10,
+                "completion_tokens": 5,
+                "total_tokens": 15,
+            }
             if body.get("stream"):
                 self._stream(message, finish, usage)
                 return

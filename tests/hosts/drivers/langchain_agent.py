@@ -314,7 +314,9 @@ async def _ask_interrupt_async(url: str) -> dict[str, Any]:
 
 
 def fail_scenarios() -> dict[str, Any]:
-    """RATEWARDEN_URL points where nothing listens."""
+    """RATEWARDEN_URL points where nothing listens. Failing closed, model calls are
+    left alone (`models=False`: langchain_models.py fails them closed), so the tool
+    calls are what meets the fail mode."""
     return {
         "fail_open": run_sync(
             "fail_open", terminal_plan(3), RatewardenMiddleware(), context={"user_id": "u-open"}
@@ -327,14 +329,14 @@ def fail_scenarios() -> dict[str, Any]:
         "fail_closed": run_sync(
             "fail_closed",
             terminal_plan(2),
-            RatewardenMiddleware(fail="closed"),
+            RatewardenMiddleware(fail="closed", models=False),
             context={"user_id": "u-closed"},
         ),
         "fail_closed_async": asyncio.run(
             run_async(
                 "fail_closed_async",
                 terminal_plan(2),
-                RatewardenMiddleware(fail="closed"),
+                RatewardenMiddleware(fail="closed", models=False),
                 **configurable("c"),
             )
         ),

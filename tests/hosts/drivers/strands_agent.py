@@ -38,8 +38,18 @@ MCP_INPUTS: dict[str, dict[str, Any]] = {
 class ScriptedModel(Model):
     """Asks for the tools in `plan` (name, input), one per turn, then says `final`."""
 
-    def __init__(self, plan: list[tuple[str, dict[str, Any]]], ids: str = "unique") -> None:
+    def __init__(
+        self,
+        plan: list[tuple[str, dict[str, Any]]],
+        ids: str = "unique",
+        usage: dict[str, int] | None = None,
+        config: dict[str, Any] | None = None,
+        fail_at: int | None = None,
+    ) -> None:
+        self.fail_at = fail_at  # the turn at which the provider fails mid-answer
         self.plan = plan
+        self.usage = usage or USAGE  # what each answer reports
+        self.config = config or {}
         self.ids = ids  # "repeat": every call is `call_0`, as some model servers do
         self.turn = 0
         self.tool_results: list[dict[str, Any]] = []
@@ -49,7 +59,7 @@ class ScriptedModel(Model):
         pass
 
     def get_config(self) -> Any:
-        return {}
+        return self.config
 
     def structured_output(
         self, output_model: Any, prompt: Any, system_prompt: str | None = None, **kwargs: Any
@@ -78,7 +88,9 @@ class ScriptedModel(Model):
             yield {"contentBlockDelta": {"delta": {"text": "done"}}}
             yield {"contentBlockStop": {}}
             yield {"messageStop": {"stopReason": "end_turn"}}
-        yield {"metadata": {"usage": USAGE, "metrics": {"latencyMs": 1}}}
+        if self.fail_at == turn:  # the provider fails mid-answer
+            raise RuntimeError("the provider dropped the connection")
+        yield {"metadata": {"usage": self.usage, "metrics": {"latencyMs": 1}}}
 
     def _record(self, message: dict[str, Any]) -> None:
         for block in message.get("content", []):
@@ -131,7 +143,8 @@ def run_terminal(config: dict[str, Any], ran: Path) -> dict[str, Any]:
     model = ScriptedModel([("terminal", {"command": f"echo {i}"}) for i in range(calls)])
     model.ids = config.get("ids", "unique")
     hook_type = RatewardenHook if config.get("settle", True) else NoSettleHook
-    hook = hook_type(fail=config.get("fail"))
+    # Model calls are the `models` scenario's: here only tool calls reach the daemon.
+    hook = hook_type(fail=config.get("fail"), models=False)
     agent = Agent(model=model, tools=[terminal_tool(ran)], hooks=[hook], callback_handler=None)
     result = agent("run my commands", invocation_state={"user_id": config["user"]})
     return report(model, result, hook.guard)
@@ -141,7 +154,7 @@ def run_digest(config: dict[str, Any], ran: Path) -> dict[str, Any]:
     """Identical terminal calls, the daemon answering `send_result`: the settles it got."""
     model = ScriptedModel([("terminal", {"command": "gh run view 7"})] * int(config["calls"]))
     transport = SendResult()
-    hook = RatewardenHook(guard=Guard(transport=transport))  # RATEWARDEN_URL
+    hook = RatewardenHook(guard=Guard(transport=transport), models=False)  # RATEWARDEN_URL
     agent = Agent(model=model, tools=[terminal_tool(ran)], hooks=[hook], callback_handler=None)
     result = agent("poll the run", invocation_state={"user_id": config["user"]})
     found = report(model, result, hook.guard)
@@ -155,13 +168,44 @@ def run_mcp(config: dict[str, Any], ran: Path) -> dict[str, Any]:
     server = Path(__file__).with_name("strands_mcp_server.py")
     params = StdioServerParameters(command=sys.executable, args=[str(server), str(ran)])
     model = ScriptedModel([(name, MCP_INPUTS[name]) for name in config["plan"]])
-    hook = RatewardenHook(metadata={"note": {"read_only": True, "tags": ["notes"]}})
+    hook = RatewardenHook(metadata={"note": {"read_only": True, "tags": ["notes"]}}, models=False)
     with MCPClient(lambda: stdio_client(params)) as mcp:
         tools = [*mcp.list_tools_sync(), note_tool(ran)]
         annotations = {t.tool_name: t.tool_spec.get("annotations") for t in tools}
         agent = Agent(model=model, tools=tools, hooks=[hook], callback_handler=None)
         result = agent("look around", invocation_state={"user_id": config["user"]})
     return {**report(model, result, hook.guard), "annotations": annotations}
+
+
+def run_models(config: dict[str, Any], ran: Path) -> dict[str, Any]:
+    """Model calls priced by their usage: a terminal call per turn until the hook refuses
+    a model call; the agent's reply is then the refusal (tests/hosts/model_budget.py)."""
+    calls = int(config.get("calls", 30))
+    plan = [("terminal", {"command": f"echo {i}"}) for i in range(calls)]
+    usage = {k: int(v) for k, v in config["usage"].items()}
+    model = ScriptedModel(
+        plan, usage=usage, config=config.get("model_config", {}), fail_at=config.get("fail_at")
+    )
+    hook_type = RatewardenHook if config.get("settle", True) else NoModelSettleHook
+    hook = hook_type(fail=config.get("fail"))
+    agent = Agent(model=model, tools=[terminal_tool(ran)], hooks=[hook], callback_handler=None)
+    try:
+        result = agent("run my commands", invocation_state={"user_id": config["user"]})
+    except Exception as exc:  # a provider failure reaches the caller as Strands raises it
+        return {**report_model(model, hook.guard), "error": f"{type(exc).__name__}: {exc}"}
+    reply = " ".join(b.get("text", "") for b in result.message.get("content", []))
+    return {**report(model, result, hook.guard), "reply": reply, "error": None}
+
+
+def report_model(model: ScriptedModel, guard: Guard) -> dict[str, Any]:
+    return {"tool_results": model.tool_results, "model_turns": model.turn}
+
+
+class NoModelSettleHook(RatewardenHook):
+    """The negative control: checks model calls, never settles them."""
+
+    async def after_model_call(self, event: Any) -> None:
+        return None
 
 
 def report(model: ScriptedModel, result: Any, guard: Guard) -> dict[str, Any]:
@@ -177,7 +221,7 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     ran = Path(config["work"]) / "ran.txt"
     ran.touch()
-    runs = {"mcp": run_mcp, "digest": run_digest}
+    runs = {"mcp": run_mcp, "digest": run_digest, "models": run_models}
     run = runs.get(config["scenario"], run_terminal)
     found = run(config, ran)
     found["ran"] = ran.read_text().splitlines()

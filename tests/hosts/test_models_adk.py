@@ -1,0 +1,180 @@
+"""Google ADK: model calls in one budget with tool calls, through RatewardenPlugin's
+`before_model_callback` / `after_model_callback` / `on_model_error_callback` in a real
+`InMemoryRunner`, offline.
+
+The scenario of tests/hosts/model_budget.py, driven by tests/hosts/drivers/adk_models.py
+in the adk host venv against one real `ratewarden serve`: a scripted `BaseLlm` named
+gpt-4o reports `USAGE` on every answer; alice's model calls drain her 1.00 USD day, each
+settle exact to the micro-unit against genai-prices; then her tool call is refused with
+the budget's message and her model call with the single-call message (the agent answers
+with it, no crash); bob is untouched. Streamed and concurrent calls are settled once each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.daemon import clean_environment
+from tests.hosts.model_budget import BUDGET, MODEL, POLICY, SINGLE_CALL, USAGE, price_micros
+from tests.hosts.scenario import Run, host_scenario
+from tests.hosts.test_host_adk import OFFLINE
+from tests.hosts.test_one_budget_across_surfaces import midday_timezone
+
+DRIVER = Path(__file__).parent / "drivers" / "adk_models.py"
+SRC = Path(__file__).resolve().parents[2] / "src"  # this checkout's ratewarden, not the venv's
+TERMINAL = 50_000  # the policy's terminal cost, micro-USD
+UNAVAILABLE = f"Tool guard unavailable; {MODEL} calls are paused"
+SHORTER = {"input_tokens": 1_000, "output_tokens": 500, "cache_read_tokens": 0}
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def driver_env(url: str) -> dict[str, str]:
+    """The driver's environment: this checkout's src first."""
+    return clean_environment(PYTHONPATH=str(SRC), RATEWARDEN_URL=url, **OFFLINE)
+
+
+# the first run builds the host venv
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """Every scenario, in one driver process; the daemon stays up for the tests' reads."""
+    policy = POLICY.format(timezone=midday_timezone(datetime.now(UTC)))
+    with host_scenario("adk", policy, tmp_path_factory.mktemp("adk-models")) as host:
+        config = host.config(model=MODEL, usage=USAGE)
+        yield host.run(DRIVER, config, timeout=240, env=driver_env(host.url))
+
+
+@pytest.fixture(scope="module")
+def price() -> int:
+    return price_micros()
+
+
+def test_model_calls_drain_the_day_by_their_real_usage(run: Run, price: int) -> None:
+    """Nine runs, one model call each: every settle charges exactly genai-prices' price
+    of the usage the model reported (prompt, cached, candidates), and holds nothing."""
+    drain = run.report["drain"]
+    assert [step["model_calls"] for step in drain] == [1] * 9
+    assert [step["output"] for step in drain] == ["done"] * 9
+    assert [step["spent"] for step in drain] == [price * n for n in range(1, 10)]
+    assert [step["reserved"] for step in drain] == [0] * 9
+
+
+def test_the_tool_call_then_the_model_call_are_refused_in_one_run(run: Run, price: int) -> None:
+    """The tenth model call asks for terminal and spends; the tool call meets the
+    budget's message; the model call after it could cost more than is left: the model
+    is skipped and the agent answers with the single-call sentence."""
+    turn = run.report["turn"]
+    assert turn["model_calls"] == 1
+    [refused_tool] = turn["tool_results"]
+    assert list(refused_tool) == ["error"]
+    assert BUDGET.match(refused_tool["error"]), refused_tool
+    assert SINGLE_CALL.match(turn["output"]), turn["output"]
+    assert turn["metadata"] == [{"ratewarden": {"decision": "deny", "rules": ["daily-spend"]}}]
+    assert turn["raised"] is None
+    assert (turn["spent"], turn["reserved"]) == (price * 10, 0)
+
+
+def test_the_next_model_call_is_refused_without_reaching_the_model(run: Run, price: int) -> None:
+    refused = run.report["refused"]
+    assert refused["model_calls"] == 0
+    assert SINGLE_CALL.match(refused["output"]), refused["output"]
+    assert (refused["spent"], refused["reserved"]) == (price * 10, 0)
+
+
+def test_a_tools_only_runner_meets_the_same_budget(run: Run, price: int) -> None:
+    tools_only = run.report["tools_only"]
+    [refused_tool] = tools_only["tool_results"]
+    assert BUDGET.match(refused_tool["error"]), refused_tool
+    assert "echo 2" not in run.report["ran"]
+    assert tools_only["spent"] == price * 10  # its model calls are not checked
+
+
+def test_a_shorter_answer_fits_in_what_is_left(run: Run, price: int) -> None:
+    """The request's max_output_tokens sizes the reservation: 1000 tokens fit."""
+    shorter = run.report["shorter"]
+    assert shorter["requested"] == [1_000]
+    assert (shorter["model_calls"], shorter["output"]) == (1, "done")
+    assert shorter["spent"] == price * 10 + price_micros(MODEL, SHORTER)
+    assert shorter["reserved"] == 0
+
+
+def test_a_second_user_is_untouched(run: Run, price: int) -> None:
+    assert run.report["bob_before"] == {"spent": 0, "reserved": 0}
+    bob = run.report["bob"]
+    assert bob["tool_results"] == [{"result": "ran echo 3"}]
+    assert run.report["ran"] == ["echo 3"]
+    assert (bob["model_calls"], bob["output"]) == (2, "done")
+    assert (bob["spent"], bob["reserved"]) == (price * 2 + TERMINAL, 0)
+
+
+def test_a_model_that_raises_is_settled_with_nothing_used(run: Run) -> None:
+    failed = run.report["failed"]
+    assert failed["raised"] == "RuntimeError: the provider is down"
+    assert failed["model_calls"] == 1
+    assert (failed["spent"], failed["reserved"]) == (0, 0)
+
+
+def test_an_answer_without_usage_is_charged_its_reservation(run: Run) -> None:
+    """No usage_metadata: the whole reservation (8000 output tokens, the policy's
+    default, at 10 USD per million, and the estimated input) is charged."""
+    no_usage = run.report["no_usage"]
+    assert no_usage["output"] == "done"
+    assert 80_000 < no_usage["spent"] < 81_000
+    assert no_usage["reserved"] == 0
+
+
+def test_a_streamed_answer_is_settled_once_by_its_final_response(run: Run, price: int) -> None:
+    """Two partial responses (each reporting the usage so far), then the final one."""
+    streamed = run.report["streamed"]
+    assert (streamed["model_calls"], streamed["output"]) == (1, "done")
+    assert (streamed["spent"], streamed["reserved"]) == (price, 0)
+
+
+def test_model_calls_in_flight_together_are_settled_each_as_its_own(run: Run, price: int) -> None:
+    both: dict[str, Any] = run.report["concurrent"]
+    for user in ("frank", "gina"):
+        assert both[user]["output"] == "done"
+        assert (both[user]["spent"], both[user]["reserved"]) == (price, 0)
+
+
+def test_the_daemon_records_both_refusals_under_one_rule(run: Run) -> None:
+    found = {(d["tool"], d["rule"]) for d in run.denials("alice")}
+    assert found == {(MODEL, "daily-spend"), ("terminal", "daily-spend")}
+
+
+def test_an_unreachable_daemon_fails_model_calls_by_the_fail_mode(run: Run) -> None:
+    """Failing closed, the model is not asked and the agent reads why; failing open,
+    it is asked, and nothing is counted."""
+    closed, opened = run.report["fail_closed"], run.report["fail_open"]
+    assert (closed["model_calls"], closed["output"]) == (0, UNAVAILABLE)
+    assert (opened["model_calls"], opened["output"]) == (1, "done")
+    assert (opened["spent"], opened["reserved"]) == (0, 0)
+
+
+TOKEN_POLICY = """\
+version: 1
+rules:
+  - name: gpt-tokens
+    match: {model: "gpt-4o"}
+    per: [user]
+    rate: 20000 tokens/minute
+"""
+TOKEN_RATE = "Rate limit: max 20000 model tokens per minute"
+
+
+def test_a_token_rate_counts_the_settled_tokens(tmp_path: Path) -> None:
+    """A token rate alone holds nothing, yet each model call is settled with its usage
+    (19 134 tokens): two fit under 20 000 a minute, the third is refused."""
+    with host_scenario("adk", TOKEN_POLICY, tmp_path) as host:
+        config = host.config(model=MODEL, usage=USAGE, token_rate=True)
+        found = host.run(DRIVER, config, timeout=240, env=driver_env(host.url)).report["token_rate"]
+    assert [step["model_calls"] for step in found] == [1, 1, 0]
+    assert [step["output"] for step in found][:2] == ["done", "done"]
+    assert found[2]["output"].startswith(TOKEN_RATE), found[2]["output"]
