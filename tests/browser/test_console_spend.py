@@ -159,7 +159,7 @@ def test_the_csv_download_neutralises_formulas(open_console: OpenConsole) -> Non
     path = download.path()
     assert path is not None
     table = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8"))))
-    assert table[0] == ["day", "rule", "user", "team", "scope", "amount", "currency"]
+    assert table[0] == ["day", "rule", "user", "team", "scope", "amount", "currency", "model"]
     users = {row[2] for row in table[1:] if row[1] == "daily-spend"}
     assert users == {"alice", "bob", "'" + FORMULA, "ユーザー <b>x</b>"}
 

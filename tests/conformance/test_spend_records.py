@@ -24,6 +24,8 @@ from ratewarden.policy import parse_policy
 from ratewarden.store import MemoryStore, Store
 from ratewarden.store.keys import counter_key, parse_spend_key, spend_patterns
 from ratewarden.store.redis_store import RedisStore
+from ratewarden.vocabulary import CallKind
+from ratewarden.wire.bodies import ModelUsage
 from tests.helpers.redis_server import RedisServer
 
 POLICY = """\
@@ -50,7 +52,8 @@ async def records(store: Store, user: str | None = None, team: str | None = None
         for key, micros in await store.spend_records(pattern, 1000):
             parsed = parse_spend_key(key)
             assert parsed is not None, key
-            found[parsed.rule, parsed.scope, parsed.day] = micros
+            if not parsed.model:
+                found[parsed.rule, parsed.scope, parsed.day] = micros
     return found
 
 
@@ -218,3 +221,91 @@ async def test_a_record_on_a_real_server_is_a_string_of_micro_units(
         assert await store._client.get(key) == b"1250000"
     finally:
         await store.close()
+
+
+MODEL_POLICY = """\
+version: 1
+defaults: {timezone: UTC, reservation_ttl: 10m}
+models:
+  "house-*": {input: 2, output: 8}
+rules:
+  - {name: daily-spend, match: {kind: any}, per: [user], budget: 5.00/day}
+  - {name: team-spend, match: {kind: any}, per: [team], budget: 50.00/day}
+"""
+
+
+async def model_records(store: Store, user: str | None = None) -> Found:
+    """{(rule, scope, day): micro-units} of the model records (`...:<day>:m`)."""
+    found: Found = {}
+    for pattern in spend_patterns(None, user, None):
+        for key, micros in await store.spend_records(pattern, 1000):
+            parsed = parse_spend_key(key)
+            assert parsed is not None, key
+            if parsed.model:
+                found[parsed.rule, parsed.scope, parsed.day] = micros
+    return found
+
+
+async def test_a_model_calls_settle_writes_its_charge_as_model_spend_too(
+    store: Store, clock: FakeClock
+) -> None:
+    """One model call and one tool call: the day's record holds both, its model record
+    the model call's priced usage, for each budget that charged it (in the same step)."""
+    engine = engine_on(store, clock, MODEL_POLICY)
+    model = Call("alice", "house-7", "m1", team="red", kind=CallKind.MODEL,
+                 input_tokens=1000, max_output_tokens=4000)  # fmt: skip
+    assert (await engine.check(model)).allowed
+    assert (await engine.check(Call("alice", "t", "t1", team="red", cost=0.25))).allowed
+    usage = ModelUsage(input_tokens=1000, output_tokens=500)  # 2000 + 4000 micro-USD
+    settled = await engine.settle("m1", usage=usage)
+    assert settled.charged == {"daily-spend": 0.006, "team-spend": 0.006}
+    await engine.settle("t1", 0.25)
+    day = today(clock)
+    alice = (("user", "alice"),)
+    assert (await records(store, user="alice"))["daily-spend", alice, day] == 256_000
+    assert await model_records(store) == {
+        ("daily-spend", alice, day): 6_000,
+        ("team-spend", (("team", "red"),), day): 6_000,
+    }
+    await engine.settle("m1", usage=usage)  # a second settle moves nothing
+    assert (await model_records(store, user="alice"))["daily-spend", alice, day] == 6_000
+
+
+async def test_a_model_call_without_usage_is_model_spend_at_its_reservation(
+    store: Store, clock: FakeClock
+) -> None:
+    engine = engine_on(store, clock, MODEL_POLICY)
+    model = Call("bob", "house-7", "m2", kind=CallKind.MODEL, input_tokens=100,
+                 max_output_tokens=100)  # fmt: skip
+    assert (await engine.check(model)).allowed
+    await engine.settle("m2")  # no usage: charged its whole reservation, 200 + 800
+    bob = (("user", "bob"),)
+    assert (await model_records(store, user="bob")) == {("daily-spend", bob, today(clock)): 1000}
+
+
+async def test_tool_calls_write_no_model_record(store: Store, clock: FakeClock) -> None:
+    engine = engine_on(store, clock, MODEL_POLICY)
+    assert (await engine.check(Call("carol", "t", "t2", cost=0.25))).allowed
+    await engine.settle("t2", 0.20)
+    assert await records(store, user="carol") != {}
+    assert await model_records(store) == {}
+
+
+async def test_a_model_calls_late_settle_moves_its_whole_cost_into_model_spend(
+    store: Store, clock: FakeClock
+) -> None:
+    """Its reservation expired (charged at its estimate, 0.01, as any call's: in the
+    day's amount, not its model part); its late settle corrects the amount to the cost
+    (0.006) and puts that whole cost in the model part."""
+    engine = engine_on(store, clock, MODEL_POLICY)
+    model = Call("dan", "house-7", "m3", kind=CallKind.MODEL, input_tokens=1000,
+                 max_output_tokens=1000)  # fmt: skip
+    assert (await engine.check(model)).allowed
+    clock.advance(11 * 60_000)  # past the 10m reservation_ttl
+    await engine.usage("dan")  # its scope loaded: the reservation charged at its estimate
+    dan, day = (("user", "dan"),), today(clock)
+    assert (await records(store, user="dan"))["daily-spend", dan, day] == 10_000
+    assert await model_records(store, user="dan") == {}
+    await engine.settle("m3", usage=ModelUsage(input_tokens=1000, output_tokens=500))
+    assert (await records(store, user="dan"))["daily-spend", dan, day] == 6_000
+    assert await model_records(store, user="dan") == {("daily-spend", dan, day): 6_000}

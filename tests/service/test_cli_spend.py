@@ -24,9 +24,12 @@ ADMIN, VIEWER, CHECK = "adm-" + "a" * 20, "view-" + "v" * 20, "chk-" + "c" * 20
 POLICY = """\
 version: 1
 defaults: {timezone: UTC}
+models:
+  "house-*": {input: 2, output: 8}
 rules:
   - {name: daily-spend, per: [user], budget: 50.00/day, currency: USD}
   - {name: team-spend, per: [team], budget: 500.00/day, currency: EUR}
+  - {name: all-spend, match: {kind: any, user: carol}, per: [user], budget: 50.00/day}
 """
 
 
@@ -55,6 +58,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Any:
     ):
         spend(serving, [("alice", "red", 1.5, 1.25), ("bob", "red", 0.5, None)])
         spend(serving, [("=cmd|' /C calc'!A0", "blue", 0.1, None)])
+        spend(serving, [("carol", "green", 0.5, 0.25)])
+        spend_on_a_model(serving, "carol")
         yield serving
 
 
@@ -70,15 +75,41 @@ def spend(daemon: Daemon, calls: list[tuple[str, str, float, float | None]]) -> 
             assert found.status_code == 200, found.text
 
 
+def spend_on_a_model(daemon: Daemon, user: str) -> None:
+    """One model call, settled with its usage: 1000 in at 2, 500 out at 8 = 0.006 USD."""
+    headers = {"Authorization": f"Bearer {CHECK}"}
+    with httpx.Client(base_url=daemon.url, trust_env=False, timeout=5, headers=headers) as http:
+        body = {"user": user, "kind": "model", "model": "house-7b", "input_tokens": 1000,
+                "max_output_tokens": 1000}  # fmt: skip
+        answer = http.post("/v1/check", json=body).json()
+        assert answer["allowed"], answer
+        usage = {"input_tokens": 1000, "output_tokens": 500}
+        found = http.post(f"/v1/calls/{answer['call_id']}/settle", json={"usage": usage})
+        assert found.status_code == 200, found.text
+
+
+def test_each_row_says_what_model_calls_spent_of_it(daemon: Daemon) -> None:
+    done = ratewarden("spend", "--user", "carol", "--rule", "all-spend", "--url", daemon.url)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].split() == ["DAY", "RULE", "SCOPE", "AMOUNT", "MODELS"]
+    [row] = lines[2:-1]
+    assert row.split()[1:] == ["all-spend", "user=carol", "0.26", "USD", "0.01", "USD"]
+    as_json = ratewarden("spend", "--json", "--user", "carol", "--rule", "all-spend",
+                         "--url", daemon.url)  # fmt: skip
+    [found] = json.loads(as_json.stdout)["rows"]
+    assert (found["amount"], found["model"]) == (0.256, 0.006)
+
+
 def test_one_line_per_day_and_rule_and_a_total(daemon: Daemon) -> None:
     done = ratewarden("spend", "--user", "alice", "--since", "7d", "--url", daemon.url)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("spend ")
     assert lines[0].endswith("(UTC days)")
-    assert lines[1].split() == ["DAY", "RULE", "SCOPE", "AMOUNT"]
+    assert lines[1].split() == ["DAY", "RULE", "SCOPE", "AMOUNT", "MODELS"]
     [row] = lines[2:-1]
-    assert row.split()[1:] == ["daily-spend", "user=alice", "1.25", "USD"]
+    assert row.split()[1:] == ["daily-spend", "user=alice", "1.25", "USD", "0.00", "USD"]
     assert lines[-1] == "total: 1.25 USD"
     team = ratewarden("spend", "--team", "red", "--url", daemon.url)
     assert team.stdout.splitlines()[-1] == "total: 1.75 EUR", team.stdout
@@ -88,13 +119,14 @@ def test_csv_and_json_are_the_daemons_answers(daemon: Daemon) -> None:
     done = ratewarden("spend", "--csv", "--url", daemon.url)
     assert done.returncode == 0, done.stderr
     table = list(csv.reader(io.StringIO(done.stdout)))
-    assert table[0] == ["day", "rule", "user", "team", "scope", "amount", "currency"]
+    assert table[0] == ["day", "rule", "user", "team", "scope", "amount", "currency", "model"]
     users = {row[2] for row in table[1:] if row[1] == "daily-spend"}
-    assert users == {"alice", "bob", "'=cmd|' /C calc'!A0"}  # no formula for a spreadsheet
+    assert users == {"alice", "bob", "carol", "'=cmd|' /C calc'!A0"}  # no formula for a spreadsheet
     as_json = ratewarden("spend", "--json", "--rule", "team-spend", "--url", daemon.url)
     answer = json.loads(as_json.stdout)
     assert sorted((r["scope"]["team"], r["amount"]) for r in answer["rows"]) == [
         ("blue", 0.1),
+        ("green", 0.25),
         ("red", 1.75),
     ]
 

@@ -858,3 +858,67 @@ def test_metrics_are_slotted_so_a_new_metric_costs_a_decision_nothing() -> None:
     assert not hasattr(metrics, "__dict__")
     assert len(Metrics.__slots__) >= 30  # past the shared-keys limit: only slots keep it fast
     assert all(getattr(metrics, name) is not None for name in METRICS)
+
+
+MODEL_POLICY = """\
+version: 1
+defaults:
+  model_price: {input: 1, output: 1}
+models:
+  "house-*": {input: 2, output: 8}
+rules:
+  - {name: daily-spend, match: {kind: any}, per: [user], budget: 5.00/day}
+  - {name: team-spend, match: {kind: any}, per: [team], budget: 50.00/day}
+  - {name: one-gpt5, match: {model: "gpt-5*"}, per: [user], rate: 1/minute}
+"""
+
+
+async def test_model_calls_are_labelled_by_the_policys_pattern_never_their_name(
+    clock: FakeClock,
+) -> None:
+    """A model call's decisions carry the pattern it matched (`house-*`, `gpt-5*`) or
+    `other`; its tokens are counted by direction, its spend once however many budgets
+    charged it (two here), never under its raw name."""
+    async with rig(MODEL_POLICY, clock=clock) as r:
+        call = {"user": "u", "team": "red", "kind": "model", "model": "house-7b",
+                "input_tokens": 1000, "max_output_tokens": 1000}  # fmt: skip
+        assert (await r.check(**call, call_id="m1"))["decision"] == "allow"
+        # Reserved: its most cost, 1000 in at 2 and 1000 out at 8 per million: 0.01 USD.
+        reserved = r.value("ratewarden_budget_reserved_total", rule="daily-spend", currency="USD")
+        assert reserved == pytest.approx(0.01)
+        usage = {"input_tokens": 1000, "output_tokens": 500, "cache_read_tokens": 600,
+                 "cache_write_tokens": 100}  # fmt: skip
+        settled = await r.settle("m1", status="ok", usage=usage)
+        assert settled.status_code == 200, settled.text
+        tokens = r.series("ratewarden_model_tokens_total")
+        assert tokens == {
+            "direction=input,model=house-*": 1000, "direction=output,model=house-*": 500,
+            "direction=cache_read,model=house-*": 600, "direction=cache_write,model=house-*": 100,
+        }  # fmt: skip
+        charged = settled.json()["charged"]
+        assert set(charged) == {"daily-spend", "team-spend"}  # two budgets charged it...
+        spent = r.series("ratewarden_model_spend_total")
+        assert spent == {"currency=USD,model=house-*": charged["daily-spend"]}  # ...once
+        assert r.value("ratewarden_budget_spent_total", rule="team-spend", currency="USD") > 0
+
+        gpt5 = {"user": "u", "kind": "model", "model": "gpt-5-mini", "input_tokens": 10}
+        assert (await r.check(**gpt5))["decision"] == "allow"
+        assert (await r.check(**gpt5))["decision"] == "deny"
+        assert r.value("ratewarden_blocked_calls_total", tool="gpt-5*", rule="one-gpt5",
+                       reason="rate") == 1  # fmt: skip
+        other = {"user": "u", "kind": "model", "model": "mystery-1", "call_id": "m2"}
+        assert (await r.check(**other))["decision"] == "allow"
+        await r.settle("m2", status="ok", usage={"input_tokens": 5, "output_tokens": 7})
+        assert r.value("ratewarden_model_tokens_total", model="other", direction="output") == 7
+        exposition = (await r.http.get("/metrics")).text
+        for raw in ("house-7b", "gpt-5-mini", "mystery-1"):
+            assert raw not in exposition
+
+
+async def test_a_tool_calls_settle_counts_no_model_series(clock: FakeClock) -> None:
+    async with rig(MODEL_POLICY, clock=clock) as r:
+        assert (await r.check(user="u", tool="t", cost=0.5, call_id="t1"))["decision"] == "allow"
+        assert (await r.settle("t1", cost=0.25)).status_code == 200
+        assert r.total("ratewarden_model_spend_total") == 0
+        assert r.total("ratewarden_model_tokens_total") == 0
+        assert r.value("ratewarden_budget_spent_total", rule="daily-spend", currency="USD") == 0.25

@@ -14,11 +14,16 @@ import io
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from ratewarden.calls import Call
 from ratewarden.clock import FakeClock
-from ratewarden.store import MemoryStore
+from ratewarden.store import MemoryStore, Store
+from ratewarden.store.redis_store import RedisStore
+from ratewarden.vocabulary import CallKind
+from ratewarden.wire.bodies import ModelUsage
 from tests.helpers.app import assert_error_shape, build_app, serving
+from tests.helpers.redis_server import RedisServer
 
 # 2023-11-14T22:13:37.345Z, as the conftest clock
 START_MS = 1_700_000_017_345
@@ -94,7 +99,9 @@ async def test_csv_for_chargeback_neutralises_formulas() -> None:
             'attachment; filename="ratewarden-spend-2023-11-08-2023-11-14.csv"'
         )
         table = list(csv.reader(io.StringIO(got.text)))
-        assert table[0] == ["day", "rule", "user", "team", "scope", "amount", "currency"]
+        assert table[0] == [
+            "day", "rule", "user", "team", "scope", "amount", "currency", "model"
+        ]  # fmt: skip
         users = {row[2] for row in table[1:] if row[1] == "daily-spend"}
         assert users == {"'" + name for name in hostile[:-1]} | {hostile[-1]}
         assert all(not cell.startswith(("=", "+", "-", "@", "\t")) for row in table for cell in row)
@@ -180,3 +187,45 @@ async def test_rows_are_capped_and_say_so(monkeypatch: pytest.MonkeyPatch) -> No
         answer = (await http.get("/v1/admin/spend", headers=ADMIN)).json()
     assert len(answer["rows"]) == 3
     assert answer["truncated"] is True
+
+
+MODEL_POLICY = """\
+version: 1
+defaults: {timezone: UTC, reservation_ttl: 10m}
+models:
+  "house-*": {input: 2, output: 8}
+rules:
+  - {name: daily-spend, match: {kind: any}, per: [user], budget: 5.00/day}
+"""
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_rows_say_the_part_model_calls_spent(backend: str, redis_server: RedisServer) -> None:
+    """A day of one model call (priced usage: 0.006) and one tool call (0.25): the row's
+    amount is both, its `model` the model call's part, in JSON and CSV; a day of tool
+    calls only says 0."""
+    clock = FakeClock(START_MS)
+    store: Store = MemoryStore(clock)
+    if backend == "redis":
+        redis_server.client().flushall()
+        store = RedisStore(aioredis.Redis.from_url(redis_server.url), redis_server.url, clock)
+    app = build_app(MODEL_POLICY, store, **TOKENS)
+    engine = app.state.engine
+    async with serving(app) as http:
+        model = Call("alice", "house-7b", "m1", kind=CallKind.MODEL, input_tokens=1000,
+                     max_output_tokens=2000)  # fmt: skip
+        assert (await engine.check(model)).allowed
+        assert (await engine.check(Call("alice", "browse", "t1", cost=0.25))).allowed
+        await engine.settle("m1", usage=ModelUsage(input_tokens=1000, output_tokens=500))
+        await engine.settle("t1", 0.25)
+        clock.advance(2 * 3_600_000)  # past UTC midnight: a day of tool calls only
+        assert (await engine.check(Call("alice", "browse", "t2", cost=0.10))).allowed
+        await engine.settle("t2", None)
+        answer = (await http.get("/v1/admin/spend?user=alice", headers=ADMIN)).json()
+        rows = [(r["day"], r["amount"], r["model"]) for r in answer["rows"]]
+        assert rows == [("2023-11-14", 0.256, 0.006), ("2023-11-15", 0.1, 0.0)]
+        got = await http.get("/v1/admin/spend?user=alice&format=csv", headers=ADMIN)
+        table = list(csv.reader(io.StringIO(got.text)))
+        assert [(row[0], row[5], row[7]) for row in table[1:]] == [
+            ("2023-11-14", "0.256", "0.006"), ("2023-11-15", "0.1", "0"),
+        ]  # fmt: skip

@@ -31,6 +31,8 @@ from ratewarden.limiter.script import SettleStatus
 from ratewarden.policy import parse_policy
 from ratewarden.store.keys import record_key
 from ratewarden.store.redis_store import RedisStore
+from ratewarden.vocabulary import CallKind
+from ratewarden.wire.bodies import ModelUsage
 from tests.helpers.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -376,3 +378,46 @@ async def test_a_token_rate_is_one_evalsha_at_check_and_one_at_settle(
     assert names_and_numkeys(sent) == [("HMGET",), ("EVALSHA", "2")]
     on_tokens = [c[1] for c in settle if c[0].endswith("lua") and tokens in c]
     assert on_tokens == ["GET", "SET"]
+
+
+MODEL_BUDGETS = b"""
+version: 1
+defaults: {timezone: UTC}
+models:
+  "house-*": {input: 2, output: 8}
+rules:
+  - {name: per-user, match: {kind: any}, per: [user], budget: 5.00/day}
+  - {name: per-team, match: {kind: any}, per: [team], budget: 50.00/day}
+"""
+
+
+async def test_a_model_calls_settle_writes_its_model_spend_in_the_same_script_call(
+    monitor: Monitor, redis_url: str
+) -> None:
+    """A model call under two budgets: its settle is still HMGET then one EVALSHA, whose
+    script runs, beside each budget's day record (GET, SET), its model record (GET,
+    SET ... PX): two writes more than a tool call's settle; a tool call's, none."""
+    store = RedisStore(aioredis.Redis.from_url(redis_url), redis_url, None, 90)
+    await store.start()
+    try:
+        engine = Engine(parse_policy(MODEL_BUDGETS), store, remember_refusals=False)
+        model = Call(user="mu", tool="house-7", call_id="mc", team="mt", kind=CallKind.MODEL,
+                     input_tokens=1000, max_output_tokens=1000)  # fmt: skip
+        assert (await engine.check(model)).allowed
+        with recording(monitor, scripts=True) as settle:
+            usage = ModelUsage(input_tokens=1000, output_tokens=500)
+            assert (await engine.settle("mc", usage=usage)).outcome == "settled"
+        tool = Call(user="tu", tool="t1", call_id="tc", team="tt", cost=0.25)
+        assert (await engine.check(tool)).allowed
+        with recording(monitor, scripts=True) as tool_settle:
+            assert (await engine.settle("tc", 0.20)).outcome == "settled"
+    finally:
+        await store.close()
+    sent = [c for c in settle if not c[0].endswith("lua") and c[1] not in CONNECTING]
+    assert [c[1] for c in sent] == ["HMGET", "EVALSHA"]  # one round trip to settle
+    spend = [c for c in settle if len(c) > 2 and c[2].startswith("rw:spend:")]
+    records = [(c[1], c[2].split("}:")[1]) for c in spend]
+    day = records[0][1]
+    assert records == [("GET", day), ("SET", day), ("GET", day + ":m"), ("SET", day + ":m")] * 2
+    assert [c[3] for c in spend if c[1] == "SET"] == ["6000"] * 4  # 1000 x 2 + 500 x 8
+    assert not [c for c in tool_settle if len(c) > 2 and c[2].endswith(":m")]

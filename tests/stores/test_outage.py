@@ -253,9 +253,12 @@ class HangingStore(MemoryStore):
         holds: Sequence[Hold],
         fingerprint: str = "",
         result_digest: str | None = None,
+        model: bool = False,
     ) -> tuple[SettleStatus, list[int]]:
         await self._trouble()
-        return await super().settle(record_key, call_id, actual, holds, fingerprint, result_digest)
+        return await super().settle(
+            record_key, call_id, actual, holds, fingerprint, result_digest, model
+        )
 
     async def reset(self, pattern: str) -> int:
         await self._trouble()

@@ -78,9 +78,12 @@ class FlakyStore(MemoryStore):
         holds: Sequence[Hold],
         fingerprint: str = "",
         result_digest: str | None = None,
+        model: bool = False,
     ) -> tuple[SettleStatus, list[int]]:
         self._trouble()
-        return await super().settle(record_key, call_id, actual, holds, fingerprint, result_digest)
+        return await super().settle(
+            record_key, call_id, actual, holds, fingerprint, result_digest, model
+        )
 
     async def reset(self, pattern: str) -> int:
         self._trouble()

@@ -1,7 +1,8 @@
 """`ratewarden spend`: what each budget rule charged per UTC day, for a user, a team or
 everyone, through the daemon's `GET /v1/admin/spend` (a viewer or admin token).
 
-One line per day, rule and scope, then the total per currency; `--csv` prints the
+One line per day, rule and scope (its amount, and the part of it model calls spent), then
+the total per currency; `--csv` prints the
 daemon's CSV (for chargeback), `--json` its JSON. Exit codes in `--help`
 (common.EXIT_CODES["spend"]).
 
@@ -77,13 +78,16 @@ def _spend(args: argparse.Namespace) -> int:
 
 
 def _report(answer: Any) -> str:
-    """`spend 2026-11-23 to 2026-11-29`, the table, and `total: 1.25 USD`."""
+    """`spend 2026-11-23 to 2026-11-29`, the table (each amount, and the part of it model
+    calls spent), and `total: 1.25 USD`."""
     rows = [
-        [row.day, shown(row.rule), _scope(row.scope), _money(row.amount, row.currency)]
+        [row.day, shown(row.rule), _scope(row.scope), _money(row.amount, row.currency),
+         _money(row.model, row.currency)]
         for row in answer.rows
-    ]
+    ]  # fmt: skip
     lines = [f"spend {answer.since} to {answer.until} (UTC days)"]
-    lines.append(table(["DAY", "RULE", "SCOPE", "AMOUNT"], rows) if rows else "(nothing spent)")
+    header = ["DAY", "RULE", "SCOPE", "AMOUNT", "MODELS"]
+    lines.append(table(header, rows) if rows else "(nothing spent)")
     totals = "; ".join(_money(t.amount, t.currency) for t in answer.totals) or "0"
     lines.append(f"total: {totals}")
     if answer.truncated:

@@ -19,6 +19,7 @@ from ratewarden.policy.model import (
     Rule,
 )
 from ratewarden.vocabulary import CallKind, DecisionName, SettleOutcome
+from ratewarden.wire.bodies import ModelUsage
 
 Number = int | float
 
@@ -100,6 +101,7 @@ class Settlement:
     charged: dict[str, float] = field(default_factory=dict)  # budget rule -> amount charged
     model: str | None = None  # a model call's model
     tokens: int | None = None  # a model call's usage, in tokens (in + out)
+    usage: ModelUsage | None = None  # a model call's usage as settled (the metrics')
 
 
 @dataclass(frozen=True, slots=True)

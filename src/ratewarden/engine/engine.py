@@ -379,7 +379,7 @@ class Engine:
             actual, tokens = self.policy.usage_cost(model, usage), usage.tokens
         holds = [self._with_rule(h, owner, tokens or 0) for h in found.holds]
         status, charged = await store.settle(
-            key, call_id, actual, holds, found.fingerprint, result_digest
+            key, call_id, actual, holds, found.fingerprint, result_digest, model is not None
         )
         if status is SettleStatus.UNKNOWN:
             return Settlement(call_id, "unknown")
@@ -395,6 +395,7 @@ class Engine:
             },
             model=model,
             tokens=tokens,
+            usage=usage,
         )
 
     async def reset(self, user: str | None = None, rule: str | None = None) -> int:

@@ -197,5 +197,5 @@ local function settle_mark()
 end
 
 local function settle_holds()
-  return settle_all(1, 6, ARGV[3], ARGV[4], ARGV[5])
+  return settle_all(1, 7, ARGV[3], ARGV[4], ARGV[5], ARGV[6] == '1')
 end

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 
 from ratewarden.limiter.algorithms import Check, Table
 from ratewarden.limiter.algorithms.budget import (
+    MODEL_SPEND,
     MONEY_CEILING,
     Budget,
     DaySpend,
     budget,
     charge,
     load_budget,
+    record_spend,
     save_budget,
     spend,
 )
@@ -121,10 +123,12 @@ def settle(
     now: int,
     fingerprint: str = "",
     digest: str | None = None,
+    model: bool = False,
 ) -> tuple[SettleStatus, list[int]]:
     """Release slots, swap reservations for the actual cost, add tokens to token rates,
     compare the result `digest` with a loop rule's last one (twin of settle.lua). With a
-    `fingerprint`, a record of another fingerprint is as unknown."""
+    `fingerprint`, a record of another fingerprint is as unknown. A `model` call's
+    settle adds what it moved on each budget to that day's model record too."""
     stored: Record | None = table.get(record_key, now)
     if stored is None or (fingerprint and stored.fingerprint != fingerprint):
         return SettleStatus.UNKNOWN, []
@@ -146,30 +150,40 @@ def settle(
                 slots.pop(call_id, None)
             charged.append(0)
             continue
-        charged.append(settle_budget(table, hold, call_id, actual, now))
+        charged.append(settle_budget(table, hold, call_id, actual, now, model))
     stored.settled = True
     return SettleStatus.SETTLED, charged
 
 
-def settle_budget(table: Table, hold: Hold, call_id: str, actual: int | None, now: int) -> int:
-    """Swap one budget hold's reservation for the call's cost (`actual`, else its
-    estimate); what it charged (twin of settle.lua's `settle_hold`)."""
+def settle_budget(
+    table: Table, hold: Hold, call_id: str, actual: int | None, now: int, model: bool
+) -> int:
+    """Swap a budget hold's reservation for the actual cost; what it charged (twin of
+    settle.lua's `settle_hold`). A `model` call's settle adds what it moved to the day's
+    model record too: for a reservation charged at its estimate when it expired in this
+    period, that charge as well (the call's whole cost)."""
     state: Budget | None = table.get(hold.key, now)
     if state is None and hold.period[1] == 0:  # gone, and its rule too: nothing to charge
         return 0
     state = state or Budget()  # e.g. a call estimated at 0 reserved nothing
     cost = hold.estimate if actual is None else actual
     budget = load_budget(state, *hold.period, now)
+    before = budget.charged_now  # what the load charged (expired reservations): not ours
     if call_id in budget.holds:  # still reserved: swap the reservation for the actual cost
         amount, _ = budget.holds.pop(call_id)
         budget.reserved -= amount
         charge(budget, cost)
     elif call_id in budget.charged:  # charged when it expired, in this period: correct it
-        charge(budget, cost - budget.charged.pop(call_id))
+        expired = budget.charged.pop(call_id)
+        charge(budget, cost - expired)
+        before -= expired  # the model record takes the call's whole cost
     else:  # charged in an earlier period (or nothing reserved): only an excess lands here
         charge(budget, max(0, cost - hold.estimate))
     budget.dirty = True
+    moved = budget.charged_now - before
     save_budget(table, hold.key, budget, 0, now)
+    if model:
+        record_spend(table, hold.key, moved, now, MODEL_SPEND)
     return cost
 
 

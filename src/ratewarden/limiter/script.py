@@ -18,8 +18,9 @@ decide        KEYS: the call's record, then one counter per op.
 settle        KEYS: the call's record, then per hold its counter, and for a loop hold
               the key of the result kept beside it (`result_key`: same hash tag).
               ARGV: 'settle', now, call_id, actual cost ('' = the estimate), result
-              digest ('' = none), fingerprint (a record of another is UNKNOWN; '' =
-              any), then HOLD_VALUES per hold.
+              digest ('' = none), model ('1' = a model call: what each budget hold
+              moves is added to its day's model record too), fingerprint (a record of
+              another is UNKNOWN; '' = any), then HOLD_VALUES per hold.
               Reply: a SettleStatus, then per hold what it charged (0 for a loop hold).
 claim         KEYS: the record. ARGV: 'claim', now, call_id, fingerprint, nonce, pending TTL.
               Reply: {ALLOWED} claimed (a pending marker holds the call_id), {REPLAYED,
@@ -40,8 +41,8 @@ settle_mark   KEYS: the record. ARGV: 'settle_mark', now, fingerprint ('' = any)
               SettleStatus (SETTLED when it was open and is now marked; UNKNOWN also
               while pending, or when the record has another fingerprint).
 settle_holds  KEYS: the holds of one slot, as for settle (a loop hold's two keys).
-              ARGV: 'settle_holds', now, call_id, actual, result digest, then HOLD_VALUES
-              per hold. Reply: per hold, what it charged.
+              ARGV: 'settle_holds', now, call_id, actual, result digest, model, then
+              HOLD_VALUES per hold. Reply: per hold, what it charged.
 sweep         KEYS: one budget counter. ARGV: 'sweep', now, its rule's period (3; zeros:
               the rule is gone). When its earliest reservation expiry (`n`) is due, loads
               and saves it as a check would: expired reservations charged at their
@@ -203,11 +204,17 @@ def decide_head(now: str, dry_run: bool, record: CallRecord | None) -> list[str 
 
 
 def settle_head(
-    mode: ScriptMode, now: str, call_id: str, actual: int | None, digest: str | None
+    mode: ScriptMode,
+    now: str,
+    call_id: str,
+    actual: int | None,
+    digest: str | None,
+    model: bool = False,
 ) -> list[str | int]:
     """ScriptMode.SETTLE's (before the fingerprint) or ScriptMode.SETTLE_HOLDS' ARGV
     before the holds."""
-    return [mode.value, now, call_id, "" if actual is None else actual, digest or ""]
+    flag = "1" if model else ""
+    return [mode.value, now, call_id, "" if actual is None else actual, digest or "", flag]
 
 
 def result_key(counter_key: str) -> str:

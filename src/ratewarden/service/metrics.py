@@ -3,6 +3,8 @@
 Every metric is registered on the registry given to `Metrics`, so tests build a fresh
 `CollectorRegistry` and read values with `get_sample_value`. Label values are bounded:
 `tool` is a tool or label named in the policy, else `other` (see `Policy.metric_tool`);
+for a model call, and `model`, the policy's pattern the model matches (a `models:` line,
+a rule's `model:`), else `other` (`Policy.metric_model`), never the raw model name;
 `rule` is a rule name; no user identity is ever a label. HTTP answers are counted by
 route template (never the raw path) and status code from a fixed set (`HttpAnswers`).
 
@@ -42,10 +44,12 @@ from starlette.types import Message, Scope, Send
 from ratewarden.calls import Call
 from ratewarden.engine import Decision, Settlement, Verdict
 from ratewarden.policy import Policy
+from ratewarden.policy.durations import MICROS
 from ratewarden.service.periodic import Periodic
 from ratewarden.store import Store, StoreError
 from ratewarden.store.base import Args, Layer
 from ratewarden.store.breaker import STATES as CIRCUIT_STATES
+from ratewarden.vocabulary import CallKind
 
 # Sub-millisecond to a second: a check normally takes well under 5 ms.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -113,6 +117,13 @@ METRICS = {
     "budget_swept": Spec(Counter, "ratewarden_budget_swept_total",
         "Budget counters the budget sweep charged: reservations that expired unsettled in "
         "scopes no call came back to, at their estimate (the money is in the spend history)."),
+    "model_tokens": Spec(Counter, "ratewarden_model_tokens_total",
+        "Tokens of settled model calls, by the policy's model pattern and direction (input: "
+        "every input token, cached ones included; cache_read and cache_write: the part of "
+        "them read from or written to the provider's cache).", ("model", "direction")),
+    "model_spend": Spec(Counter, "ratewarden_model_spend_total",
+        "What settled model calls were charged, by the policy's model pattern: once per "
+        "call, however many budgets charged it.", ("model", "currency")),
     "settles": Spec(Counter, "ratewarden_settles_total",
         "Settle requests, by outcome (settled, already_settled, unknown).", ("outcome",)),
     "reloads": Spec(Counter, "ratewarden_policy_reloads_total",
@@ -194,6 +205,8 @@ class Metrics:
     budget_reserved: Counter
     budget_spent: Counter
     settles: Counter
+    model_tokens: Counter
+    model_spend: Counter
     reloads: Counter
     reload_failed: Gauge
     reservations: Counter
@@ -265,33 +278,48 @@ class Metrics:
             seen.remembered = hits
 
     def observe_check(self, decision: Decision, call: Call, policy: Policy, seconds: float) -> None:
-        """Count one decision: its outcome, each refusing rule, and the rules near their limit."""
+        """Count one decision: its outcome, each refusing rule, and the rules near their limit.
+
+        The `tool` label (`call_label`) is found only when a series needs it: most
+        decisions (allowed, nothing near its limit) need none."""
         self.duration.observe(seconds)
-        tool = policy.metric_tool(call.tool)
         mode = "shadow" if decision.shadow else "enforce"
         self.series(self.checks, decision.decision, mode).inc()
         if decision.degraded:
             self.series(self.degraded, decision.decision).inc()
+        tool = self._observe_refused(decision, call, policy) if decision.violations else ""
+        if not decision.allowed or decision.replayed:  # a replay consumed nothing, again
+            return
+        if decision.shadow or decision.approvals:
+            tool = tool or call_label(call, policy)
+            self._observe_let_through(decision, tool)
+        for verdict in decision.limits:
+            if verdict.admitted:
+                self._observe_consumed(verdict, call, policy)
+                if near_limit(verdict):
+                    tool = tool or call_label(call, policy)
+                    self.series(self.near_limit, tool, verdict.rule).inc()
+        for verdict in decision.approvals:  # past the limit: consumed, but not "near" it
+            self._observe_consumed(verdict, call, policy)
+
+    def _observe_refused(self, decision: Decision, call: Call, policy: Policy) -> str:
+        """Each rule that refused the call (or asked); the call's label, found for them."""
+        tool = call_label(call, policy)
         refused = self.blocked if decision.decision == "deny" else self.asked
         for verdict in decision.violations:
             self.series(refused, tool, verdict.rule, verdict.kind).inc()
-        if not decision.allowed or decision.replayed:  # a replay consumed nothing, again
-            return
+        return tool
+
+    def _observe_let_through(self, decision: Decision, tool: str) -> None:
+        """The rules that let an allowed call through: shadow blocks and approvals."""
         for verdict in decision.shadow:
             self.series(self.shadow, tool, verdict.rule, verdict.kind).inc()
         for verdict in decision.approvals:
             self.series(self.approved, tool, verdict.rule).inc()
-        cost = call.cost if call.cost is not None else policy.cost_for(call.tool)
-        for verdict in decision.limits:
-            if verdict.admitted:
-                self._observe_consumed(verdict, cost)
-                if near_limit(verdict):
-                    self.series(self.near_limit, tool, verdict.rule).inc()
-        for verdict in decision.approvals:  # past the limit: consumed, but not "near" it
-            self._observe_consumed(verdict, cost)
 
-    def _observe_consumed(self, verdict: Verdict, cost: float) -> None:
+    def _observe_consumed(self, verdict: Verdict, call: Call, policy: Policy) -> None:
         if verdict.kind == "budget" and verdict.currency:
+            cost = reserved_cost(call, policy)
             self.series(self.budget_reserved, verdict.rule, verdict.currency).inc(cost)
             if cost > 0:  # only a call with a cost holds a reservation (budget.py)
                 self.series(self.reservations, verdict.rule).inc()
@@ -300,9 +328,31 @@ class Metrics:
 
     def observe_settle(self, settlement: Settlement, policy: Policy) -> None:
         self.settles.labels(settlement.outcome).inc()
+        spent = None  # (amount, currency): a model call's charge, counted once
         for rule, amount in settlement.charged.items():
-            self.budget_spent.labels(rule, policy.currency_of(rule) or "USD").inc(amount)
+            currency = policy.currency_of(rule) or "USD"
+            self.budget_spent.labels(rule, currency).inc(amount)
             self.settled_reservations.labels(rule).inc()
+            if spent is None or amount > spent[0]:
+                spent = (amount, currency)
+        if settlement.model is None or settlement.outcome != "settled":
+            return
+        # Every budget charges a model call the same amount, its price (a budget in
+        # another currency than the prices' does not count model calls; a rule gone
+        # charges 0): its largest charge is what the call cost, counted once.
+        model = policy.metric_model(settlement.model)
+        if spent is not None and spent[0] > 0:
+            self.series(self.model_spend, model, spent[1]).inc(spent[0])
+        usage = settlement.usage
+        if usage is not None:
+            for direction, tokens in (
+                ("input", usage.input_tokens),
+                ("output", usage.output_tokens),
+                ("cache_read", usage.cache_read_tokens),
+                ("cache_write", usage.cache_write_tokens),
+            ):
+                if tokens:
+                    self.series(self.model_tokens, model, direction).inc(tokens)
 
 
 class HttpAnswers:
@@ -404,6 +454,26 @@ def route_patterns(routes: Iterable[Any], prefix: str = "") -> Iterable[tuple[An
 def status_code(status: int) -> str:
     """The `code` label of an HTTP status: itself if in HTTP_CODES, else its class."""
     return str(status) if status in HTTP_CODES else f"{min(max(status // 100, 1), 5)}xx"
+
+
+def reserved_cost(call: Call, policy: Policy) -> float:
+    """What an allowed call reserved in each budget: its cost, its tool's in the policy, or
+    a model call's most cost (its input and most output tokens priced: docs/budgets.md).
+    Found only for a budget's verdict: a decision without one needs none."""
+    if call.cost is not None:
+        return call.cost
+    if call.kind == CallKind.MODEL:
+        most = policy.most_cost(call)
+        return 0.0 if most is None else most / MICROS
+    return policy.cost_for(call.tool)
+
+
+def call_label(call: Call, policy: Policy) -> str:
+    """A call's bounded `tool` label: a model call's policy pattern (`metric_model`), a
+    tool call's tool or label named in the policy (`metric_tool`); else `other`."""
+    if call.kind == CallKind.MODEL:
+        return policy.metric_model(call.tool)
+    return policy.metric_tool(call.tool)
 
 
 def _series(metric: MetricWrapperBase, *values: str) -> Any:

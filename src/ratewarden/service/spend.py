@@ -19,7 +19,7 @@ import csv
 import io
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, timedelta
 from typing import Annotated, Literal
 
@@ -31,6 +31,7 @@ from ratewarden.limiter.algorithms.budget import DAY_MS
 from ratewarden.limiter.script import MAX_SPEND_RETENTION_DAYS
 from ratewarden.policy.durations import MICROS
 from ratewarden.service.errors import error_response
+from ratewarden.spending import ModelSpendResponse, ModelSpendRow
 from ratewarden.store import StoreError
 from ratewarden.store.keys import parse_spend_key, spend_patterns
 from ratewarden.vocabulary import MAX_NAME
@@ -38,7 +39,6 @@ from ratewarden.wire.bodies import (
     ErrorResponse,
     FieldError,
     SpendResponse,
-    SpendRow,
     SpendTotal,
 )
 
@@ -64,6 +64,7 @@ class _Record:
     rule: str
     scope: tuple[tuple[str, str], ...]
     micros: int
+    model: int = 0  # the part of `micros` model calls' settles charged
 
 
 class _Problem(ValueError):
@@ -113,7 +114,7 @@ async def read_records(
     engine: Engine, rule: str | None, user: str | None, team: str | None
 ) -> tuple[list[_Record], bool]:
     """Every record of the filters (compared exactly), and whether the scan was capped."""
-    found: list[_Record] = []
+    found: dict[tuple[int, str, tuple[tuple[str, str], ...]], _Record] = {}
     capped = False
     for pattern in spend_patterns(rule, user, team):
         records = await engine.store.spend_records(pattern, SCAN_CAP)
@@ -129,13 +130,18 @@ async def read_records(
                 continue
             if team is not None and scope.get("team") != team:
                 continue
-            found.append(_Record(parsed.day, parsed.rule, parsed.scope, micros))
-    return found, capped
+            at = (parsed.day, parsed.rule, parsed.scope)
+            record = found.get(at) or _Record(*at, 0)
+            if parsed.model:
+                found[at] = replace(record, model=record.model + micros)
+            else:
+                found[at] = replace(record, micros=record.micros + micros)
+    return list(found.values()), capped
 
 
 def report(
     engine: Engine, records: list[_Record], first: int, last: int, capped: bool, days: int
-) -> tuple[SpendResponse, list[_Record]]:
+) -> tuple[ModelSpendResponse, list[_Record]]:
     chosen = sorted(
         (r for r in records if first <= r.day <= last), key=lambda r: (r.day, r.rule, r.scope)
     )
@@ -146,11 +152,11 @@ def report(
     for r in chosen:
         currency = engine.policy.currency_of(r.rule)
         totals[currency] += r.micros
-        rows.append(SpendRow(
+        rows.append(ModelSpendRow(
             day=iso_day(r.day), rule=r.rule, scope=dict(r.scope), amount=money(r.micros),
-            currency=currency,
+            currency=currency, model=money(r.model),
         ))  # fmt: skip
-    answer = SpendResponse(
+    answer = ModelSpendResponse(
         since=iso_day(first),
         until=iso_day(last),
         rows=rows,
@@ -164,22 +170,24 @@ def report(
 
 
 def as_csv(answer: SpendResponse, chosen: list[_Record]) -> str:
-    """One line per row: day, rule, user, team, the other dimensions, amount, currency."""
+    """One line per row: day, rule, user, team, the other dimensions, amount, currency,
+    and model (the part of amount model calls charged)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow(["day", "rule", "user", "team", "scope", "amount", "currency"])
+    writer.writerow(["day", "rule", "user", "team", "scope", "amount", "currency", "model"])
     for row, record in zip(answer.rows, chosen, strict=True):
         others = ";".join(f"{k}={v}" for k, v in record.scope if k not in ("user", "team"))
         writer.writerow([
             row.day, cell(row.rule), cell(row.scope.get("user")), cell(row.scope.get("team")),
             cell(others), money_text(record.micros), cell(row.currency),
+            money_text(record.model),
         ])  # fmt: skip
     return out.getvalue()
 
 
 @router.get(
     "/v1/admin/spend",
-    response_model=SpendResponse,
+    response_model=ModelSpendResponse,
     responses={
         200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with format=csv"},
         422: {"model": ErrorResponse},
@@ -194,9 +202,10 @@ async def spend(
     since: Annotated[str, Query(max_length=32)] = DEFAULT_SINCE,
     until: Annotated[str | None, Query(max_length=32)] = None,
     format: Literal["json", "csv"] = "json",
-) -> SpendResponse | Response:
+) -> ModelSpendResponse | Response:
     """What each budget rule charged, per UTC day and scope (user, team, ...): settled
-    calls, and reservations that expired unsettled, charged at their estimate.
+    calls, and reservations that expired unsettled, charged at their estimate. `model`:
+    the part of `amount` that model calls' settles charged.
 
     `since`: `7d` (the last 7 days, today included; the default) or a date; `until`: a
     date (default today), inclusive. Kept RATEWARDEN_SPEND_RETENTION_DAYS (default 90).

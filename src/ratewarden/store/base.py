@@ -60,10 +60,13 @@ class Counters(Protocol):
         holds: Sequence[Hold],
         fingerprint: str = "",
         result_digest: str | None = None,
+        model: bool = False,
     ) -> tuple[SettleStatus, list[int]]:
         """Settle once: its status, and what each hold charged. With a `fingerprint`, only
         a record of that fingerprint is settled (else UNKNOWN), in the same atomic step.
-        `result_digest` is compared with what loop holds kept (None: nothing changes)."""
+        `result_digest` is compared with what loop holds kept (None: nothing changes).
+        A `model` call's settle also adds what it moved on each budget to the day's
+        model spend record (store/keys.py, "Spend records")."""
         ...
 
     async def reset(self, pattern: str) -> int:
@@ -295,6 +298,7 @@ class Layer:
         holds: Sequence[Hold],
         fingerprint: str = "",
         result_digest: str | None = None,
+        model: bool = False,
     ) -> tuple[SettleStatus, list[int]]:
         return await self.around(
             "settle",
@@ -305,6 +309,7 @@ class Layer:
             holds,
             fingerprint,
             result_digest,
+            model,
         )
 
     async def reset(self, pattern: str) -> int:

@@ -454,6 +454,7 @@ class ClusterStore(RedisKeyspace):
         holds: Sequence[Hold],
         fingerprint: str = "",
         result_digest: str | None = None,
+        model: bool = False,
     ) -> tuple[SettleStatus, list[int]]:
         """Mark the record settled first (so a settle counts once), then each slot's holds.
 
@@ -470,7 +471,7 @@ class ClusterStore(RedisKeyspace):
 
         async def one(group: _Group) -> None:
             mode = ScriptMode.SETTLE_HOLDS
-            args: list[Any] = settle_head(mode, now, call_id, actual, result_digest)
+            args: list[Any] = settle_head(mode, now, call_id, actual, result_digest, model)
             for i in group.indices:
                 args += hold_values(holds[i])
             reply = await self._run(hold_keys([holds[i] for i in group.indices]), args)

@@ -33,7 +33,8 @@ store's clock; negative when a late settle refunded more than was charged that d
 written by the counters script with the charge itself (budget.lua `record_spend`). The
 counter's hash tag (one cluster slot with its counter); the `spend:` prefix keeps them
 out of reach of counter patterns (`rw:{...`): a reset clears a user's counters, not the
-history of what was spent.
+history of what was spent. Beside it, `rw:spend:{...}:<day>:m`: the part of that day's
+charge that model calls' settles moved (settle.lua, the same script step), kept as long.
 
 The budget sweep's claim: `rw:admin:sweep`, a string naming the process that sweeps
 (service/sweep.py), set only if absent (NX) and then kept by its holder, whose every tick
@@ -248,6 +249,7 @@ class SpendKey:
     rule: str
     scope: tuple[tuple[str, str], ...]  # (dimension, value) in the rule's order
     day: int  # days since 1970-01-01, UTC
+    model: bool = False  # the day's model record (`...:<day>:m`): model calls' part
 
 
 def parse_spend_key(key: str) -> SpendKey | None:
@@ -255,6 +257,7 @@ def parse_spend_key(key: str) -> SpendKey | None:
     if not key.startswith(SPEND_PREFIX + "{") or "}:" not in key:
         return None
     inner, _, day = key[len(SPEND_PREFIX) + 1 :].rpartition("}:")
+    day, model = (day[:-2], True) if day.endswith(":m") else (day, False)
     if not day.isascii() or not day.isdigit():
         return None
     rule, *parts = inner.split("|")
@@ -266,7 +269,7 @@ def parse_spend_key(key: str) -> SpendKey | None:
         if name.startswith("args["):  # args[PATH]: its path is encoded, its value a digest
             name = ARGS_DIMENSION + unquote(name[5:-1])
         scope.append((name, unquote(value)))
-    return SpendKey(unquote(rule), tuple(scope), int(day))
+    return SpendKey(unquote(rule), tuple(scope), int(day), model)
 
 
 def record_key(call_id: str) -> str:

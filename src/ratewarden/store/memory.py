@@ -146,6 +146,7 @@ class MemoryStore:
         holds: Sequence[Hold],
         fingerprint: str = "",
         result_digest: str | None = None,
+        model: bool = False,
     ) -> tuple[SettleStatus, list[int]]:
         with self._lock:
             now = self.clock.now_ms()
@@ -159,6 +160,7 @@ class MemoryStore:
                 now,
                 fingerprint,
                 result_digest,
+                model,
             )
 
     async def reset(self, pattern: str) -> int:

@@ -418,9 +418,10 @@ class RedisStore(RedisKeyspace):
         holds: Sequence[Hold],
         fingerprint: str = "",
         result_digest: str | None = None,
+        model: bool = False,
     ) -> tuple[SettleStatus, list[int]]:
         now = self._now()
-        args: list[Any] = settle_head(ScriptMode.SETTLE, now, call_id, actual, result_digest)
+        args: list[Any] = settle_head(ScriptMode.SETTLE, now, call_id, actual, result_digest, model)
         args.append(fingerprint)
         for hold in holds:
             args += hold_values(hold)

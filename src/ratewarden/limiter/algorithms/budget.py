@@ -51,9 +51,13 @@ class DaySpend:
     amount: int = 0
 
 
-def spend_key(counter_key: str, day: int) -> str:
-    """`rw:spend:{<the counter's tag>}:<day>` for the counter `rw:{<tag>}:bg` (keys.py)."""
-    return f"rw:spend:{counter_key[3:-3]}:{day}"
+MODEL_SPEND = ":m"  # a spend record's suffix for the part model calls' settles charged
+
+
+def spend_key(counter_key: str, day: int, suffix: str = "") -> str:
+    """`rw:spend:{<the counter's tag>}:<day>` for the counter `rw:{<tag>}:bg` (keys.py);
+    with MODEL_SPEND, the day's model record beside it."""
+    return f"rw:spend:{counter_key[3:-3]}:{day}{suffix}"
 
 
 def charge(budget: Budget, delta: int) -> None:
@@ -63,13 +67,14 @@ def charge(budget: Budget, delta: int) -> None:
     budget.spent = spent
 
 
-def record_spend(table: Table, key: str, amount: int, now: int) -> None:
-    """Add `amount` to the counter's spend record of today (kept the table's retention)."""
+def record_spend(table: Table, key: str, amount: int, now: int, suffix: str = "") -> None:
+    """Add `amount` to the counter's spend record of today (kept the table's retention);
+    with MODEL_SPEND, to its model record."""
     days = table.spend_retention_days
     if days == 0 or amount == 0:
         return
     day = now // DAY_MS
-    record = spend_key(key, day)
+    record = spend_key(key, day, suffix)
     found: DaySpend | None = table.get(record, now)
     total = (found.amount if found else 0) + amount
     table.put(record, DaySpend(total), (day + 1 + days) * DAY_MS - now, now)

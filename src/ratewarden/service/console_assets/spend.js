@@ -1,6 +1,9 @@
 // The console's Spend view: what each budget rule charged per UTC day (GET
 // /v1/admin/spend), drawn with uPlot (uplot.min.js, packaged) and listed in a table, for a
-// user, a team or everyone; the same rows as CSV for chargeback.
+// user, a team or everyone, with the part of each amount model calls charged; the same
+// rows as CSV for chargeback. And the user view's "Spent today": what the shown user's
+// budgets charged today, model calls beside tool calls (on console.js's "ratewarden:user"
+// event, through its helpers, window.ratewardenPage, as fleet.js does).
 //
 // Loaded before console.js, it registers the view in window.ratewardenViews; console.js
 // calls it with its helpers whenever the view is shown. As there, every value from the API
@@ -64,10 +67,46 @@
         tools.cell(row.rule, "subject"),
         tools.cell(scopeText(row.scope), "subject"),
         tools.cell(amount(row.amount, row.currency), "number"),
+        tools.cell(amount(row.model || 0, row.currency), "number"),
       ),
     );
-    tools.fillRows($("spend-table").tBodies[0], cells, 4, "Nothing spent in these days.");
+    tools.fillRows($("spend-table").tBodies[0], cells, 5, "Nothing spent in these days.");
   }
+
+  // The user view: today's rows of the user's budgets, each with its model calls' part
+  // and the rest (tool calls, and reservations charged at their estimate when they
+  // expired). Per budget, never added up: one call counts in every budget that charged it.
+  let todayAsked = 0; // the latest request: an older answer arriving late is dropped
+  async function userToday(user) {
+    const page = window.ratewardenPage;
+    const error = $("user-spend-error");
+    const asked = ++todayAsked;
+    let answer;
+    try {
+      answer = await page.api("GET", `v1/admin/spend${page.query({ user, since: "1d" })}`);
+    } catch (failure) {
+      if (asked === todayAsked) page.show(error, `Could not read the spend: ${failure.message}`);
+      return;
+    }
+    if (asked !== todayAsked) return;
+    error.hidden = true;
+    const money = (value, currency) =>
+      currency ? `${page.money(value)} ${currency}` : page.money(value);
+    const rows = answer.rows.map((row) => {
+      const model = row.model || 0;
+      return page.el(
+        "tr",
+        { "data-rule": row.rule },
+        page.cell(row.rule, "subject"),
+        page.cell(scopeText(row.scope), "subject"),
+        page.cell(money(row.amount, row.currency), "number"),
+        page.cell(money(model, row.currency), "number"),
+        page.cell(money(row.amount - model, row.currency), "number"),
+      );
+    });
+    page.fillRows($("user-spend").tBodies[0], rows, 5, "nothing spent today");
+  }
+  document.addEventListener("ratewarden:user", (event) => userToday(event.detail.user));
 
   // One bar series per currency: money of different currencies is never added up. A day
   // without spend is null (no bar), not a bar of zero height.
