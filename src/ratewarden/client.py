@@ -23,7 +23,6 @@ from pydantic_core import from_json, to_json
 
 from ratewarden.errors import RatewardenError
 from ratewarden.http.keepalive import KeepAlive, Unreachable
-from ratewarden.spending import ModelSpendResponse
 from ratewarden.vocabulary import (
     ADAPTER_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
@@ -47,6 +46,7 @@ from ratewarden.wire.bodies import (
     ResetResponse,
     SettleRequest,
     SettleResponse,
+    SpendResponse,
     UsageResponse,
 )
 from ratewarden.wire.names import subject
@@ -203,11 +203,11 @@ class Client:
         body = request.model_dump(exclude_none=True)
         return ResetResponse.model_validate(self._call("POST", "/v1/admin/reset", json=body))
 
-    def spend(self, **filters: str | None) -> ModelSpendResponse:
+    def spend(self, **filters: str | None) -> SpendResponse:
         """What each budget rule charged per day (a viewer or admin token); `filters`:
         user, team, rule, since, until (docs/api.md, "GET /v1/admin/spend")."""
         params = {k: v for k, v in filters.items() if v is not None}
-        return ModelSpendResponse.model_validate(self._call("GET", SPEND_PATH, params=params))
+        return SpendResponse.model_validate(self._call("GET", SPEND_PATH, params=params))
 
     def spend_csv(self, **filters: str | None) -> str:
         """The same rows as CSV, for chargeback."""

@@ -31,7 +31,6 @@ from ratewarden.limiter.algorithms.budget import DAY_MS
 from ratewarden.limiter.script import MAX_SPEND_RETENTION_DAYS
 from ratewarden.policy.durations import MICROS
 from ratewarden.service.errors import error_response
-from ratewarden.spending import ModelSpendResponse, ModelSpendRow
 from ratewarden.store import StoreError
 from ratewarden.store.keys import parse_spend_key, spend_patterns
 from ratewarden.vocabulary import MAX_NAME
@@ -39,6 +38,7 @@ from ratewarden.wire.bodies import (
     ErrorResponse,
     FieldError,
     SpendResponse,
+    SpendRow,
     SpendTotal,
 )
 
@@ -141,7 +141,7 @@ async def read_records(
 
 def report(
     engine: Engine, records: list[_Record], first: int, last: int, capped: bool, days: int
-) -> tuple[ModelSpendResponse, list[_Record]]:
+) -> tuple[SpendResponse, list[_Record]]:
     chosen = sorted(
         (r for r in records if first <= r.day <= last), key=lambda r: (r.day, r.rule, r.scope)
     )
@@ -152,11 +152,11 @@ def report(
     for r in chosen:
         currency = engine.policy.currency_of(r.rule)
         totals[currency] += r.micros
-        rows.append(ModelSpendRow(
+        rows.append(SpendRow(
             day=iso_day(r.day), rule=r.rule, scope=dict(r.scope), amount=money(r.micros),
             currency=currency, model=money(r.model),
         ))  # fmt: skip
-    answer = ModelSpendResponse(
+    answer = SpendResponse(
         since=iso_day(first),
         until=iso_day(last),
         rows=rows,
@@ -187,7 +187,7 @@ def as_csv(answer: SpendResponse, chosen: list[_Record]) -> str:
 
 @router.get(
     "/v1/admin/spend",
-    response_model=ModelSpendResponse,
+    response_model=SpendResponse,
     responses={
         200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with format=csv"},
         422: {"model": ErrorResponse},
@@ -202,7 +202,7 @@ async def spend(
     since: Annotated[str, Query(max_length=32)] = DEFAULT_SINCE,
     until: Annotated[str | None, Query(max_length=32)] = None,
     format: Literal["json", "csv"] = "json",
-) -> ModelSpendResponse | Response:
+) -> SpendResponse | Response:
     """What each budget rule charged, per UTC day and scope (user, team, ...): settled
     calls, and reservations that expired unsettled, charged at their estimate. `model`:
     the part of `amount` that model calls' settles charged.

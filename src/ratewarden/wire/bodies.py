@@ -633,6 +633,10 @@ class SpendRow(BaseModel):
     scope: dict[str, str] = Field(description="the budget's dimensions: user, team, ...")
     amount: float = Field(description="money charged that day; negative: a late refund")
     currency: str | None = Field(description="the rule's currency; null: none or rule gone")
+    model: float = Field(
+        0.0, description="the part of amount that model calls' settles charged (the rest: "
+        "tool calls, and reservations charged at their estimate when they expired)"
+    )  # fmt: skip
 
 
 class SpendTotal(BaseModel):
