@@ -94,7 +94,11 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     check_mcp(results)
 
     assert set(results["ratios"]) == set(results["targets_met"])
-    assert len(results["ratios"]) == 14
+    assert len(results["ratios"]) == 15
+    models = results["inprocess"]["models"]  # bench/models.py: a model call beside a tool call
+    assert models["ratio"] == results["ratios"]["model call / tool call (check and settle)"]
+    assert all(v > 0 for v in models["us_per_check_and_settle"].values())
+    assert "| model / tool |" in done.stdout
     assert "| target | measured | goal | met |" in done.stdout
     assert "| http gateway (command) |" in done.stdout
     assert "| body (MCP gateway) |" in done.stdout
