@@ -241,6 +241,9 @@ rules:
   - name: browser-concurrency
     match: {tool: "browser_*"}
     concurrency: 2
+  - name: model-spend
+    match: {kind: model}
+    budget: 5.00/day
 """
 USER = "discord:1234"
 
@@ -257,8 +260,9 @@ def decisions(http: httpx.Client, tool: str, count: int, **extra: Any) -> list[s
 
 
 def drive_traffic(http: httpx.Client) -> int:
-    """Allowed, rate-denied, shadow, asked, approved, budget and concurrency traffic, with
-    reservations and settles (one repeated, one unknown); returns the number of checks."""
+    """Allowed, rate-denied, shadow, asked, approved, budget, concurrency and model-call
+    traffic, with reservations and settles (one repeated, one unknown); returns the number
+    of checks."""
     assert decisions(http, "terminal", 5) == ["allow"] * 3 + ["deny"] * 2
     shadow = [check(http, "web_search") for _ in range(3)]  # the last two would be blocked
     assert [(s["decision"], len(s["shadow"])) for s in shadow] == [
@@ -282,8 +286,14 @@ def drive_traffic(http: httpx.Client) -> int:
     # 0.55 spent: one more call (0.25 reserved) fits, the next would pass 1.00.
     assert check(http, "browser_open")["decision"] == "allow"
     assert check(http, "browser_open")["violations"][0]["kind"] == "budget"
+    # A model call, checked and settled with its usage: model tokens and spend.
+    model = http.post("/v1/check", json={"user": USER, "kind": "model", "model": "gpt-4o"})
+    assert model.json()["decision"] == "allow", model.text
+    usage = {"input_tokens": 100, "output_tokens": 10}
+    settled = http.post(f"/v1/calls/{model.json()['call_id']}/settle", json={"usage": usage})
+    assert settled.json()["charged"] == {"model-spend": 0.00035}  # 250 + 100 micro-USD
     assert http.get("/v1/denials").status_code == 200  # flushes the audit list to the store
-    return 5 + 3 + 3 + 5
+    return 5 + 3 + 3 + 5 + 1
 
 
 OUTAGE_USERS = itertools.count()
