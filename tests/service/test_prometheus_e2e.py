@@ -189,7 +189,8 @@ def test_every_panel_and_alert_works_against_a_real_prometheus(tmp_path: Path) -
 
         checks = drive_traffic(http)
         wait_for("the traffic", scraped(api, "sum(ratewarden_checks_total)", checks))
-        wait_for("the spend", scraped(api, "sum(ratewarden_budget_spent_total)", 0.55))
+        # The browser budget's 0.55 and the model call's 0.00035 (drive_traffic).
+        wait_for("the spend", scraped(api, "sum(ratewarden_budget_spent_total)", 0.55035))
 
         # Redis goes away: store errors, fail-open allows, fail-closed denials. Twice, a
         # scrape apart, so that rates over them are not zero and the alerts trip.
@@ -223,11 +224,12 @@ def test_every_panel_and_alert_works_against_a_real_prometheus(tmp_path: Path) -
         rules = api.alert_rules()
         assert rules["RatewardenDown"]["state"] == "inactive"
         assert rules["RatewardenPolicyReloadFailed"]["state"] == "inactive"
-        # The series the new alerts read, as scraped: 3 budget reservations, 2 settled
-        # (the third charged at its estimate when it expires); no reload refused; HTTP
-        # answers by route template, the unknown call's settle among them.
-        assert api.value("sum(ratewarden_budget_reservations_total)") == 3
-        assert api.value("sum(ratewarden_budget_settled_reservations_total)") == 2
+        # The series the new alerts read, as scraped: 4 budget reservations (3 browser
+        # calls and the model call), 3 settled (the third browser call is charged at its
+        # estimate when it expires); no reload refused; HTTP answers by route template,
+        # the unknown call's settle among them.
+        assert api.value("sum(ratewarden_budget_reservations_total)") == 4
+        assert api.value("sum(ratewarden_budget_settled_reservations_total)") == 3
         assert api.value("max(ratewarden_policy_reload_failed)") == 0
         route = "/v1/calls/{call_id}/settle"
         assert api.value(f'ratewarden_http_responses_total{{route="{route}", code="404"}}') == 1
