@@ -474,7 +474,7 @@ class Engine:
         """The current period of the budget rule `rule_name` in force (start, end, next
         end), as a settle of its hold would pass it; zeros when no such budget rule is in
         force (the counter keeps its own period). For the budget sweep."""
-        rule = next((r for r in self.policy.rules if r.name == rule_name), None)
+        rule = self.policy.rule_named(rule_name)
         if rule is None or not isinstance(rule.limit, BudgetLimit):
             return (0, 0, 0)
         bounds = self.policy.period(rule.limit.budget.period, self.clock.now_ms())
@@ -486,7 +486,7 @@ class Engine:
         call it is: an override's limit counts); a token rate's limit and window, and the
         `tokens` its settle adds. A rule gone or changed leaves zeros: a budget keeps the
         counter's period, a loop and a token rate are left alone."""
-        rule = next((r for r in self.policy.rules if r.name == hold.rule), None)
+        rule = self.policy.rule_named(hold.rule)
         if hold.kind is Kind.TOKENS:
             mine = None if rule is None else self.policy.limit_for(rule, user)
             if not isinstance(mine, RateLimit) or not mine.rate.tokens:
