@@ -13,6 +13,7 @@ from dataclasses import replace
 from zoneinfo import ZoneInfo
 
 from ratewarden.arguments import ArgPath
+from ratewarden.calls import ToolFacts
 from ratewarden.policy.conditions import ArgCondition, compile_condition
 from ratewarden.policy.errors import PolicyIssue
 from ratewarden.policy.messages import Template, compile_template, default_template
@@ -43,6 +44,7 @@ from ratewarden.policy.schema import (
     OverrideSpec,
     PolicySpec,
     RuleSpec,
+    ToolSpec,
     limits_in,
     sliding_cap_problem,
 )
@@ -110,7 +112,7 @@ def compile_policy(
         defaults=spec.defaults.model_dump(),
         groups={name: NameSet.of(members) for name, members in spec.groups.items()},
         tools=tuple(
-            (NameSet.of(pattern), ToolEntry(entry.label, entry.cost))
+            (NameSet.of(pattern), _tool_entry(entry))
             for pattern, entry in spec.tools.items()
             if pattern != "default" and entry.same_as is None  # a name, not a label or cost
         ),
@@ -424,4 +426,10 @@ def model_currencies(spec: PolicySpec) -> list[PolicyIssue]:
 
 def _default_tool(spec: PolicySpec) -> ToolEntry:
     entry = spec.tools.get("default")
-    return ToolEntry(entry.label, entry.cost) if entry else ToolEntry(None, 0.0)
+    return _tool_entry(entry) if entry else ToolEntry(None, 0.0)
+
+
+def _tool_entry(entry: ToolSpec) -> ToolEntry:
+    flags = {name: getattr(entry, name) for name in METADATA_FLAGS}
+    said = any(value is not None for value in flags.values())
+    return ToolEntry(entry.label, entry.cost, ToolFacts(**flags) if said else None)

@@ -16,14 +16,22 @@ from typing import Any, ClassVar, Protocol
 from zoneinfo import ZoneInfo
 
 from ratewarden.arguments import cut_overlaps
-from ratewarden.calls import Call
+from ratewarden.calls import Call, ToolFacts
 from ratewarden.policy.conditions import ArgCondition
 from ratewarden.policy.durations import Budget, Rate
 from ratewarden.policy.errors import PolicyIssue
 from ratewarden.policy.messages import Template
 from ratewarden.policy.periods import Bounds, PeriodClock
 from ratewarden.policy.prices import Prices
-from ratewarden.vocabulary import Algorithm, CallKind, FailMode, Mode, OnExceed, RuleKind
+from ratewarden.vocabulary import (
+    METADATA_FLAGS,
+    Algorithm,
+    CallKind,
+    FailMode,
+    Mode,
+    OnExceed,
+    RuleKind,
+)
 from ratewarden.wire import tools
 from ratewarden.wire.bodies import ModelUsage
 from ratewarden.wire.tools import Canonical, HostTool
@@ -532,6 +540,7 @@ def _covers(rule: Rule, check_unless: bool) -> Callable[[Call], bool] | None:
 class ToolEntry:
     label: str | None
     cost: float
+    facts: ToolFacts | None = None  # what the catalogue says the tool is (None: nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -654,6 +663,10 @@ class Policy:
     _label: Callable[[str], str] = field(init=False, repr=False)
     # Does any rule read the call's `args`? Clients send them exactly when it does.
     reads_args: bool = field(init=False)
+    # A call's facts with the catalogue's filled in (`classified`); None when no catalogue
+    # entry classifies a tool, so a call costs nothing more.
+    tool_facts: Callable[[str, ToolFacts], ToolFacts] | None = field(init=False)
+    _catalogue_facts: Callable[[str], ToolFacts | None] = field(init=False, repr=False)
     has_access_rules: bool = field(init=False)  # else no call needs the access gate
 
     def __post_init__(self) -> None:
@@ -666,6 +679,9 @@ class Policy:
         # Bounded by the policy: one entry per distinct set of rules and limits.
         self._shared_candidates = {}
         self._label = lru_cache(maxsize=4096)(self._find_label)
+        self._catalogue_facts = lru_cache(maxsize=4096)(lambda tool: self._tool_entry(tool).facts)
+        classifies = any(e.facts for _, e in self.tools) or self.default_tool.facts is not None
+        self.tool_facts = self.classified if classifies else None
         self._metric_tool = lru_cache(maxsize=4096)(self._find_metric_tool)
         self._periods = {}
         self._by_name = {rule.name: rule for rule in self.rules}
@@ -785,6 +801,15 @@ class Policy:
     def label_for(self, tool: str) -> str:
         """The tool catalogue's label for `tool`, else the tool name itself."""
         return self._label(tool)
+
+    def classified(self, tool: str, facts: ToolFacts) -> ToolFacts:
+        """`facts` (the caller's), each flag it leaves unsaid taken from the catalogue."""
+        known = self._catalogue_facts(tool)
+        if known is None:
+            return facts
+        said = {name: getattr(facts, name) for name in METADATA_FLAGS}
+        merged = {k: v if v is not None else getattr(known, k) for k, v in said.items()}
+        return ToolFacts(**merged, tags=facts.tags)
 
     def cost_for(self, tool: str) -> float:
         return self._tool_entry(tool).cost

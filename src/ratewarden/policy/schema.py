@@ -45,6 +45,7 @@ from ratewarden.vocabulary import (
     COUNTED_KINDS,
     MAX_TOKENS,
     METADATA_FIELDS,
+    METADATA_FLAGS,
     UNREADABLE_MESSAGE,
     Algorithm,
     CallKind,
@@ -194,6 +195,14 @@ class ToolSpec(_Strict):
     same_as: Name | None = None
     host: Annotated[list[HostName], BeforeValidator(_listify), Field(min_length=1)] | None = None
     args: dict[Name, Name] | None = None
+    # What the tool is, for a call whose caller does not say (its own metadata wins, flag
+    # by flag): how a caller that cannot see MCP's annotations, such as Envoy, still meets
+    # `match: {read_only: ...}` (docs/policy.md, "The tool catalogue classifies").
+    read_only: StrictBool | None = None
+    destructive: StrictBool | None = None
+    idempotent: StrictBool | None = None
+    open_world: StrictBool | None = None
+    requires_confirmation: StrictBool | None = None
 
     @model_validator(mode="after")
     def _names_or_money(self) -> ToolSpec:
@@ -202,7 +211,7 @@ class ToolSpec(_Strict):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} only applies with same_as")
             return self
-        for name in ("label", "cost"):
+        for name in ("label", "cost", *METADATA_FLAGS):
             if name in self.model_fields_set:
                 raise ValueError(
                     f"{name} does not apply with same_as: its calls are {self.same_as!r}'s; "

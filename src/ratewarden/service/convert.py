@@ -6,7 +6,7 @@ attribute: a field added to both sides needs no copying code here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,7 +20,11 @@ from ratewarden.vocabulary import METADATA_FLAGS, daemon_call_id
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, LimitState, UsageItem, Violation
 
 
-def to_call(request: CheckRequest, names: ToolNames | None = None) -> Call:
+def to_call(
+    request: CheckRequest,
+    names: ToolNames | None = None,
+    classified: Callable[[str, ToolFacts], ToolFacts] | None = None,
+) -> Call:
     """The engine's view of a request; its `args` are matched and hashed, never stored.
 
     A request that names its `host` (a hook's), or any under a policy with `same_as`
@@ -44,6 +48,8 @@ def to_call(request: CheckRequest, names: ToolNames | None = None) -> Call:
     tool, host_tool = request.tool, request.host_tool
     if request.host is not None or names is not None:
         tool, host_tool, args, cut = _canonical(request, names or BUILT_IN_NAMES, args, cut)
+    if classified is not None:  # the policy's catalogue says what some tools are
+        facts = classified(tool, facts)
     return Call(
         user=user,
         tool=tool,

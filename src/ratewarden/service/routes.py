@@ -129,7 +129,7 @@ async def decide(app: Any, body: CheckRequest) -> Decision:
     """
     engine = engine_of(app)
     policy = engine.policy
-    call = to_call(body, policy.names)  # `body.user` is vouched for (vouch.py)
+    call = to_call(body, policy.names, policy.tool_facts)  # `body.user` vouched for (vouch.py)
     started = time.perf_counter()
     decision = await engine.check(call)
     if policy.reads_args:
