@@ -45,6 +45,12 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {  # field: (flag, help, metavar
         "DIR",
     ),
     "store_timeout_ms": ("--store-timeout-ms", "store timeout", "MS"),
+    "grpc_port": (
+        "--grpc-port", "Envoy's rate limit and ext_authz gRPC services' port (unset: off)", None
+    ),
+    "envoy_user_header": (
+        "--envoy-user-header", "the header ext_authz reads the user from (Envoy's)", "HEADER"
+    ),
     "log_format": ("--log-format", "log format", None),
     "log_level": ("--log-level", "log level", None),
     "reload_interval_s": (
@@ -129,6 +135,10 @@ def _serve(args: argparse.Namespace) -> int:
         chosen[name] = ",".join(tokens)  # split like the environment's comma-separated lists
     settings = _settings(**chosen)
     problem = bind_problem(settings)
+    if problem is None and settings.grpc_port is not None:
+        from ratewarden.service.envoy import missing_extra
+
+        problem = missing_extra()
     if problem is not None:
         return usage_error(problem)
     if settings.workers > 1 and settings.store_url.startswith("memory:"):

@@ -18,7 +18,7 @@ from ratewarden import __version__
 from ratewarden.engine import Engine
 from ratewarden.http.limits import BodySizeLimit
 from ratewarden.policy import Policy, load_example_policy, load_policy
-from ratewarden.service import activity, apidocs, auth, console, hooks, overrides, spend
+from ratewarden.service import activity, apidocs, auth, console, envoy, hooks, overrides, spend
 from ratewarden.service.audit import AuditTrail
 from ratewarden.service.errors import install_error_handlers
 from ratewarden.service.fleet import Fleet, daemon_name
@@ -161,7 +161,8 @@ class _Services:
         if answers is not None:
             answers.start()  # HTTP answers into the counter, every second
         try:
-            yield
+            async with envoy.listening(app, self.settings):  # gRPC, when its port is set
+                yield
         finally:  # also when the server's context ends with an error: nothing left open
             if answers is not None:
                 await answers.stop()

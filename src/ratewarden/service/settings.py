@@ -114,6 +114,15 @@ class Settings(ConnectionSettings):
     # about as much as a few normal checks (docs/benchmarks.md, "Worst bodies"), so the
     # cap bounds what one hook request can cost. The command hook has no such cap.
     max_hook_body_bytes: int = Field(128 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # Envoy's rate limit service and external authorization (service/envoy/,
+    # docs/envoy.md): a gRPC listener on this port, on `host`; unset: off. Needs the
+    # `envoy` extra (grpcio, xds-protos).
+    grpc_port: int | None = Field(None, ge=1, le=65535)
+    # The request header external authorization reads the user from: one Envoy sets after
+    # its own jwt_authn verified the client's token (claim_to_headers), never the client's.
+    envoy_user_header: str = Field(
+        "x-ratewarden-user", min_length=1, max_length=128, pattern=r"^[a-z0-9-]+$"
+    )
     # Notifications (service/notify.py): one webhook, told of every event, beside the
     # policy's `notifications.webhooks`; and its HMAC secret (unset: posts go unsigned).
     webhook_url: str | None = None

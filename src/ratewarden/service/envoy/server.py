@@ -1,0 +1,206 @@
+"""The gRPC listener: Envoy's RateLimitService and Authorization, served by the daemon.
+
+Each RPC is authenticated like an HTTP request (a bearer token in the gRPC metadata,
+Envoy's `initial_metadata`; with no token configured, loopback peers only), turned into
+the call a `POST /v1/check` names (calls.py), decided through the same path as the HTTP
+API (`routes.decide`: metrics, audit, who is blocked), and answered in the protocol's own
+words (answers.py). A request that names no call is refused with a gRPC status and a log
+line; nothing it carries is counted.
+
+Envoy asks before a request and is never told when it ends, so an allowed call that holds
+something (budget money, a concurrency slot, a token rate's settle) is settled at once,
+charging its estimate: a budget is charged what the check reserved, a concurrency slot is
+freed as it is taken (docs/envoy.md, "Budgets and concurrency").
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+from envoy.service.auth.v3 import external_auth_pb2_grpc as authz_grpc
+from envoy.service.auth.v3.external_auth_pb2 import CheckRequest as AuthzRequest
+from envoy.service.auth.v3.external_auth_pb2 import CheckResponse as AuthzResponse
+from envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
+from envoy.service.ratelimit.v3.rls_pb2 import RateLimitRequest, RateLimitResponse
+from google.protobuf.json_format import MessageToDict
+
+from ratewarden.engine import CallIdConflict, Decision
+from ratewarden.service import routes
+from ratewarden.service.auth import ANYONE, ApiRole, Caller, Tokens, is_loopback
+from ratewarden.service.envoy import answers, calls
+from ratewarden.service.envoy.calls import Refused
+from ratewarden.service.settings import Settings
+from ratewarden.store import StoreError
+from ratewarden.vocabulary import HOLDING_KINDS
+from ratewarden.wire.bodies import CheckRequest
+
+log = logging.getLogger("ratewarden.envoy")
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default, said aloud: a body Envoy sends
+
+
+class Gate:
+    """Whom an RPC's credential vouches for, as service/auth.py decides it for HTTP."""
+
+    def __init__(self, tokens: Tokens, insecure: bool) -> None:
+        self.tokens = tokens
+        self.insecure = insecure
+
+    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        if not self.tokens.enabled:
+            if self.insecure or is_loopback(_peer_host(context.peer())):
+                return ANYONE
+            raise Refused(
+                "auth is off (no tokens configured), so only loopback peers are served",
+                "PERMISSION_DENIED",
+            )
+        presented = dict(context.invocation_metadata() or ()).get("authorization", "")
+        scheme, _, token = str(presented).partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise Refused("send a token: `authorization: Bearer <token>`", "UNAUTHENTICATED")
+        role, _, caller = self.tokens.identify(token.encode())
+        if role == ApiRole.NONE:
+            raise Refused("the token is not valid", "UNAUTHENTICATED")
+        if not role & ApiRole.DECIDE:
+            raise Refused("this needs a check or admin token", "PERMISSION_DENIED")
+        return caller
+
+
+def _peer_host(peer: str) -> str:
+    """`ipv4:127.0.0.1:5000` -> `127.0.0.1`, `ipv6:[::1]:5000` -> `::1`; else ``."""
+    kind, _, address = peer.partition(":")
+    if kind == "ipv4":
+        return address.rpartition(":")[0]
+    if kind == "ipv6":
+        return address.rpartition(":")[0].strip("[]")
+    return ""
+
+
+def vouched(caller: Caller, body: CheckRequest) -> CheckRequest:
+    """`body` as its credential may name it (service/vouch.py's rule, in gRPC's words)."""
+    if caller is ANYONE:
+        return body
+    if not caller.may_act_for(body.user or ""):
+        raise Refused(
+            f"user: {caller.who()}; a request cannot name another user", "PERMISSION_DENIED"
+        )
+    return body
+
+
+class Decider:
+    """The path both services share: authenticate, decide, settle a holding call at once."""
+
+    def __init__(self, app: Any, gate: Gate) -> None:
+        self.app = app
+        self.gate = gate
+
+    async def decide(self, body: CheckRequest) -> Decision:
+        try:
+            decision = await routes.decide(self.app, body)
+        except CallIdConflict as exc:
+            raise Refused(str(exc), "ALREADY_EXISTS") from None
+        if decision.allowed and not decision.replayed and _holds(decision):
+            await self._settle(decision)
+        return decision
+
+    async def _settle(self, decision: Decision) -> None:
+        engine = routes.engine_of(self.app)
+        try:
+            settled = await engine.settle(decision.call_id)
+        except StoreError as exc:  # its reservation expires and is charged by the sweep
+            log.warning("envoy: call %s not settled (%s)", decision.call_id, exc)
+            return
+        routes.observer_of(self.app).settled(settled, engine.policy)
+
+
+def _holds(decision: Decision) -> bool:
+    """CheckResponse.holds, on the engine's decision."""
+    return decision.send_result or any(v.kind in HOLDING_KINDS or v.tokens for v in decision.limits)
+
+
+async def _refuse(context: grpc.aio.ServicerContext, method: str, exc: Refused) -> None:
+    log.warning("envoy %s refused (%s): %s", method, exc.code, exc)
+    await context.abort(grpc.StatusCode[exc.code], str(exc))
+
+
+class RateLimitService(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc]
+    def __init__(self, decider: Decider) -> None:
+        self.decider = decider
+
+    async def ShouldRateLimit(  # noqa: N802 (the protocol's name)
+        self, request: RateLimitRequest, context: grpc.aio.ServicerContext
+    ) -> RateLimitResponse:
+        try:
+            caller = self.decider.gate.caller(context)
+            body = vouched(
+                caller, calls.from_descriptors(request.domain, _entries(request), _hits(request))
+            )
+            decision = await self.decider.decide(body)
+        except Refused as exc:
+            await _refuse(context, "ShouldRateLimit", exc)
+            raise  # not reached: abort raises
+        return answers.ratelimit_response(decision, len(request.descriptors))
+
+
+def _entries(request: RateLimitRequest) -> list[list[tuple[str, str]]]:
+    return [[(e.key, e.value) for e in d.entries] for d in request.descriptors]
+
+
+def _hits(request: RateLimitRequest) -> int:
+    """The request's hits_addend, or the largest a descriptor gives; 0: none given."""
+    given = [d.hits_addend.value for d in request.descriptors if d.HasField("hits_addend")]
+    return int(max([request.hits_addend, *given]))
+
+
+class AuthorizationService(authz_grpc.AuthorizationServicer):  # type: ignore[misc]
+    def __init__(self, decider: Decider, user_header: str) -> None:
+        self.decider = decider
+        self.user_header = user_header
+
+    async def Check(  # noqa: N802 (the protocol's name)
+        self, request: AuthzRequest, context: grpc.aio.ServicerContext
+    ) -> AuthzResponse:
+        try:
+            caller = self.decider.gate.caller(context)
+            asked = self._call(request.attributes)
+            if asked is None:
+                return answers.ALLOWED  # an MCP message that calls no tool
+            body, mcp = asked
+            decision = await self.decider.decide(vouched(caller, body))
+        except Refused as exc:
+            await _refuse(context, "Check", exc)
+            raise
+        return answers.authorization_response(decision, mcp)
+
+    def _call(self, attributes: Any) -> tuple[CheckRequest, calls.McpCall | None] | None:
+        http = attributes.request.http
+        headers = dict(http.headers) or {
+            h.key: h.raw_value.decode(errors="replace") for h in http.header_map.headers
+        }
+        namespace = attributes.metadata_context.filter_metadata.get(calls.MCP)
+        mcp = MessageToDict(namespace) if namespace is not None else None
+        body = http.raw_body or http.body.encode()
+        return calls.from_authorization(
+            headers, dict(attributes.context_extensions), mcp, body, self.user_header
+        )
+
+
+def build(app: Any, settings: Settings) -> grpc.aio.Server:
+    """The listener, both services on it, bound to `settings.host`:`grpc_port` (several
+    workers share the port: gRPC sets SO_REUSEPORT)."""
+    tokens: Tokens = app.state.tokens
+    decider = Decider(app, Gate(tokens, settings.insecure_no_auth))
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", int(settings.workers > 1)),  # else a busy port is an error
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]
+    )
+    rls_grpc.add_RateLimitServiceServicer_to_server(RateLimitService(decider), server)
+    authz_grpc.add_AuthorizationServicer_to_server(
+        AuthorizationService(decider, settings.envoy_user_header), server
+    )
+    address = f"[{settings.host}]" if ":" in settings.host else settings.host
+    server.add_insecure_port(f"{address}:{settings.grpc_port}")
+    return server
