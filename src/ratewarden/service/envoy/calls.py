@@ -58,8 +58,19 @@ def from_descriptors(
     `hits` its hits_addend (0: none given)."""
     if not descriptors:
         raise Refused("descriptors: a request names at least one descriptor")
+    merged, tags = _merged(descriptors)
+    if domain and "model" not in merged:  # a model call carries no metadata
+        tags.insert(0, f"domain:{domain}")
+    named = {k: f"descriptor entry {k!r}" for k in merged}
+    named["metadata"] = "descriptor entries 'tag' and the flags (with the domain's tag)"
+    return validated(_fields(merged, tags, hits), named)
+
+
+def _merged(descriptors: list[list[tuple[str, str]]]) -> tuple[dict[str, str], list[str]]:
+    """The descriptors' entries as one call's: each key once (two values refused), and
+    every `tag`."""
     merged: dict[str, str] = {}
-    tags: list[str] = [f"domain:{domain}"] if domain else []
+    tags: list[str] = []
     for index, entries in enumerate(descriptors):
         for key, value in entries:
             where = f"descriptors[{index}] entry {key!r}"
@@ -69,7 +80,7 @@ def from_descriptors(
                 raise Refused(f"{where}: not a key ratewarden knows ({', '.join(KNOWN_KEYS)})")
             elif merged.setdefault(key, value) != value:
                 raise Refused(f"{where}: {value!r}, and {merged[key]!r} in another descriptor")
-    return validated(_fields(merged, tags, hits), {k: f"descriptor entry {k!r}" for k in merged})
+    return merged, tags
 
 
 def _fields(merged: dict[str, str], tags: list[str], hits: int) -> dict[str, Any]:
@@ -80,6 +91,9 @@ def _fields(merged: dict[str, str], tags: list[str], hits: int) -> dict[str, Any
             if merged[name] not in FLAGS:
                 raise Refused(f"descriptor entry {name!r}: true or false, not {merged[name]!r}")
             flags[name] = FLAGS[merged[name]]
+    if (flags or tags) and "model" in merged:
+        said = "tag" if tags else next(iter(flags))
+        raise Refused(f"descriptor entry {said!r}: a model call carries no tool metadata")
     if flags or tags:
         fields["metadata"] = {**flags, "tags": tags}
     if "model" in merged:
@@ -127,12 +141,8 @@ def from_authorization(
             where["args"] = "the MCP request's params.arguments"
     elif "tool" not in fields:
         raise Refused("no tool: name one in the route's ext_authz context_extensions (tool)")
-    user = headers.get(user_header)
-    if user is None:
-        raise Refused(
-            f"no user: the request has no {user_header} header (set by Envoy's jwt_authn)"
-        )
-    fields["user"] = user
+    if user_header in headers:  # else the credential's own user, or refused (server.py)
+        fields["user"] = headers[user_header]
     where["user"] = f"header {user_header!r}"
     return validated(fields, where), found
 

@@ -77,13 +77,16 @@ def _peer_host(peer: str) -> str:
     return ""
 
 
-def vouched(caller: Caller, body: CheckRequest) -> CheckRequest:
-    """`body` as its credential may name it (service/vouch.py's rule, in gRPC's words)."""
-    if caller is ANYONE:
-        return body
-    if not caller.may_act_for(body.user or ""):
+def vouched(caller: Caller, body: CheckRequest, where: str) -> CheckRequest:
+    """`body` as its credential may name it (service/vouch.py's rule, in gRPC's words):
+    a user token's own user when it names none, `where` the user would come from."""
+    if body.user is None:
+        if caller.user is None:
+            raise Refused(f"{where}: required: who calls (set by Envoy after jwt_authn)")
+        return body.model_copy(update={"user": caller.user})
+    if caller is not ANYONE and not caller.may_act_for(body.user):
         raise Refused(
-            f"user: {caller.who()}; a request cannot name another user", "PERMISSION_DENIED"
+            f"{where}: {caller.who()}; a request cannot name another user", "PERMISSION_DENIED"
         )
     return body
 
@@ -133,9 +136,8 @@ class RateLimitService(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc]
     ) -> RateLimitResponse:
         try:
             caller = self.decider.gate.caller(context)
-            body = vouched(
-                caller, calls.from_descriptors(request.domain, _entries(request), _hits(request))
-            )
+            asked = calls.from_descriptors(request.domain, _entries(request), _hits(request))
+            body = vouched(caller, asked, "descriptor entry 'user'")
             decision = await self.decider.decide(body)
         except Refused as exc:
             await _refuse(context, "ShouldRateLimit", exc)
@@ -167,7 +169,9 @@ class AuthorizationService(authz_grpc.AuthorizationServicer):  # type: ignore[mi
             if asked is None:
                 return answers.ALLOWED  # an MCP message that calls no tool
             body, mcp = asked
-            decision = await self.decider.decide(vouched(caller, body))
+            decision = await self.decider.decide(
+                vouched(caller, body, f"header {self.user_header!r}")
+            )
         except Refused as exc:
             await _refuse(context, "Check", exc)
             raise
