@@ -41,6 +41,9 @@ rules:
   - name: no-root-delete
     match: {tool: terminal, args: {command: {regex: 'rm\\s+-rf\\s+/'}}}
     deny: "Refusing to delete the root directory"
+  - name: no-sevens
+    match: {tool: dice, args: {n: {in: [7]}}}
+    deny: "No sevens"
   - name: demo-mode
     match: {read_only: false, user: "demo-*"}
     deny: "Demo mode: only read-only tools are available"
@@ -308,13 +311,15 @@ def denied(answer: authz.CheckResponse) -> tuple[int, dict[str, Any]]:
 
 
 def tools_call(
-    name: str, arguments: dict[str, Any] | None = None, id_: float = 3.0
+    name: str, arguments: dict[str, Any] | None = None, id_: float = 3.0, **more: Any
 ) -> dict[str, Any]:
-    """The MCP filter's metadata for a tools/call: flat keys, the id a float."""
-    found: dict[str, Any] = {"method": "tools/call", "id": id_, "params.name": name}
+    """The MCP filter's metadata for a tools/call, as Envoy 1.40 gives it: nested under
+    `params`, the id a float (tests/hosts/test_envoy*.py read it from the real filter)."""
+    params: dict[str, Any] = {"name": name}
     if arguments is not None:
-        found["params.arguments"] = arguments
-    return found
+        params["arguments"] = arguments
+    return {"is_mcp_request": True, "status": "mcp_ok", "jsonrpc": "2.0",
+            "method": "tools/call", "id": id_, "params": params, **more}  # fmt: skip
 
 
 def test_a_plain_request_names_its_tool_in_the_routes_extensions(channel: grpc.Channel) -> None:
@@ -383,8 +388,10 @@ def test_an_ask_is_a_refusal_saying_approval_is_needed(channel: grpc.Channel) ->
 
 INVALID_CHECKS: list[tuple[dict[str, Any], str]] = [
     ({"user": None, "extensions": {"tool": "terminal"}}, "x-ratewarden-user"),
-    ({"user": "az-h", "extensions": {}}, "context_extensions"),
     ({"user": "az-h", "mcp": {"method": "tools/call", "id": 1.0}}, "params.name"),
+    ({"user": "az-h", "body": b"{not json"}, "not JSON"),
+    ({"user": "az-h", "body": b"[" * 100_000 + b"]" * 100_000}, "not JSON"),
+    ({"user": "az-h", "body": b'[{"jsonrpc": "2.0", "method": "tools/call"}]'}, "batch"),
     ({"user": "az-h", "extensions": {"tool": "x" * 5000}}, "context extension 'tool'"),
 ]
 
@@ -397,6 +404,50 @@ def test_a_check_naming_no_call_is_invalid(
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert named in error.details()
     assert "envoy Check refused" in daemon[0].log_text()
+
+
+def test_an_mcp_routes_other_requests_pass(
+    daemon: tuple[Daemon, int], channel: grpc.Channel
+) -> None:
+    """The session's stream (GET) and end (DELETE) reach ext_authz with no MCP metadata
+    and no body: on a route that names no tool they call no tool, and pass uncounted."""
+    assert check(channel, user="az-jo").status.code == 0
+    assert check(channel, user="az-jo", body=b'{"some": "json"}').status.code == 0
+    usage = read_usage_as_admin(daemon[0], "az-jo", "terminal")["terminal-per-minute"]
+    assert usage["used"] == 0
+
+
+def test_arguments_past_the_filters_body_limit_are_read_as_cut(channel: grpc.Channel) -> None:
+    """Envoy's MCP filter forwards a tools/call whose body passed its limit with the
+    arguments it parsed so far (`is_exceeding_limit`): padding first hides `rm -rf /`
+    from the metadata, so the arguments are read as cut, and the rule on them holds."""
+    padded = tools_call(
+        "terminal", {}, is_exceeding_limit=True, passthrough_reason="mcp_body_too_large"
+    )
+    status, body = denied(check(channel, user="az-kai", mcp=padded))
+    assert status == 200
+    assert body["result"]["content"][0]["text"] == "Refusing to delete the root directory"
+    whole = tools_call("terminal", {"command": "ls"})
+    assert check(channel, user="az-kai", mcp=whole).status.code == 0
+
+
+def test_large_arguments_are_sent_bounded_not_refused(channel: grpc.Channel) -> None:
+    """A legitimate call with 100 KB of arguments is decided on a bounded copy (as every
+    client sends), not refused for its size; the rule still reads its command."""
+    big = {"command": "rm -rf /", "content": "x" * 100_000}
+    status, body = denied(check(channel, user="az-lu", mcp=tools_call("terminal", big)))
+    assert status == 200
+    assert body["result"]["content"][0]["text"] == "Refusing to delete the root directory"
+    fine = {"command": "cat", "content": "x" * 100_000}
+    assert check(channel, user="az-lu", mcp=tools_call("terminal", fine)).status.code == 0
+
+
+def test_whole_numbers_from_the_filter_are_ints_again(channel: grpc.Channel) -> None:
+    """Struct holds 7 as 7.0: made 7 again, so `in: [7]` reads it as the client sent it."""
+    status, body = denied(check(channel, user="az-mo", mcp=tools_call("dice", {"n": 7.0})))
+    assert status == 200
+    assert body["result"]["content"][0]["text"] == "No sevens"
+    assert check(channel, user="az-mo", mcp=tools_call("dice", {"n": 7.5})).status.code == 0
 
 
 def test_nested_and_odd_arguments_are_decided(channel: grpc.Channel) -> None:
