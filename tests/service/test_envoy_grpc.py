@@ -471,3 +471,23 @@ def test_the_http_api_is_unchanged_and_the_listener_is_off_by_default(tmp_path: 
         with httpx.Client(trust_env=False) as http:
             answer = http.post(f"{plain.url}/v1/check", json={"user": "u", "tool": "t"})
         assert answer.json()["decision"] == "allow"
+
+
+def test_every_answer_is_counted_by_method_and_status(
+    daemon: tuple[Daemon, int], channel: grpc.Channel
+) -> None:
+    def counted(method: str, code: str) -> float:
+        with httpx.Client(trust_env=False, timeout=10) as http:
+            text = http.get(f"{daemon[0].url}/metrics").text
+        series = f'ratewarden_grpc_answers_total{{code="{code}",method="{method}"}} '
+        lines = [line for line in text.splitlines() if line.startswith(series)]
+        return float(lines[0].split()[-1]) if lines else 0.0
+
+    before = {k: counted(*k) for k in [("ShouldRateLimit", "OK"), ("ShouldRateLimit",
+              "INVALID_ARGUMENT"), ("Check", "OK"), ("Check", "UNAUTHENTICATED")]}  # fmt: skip
+    should(channel, descriptor(user="m-1", tool="terminal"))
+    refused(lambda: should(channel, descriptor(user="m-1")))
+    check(channel, user="m-1", extensions={"tool": "terminal"})
+    refused(lambda: check(channel, user="m-1", extensions={"tool": "t"}, token="bad"))
+    after = {k: counted(*k) for k in before}
+    assert {k: after[k] - before[k] for k in before} == dict.fromkeys(before, 1.0)
