@@ -8,6 +8,8 @@ answers by its fail mode (docs/envoy.md, "Fail modes").
 from __future__ import annotations
 
 import multiprocessing.synchronize
+import signal
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -133,6 +135,26 @@ def test_with_redis_gone_each_rule_follows_its_fail_mode(
     assert _ask(ports[1], "lone", "web_search") == OK  # this rule fails open
     for daemon in daemons:
         assert daemon.process.poll() is None  # still serving
+
+
+def test_a_frozen_redis_is_answered_by_the_fail_mode_in_bounded_time(
+    fleet: tuple[list[Daemon], list[int], Any],
+) -> None:
+    """SIGSTOP, not a closed socket: the store's deadline answers, by the fail mode, and
+    the listener serves again once Redis does."""
+    _, ports, redis = fleet
+    redis.process.send_signal(signal.SIGSTOP)
+    try:
+        assert _ask(ports[0], "frozen", "terminal") == OVER  # within _ask's 10 s timeout
+        assert _ask(ports[0], "frozen", "web_search") == OK
+    finally:
+        redis.process.send_signal(signal.SIGCONT)
+    for _ in range(50):  # the breaker, if it opened, closes after its 1 s cooldown
+        if _ask(ports[0], "thawed", "terminal") == OK:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("never allowed again after Redis thawed")
 
 
 def test_the_listener_on_a_busy_port_stops_the_start_saying_so(tmp_path: Path) -> None:
