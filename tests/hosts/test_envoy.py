@@ -370,6 +370,24 @@ def test_an_argument_rule_refuses_rm_rf_root_and_lets_ls_run(stand: Stand) -> No
     assert stand.ran_with(dave) == [f"terminal ls /tmp/{dave}"]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="the servicer decides a tools/call whose body passed the MCP filter's limit on the "
+    "arguments Envoy parsed before it (its metadata says is_exceeding_limit: true)",
+)
+def test_arguments_hidden_past_the_mcp_filters_body_limit_are_refused(stand: Stand) -> None:
+    # The MCP filter parses at most max_request_body_size (1 MiB in mcp.yaml) and passes
+    # the request on with the arguments it read so far: padding first hides the command.
+    padded = new_user("padded")
+    [result] = tool_calls(
+        stand.mcp,
+        stand.issuer.token(padded),
+        ("terminal", {"pad": "y" * 1_100_000, "command": "rm -rf /"}),
+    )
+    assert result["is_error"] is True
+    assert stand.ran_with("rm -rf /") == []
+
+
 def test_an_mcp_client_without_a_jwt_is_refused_by_envoy(stand: Stand) -> None:
     answer = httpx.post(
         f"{stand.mcp.url}/mcp",
