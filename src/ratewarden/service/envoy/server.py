@@ -77,13 +77,16 @@ def _peer_host(peer: str) -> str:
     return ""
 
 
-def vouched(caller: Caller, body: CheckRequest) -> CheckRequest:
-    """`body` as its credential may name it (service/vouch.py's rule, in gRPC's words)."""
-    if caller is ANYONE:
-        return body
-    if not caller.may_act_for(body.user or ""):
+def vouched(caller: Caller, body: CheckRequest, where: str) -> CheckRequest:
+    """`body` as its credential may name it (service/vouch.py's rule, in gRPC's words):
+    a user token's own user when it names none, `where` the user would come from."""
+    if body.user is None:
+        if caller.user is None:
+            raise Refused(f"{where}: required: who calls (set by Envoy after jwt_authn)")
+        return body.model_copy(update={"user": caller.user})
+    if caller is not ANYONE and not caller.may_act_for(body.user):
         raise Refused(
-            f"user: {caller.who()}; a request cannot name another user", "PERMISSION_DENIED"
+            f"{where}: {caller.who()}; a request cannot name another user", "PERMISSION_DENIED"
         )
     return body
 
@@ -94,6 +97,11 @@ class Decider:
     def __init__(self, app: Any, gate: Gate) -> None:
         self.app = app
         self.gate = gate
+        self.metrics = routes.observer_of(app).metrics
+
+    def answered(self, method: str, code: str = "OK") -> None:
+        """Counted in ratewarden_grpc_answers_total."""
+        self.metrics.series(self.metrics.grpc_answers, method, code).inc()
 
     async def decide(self, body: CheckRequest) -> Decision:
         try:
@@ -119,9 +127,19 @@ def _holds(decision: Decision) -> bool:
     return decision.send_result or any(v.kind in HOLDING_KINDS or v.tokens for v in decision.limits)
 
 
-async def _refuse(context: grpc.aio.ServicerContext, method: str, exc: Refused) -> None:
-    log.warning("envoy %s refused (%s): %s", method, exc.code, exc)
-    await context.abort(grpc.StatusCode[exc.code], str(exc))
+async def _refuse(
+    decider: Decider, context: grpc.aio.ServicerContext, method: str, exc: Exception
+) -> None:
+    """Answer a request no call was decided for with its gRPC status, and say why in the
+    log (an unexpected error with its traceback: never the listener's end)."""
+    if isinstance(exc, Refused):
+        code, message = exc.code, str(exc)
+        log.warning("envoy %s refused (%s): %s", method, code, message)
+    else:
+        code, message = "INTERNAL", "ratewarden could not decide: see its log"
+        log.exception("envoy %s failed", method)
+    decider.answered(method, code)
+    await context.abort(grpc.StatusCode[code], message)
 
 
 class RateLimitService(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc]
@@ -133,13 +151,13 @@ class RateLimitService(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc]
     ) -> RateLimitResponse:
         try:
             caller = self.decider.gate.caller(context)
-            body = vouched(
-                caller, calls.from_descriptors(request.domain, _entries(request), _hits(request))
-            )
+            asked = calls.from_descriptors(request.domain, _entries(request), _hits(request))
+            body = vouched(caller, asked, "descriptor entry 'user'")
             decision = await self.decider.decide(body)
-        except Refused as exc:
-            await _refuse(context, "ShouldRateLimit", exc)
+        except Exception as exc:  # answered, and logged with its traceback
+            await _refuse(self.decider, context, "ShouldRateLimit", exc)
             raise  # not reached: abort raises
+        self.decider.answered("ShouldRateLimit")
         return answers.ratelimit_response(decision, len(request.descriptors))
 
 
@@ -165,12 +183,16 @@ class AuthorizationService(authz_grpc.AuthorizationServicer):  # type: ignore[mi
             caller = self.decider.gate.caller(context)
             asked = self._call(request.attributes)
             if asked is None:
+                self.decider.answered("Check")
                 return answers.ALLOWED  # an MCP message that calls no tool
             body, mcp = asked
-            decision = await self.decider.decide(vouched(caller, body))
-        except Refused as exc:
-            await _refuse(context, "Check", exc)
+            decision = await self.decider.decide(
+                vouched(caller, body, f"header {self.user_header!r}")
+            )
+        except Exception as exc:  # answered, and logged with its traceback
+            await _refuse(self.decider, context, "Check", exc)
             raise
+        self.decider.answered("Check")
         return answers.authorization_response(decision, mcp)
 
     def _call(self, attributes: Any) -> tuple[CheckRequest, calls.McpCall | None] | None:
