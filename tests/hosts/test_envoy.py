@@ -370,14 +370,10 @@ def test_an_argument_rule_refuses_rm_rf_root_and_lets_ls_run(stand: Stand) -> No
     assert stand.ran_with(dave) == [f"terminal ls /tmp/{dave}"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the servicer decides a tools/call whose body passed the MCP filter's limit on the "
-    "arguments Envoy parsed before it (its metadata says is_exceeding_limit: true)",
-)
 def test_arguments_hidden_past_the_mcp_filters_body_limit_are_refused(stand: Stand) -> None:
     # The MCP filter parses at most max_request_body_size (1 MiB in mcp.yaml) and passes
-    # the request on with the arguments it read so far: padding first hides the command.
+    # the request on with the arguments it read so far (here none: the padding comes
+    # first), saying is_exceeding_limit: ratewarden decides them as cut, and refuses.
     padded = new_user("padded")
     [result] = tool_calls(
         stand.mcp,
@@ -385,6 +381,7 @@ def test_arguments_hidden_past_the_mcp_filters_body_limit_are_refused(stand: Sta
         ("terminal", {"pad": "y" * 1_100_000, "command": "rm -rf /"}),
     )
     assert result["is_error"] is True
+    assert result["text"].startswith(ARGS_MESSAGE), result
     assert stand.ran_with("rm -rf /") == []
 
 
