@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -251,6 +254,27 @@ def check_over_http(daemon: Daemon, user: str, tool: str = "terminal") -> dict[s
     return found
 
 
+def claude_code_bash(daemon: Daemon, user: str) -> str:
+    """Claude Code's PreToolUse for its `Bash` tool through the real command hook
+    (`ratewarden hook claude-code`): "allow" (it printed nothing) or the reason it denied."""
+    payload = {
+        "session_id": "envoy-shared", "transcript_path": "/tmp/t.jsonl", "cwd": "/tmp",
+        "permission_mode": "default", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+        "tool_input": {"command": "ls"}, "tool_use_id": f"toolu_{uuid.uuid4().hex}",
+    }  # fmt: skip
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ratewarden")), "hook", "claude-code",
+         "--url", daemon.url, "--user", user],
+        input=json.dumps(payload), capture_output=True, text=True, timeout=30, check=False,
+        env=clean_environment(RATEWARDEN_TOKEN=TOKEN),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    if not done.stdout:
+        return "allow"
+    answer: str = json.loads(done.stdout)["hookSpecificOutput"]["permissionDecisionReason"]
+    return answer
+
+
 def used(daemon: Daemon, user: str, rule: str = "terminal-per-minute") -> int:
     """How many calls `rule` counted for `user`, as the daemon reports it."""
     found = httpx.get(
@@ -400,13 +424,18 @@ def test_an_mcp_client_without_a_jwt_is_refused_by_envoy(stand: Stand) -> None:
 # (c) one counter across Envoy and a host ----------------------------------------------------
 
 
-def test_one_counter_across_v1_check_and_envoys_rate_limit_filter(stand: Stand) -> None:
+def test_one_counter_across_claude_codes_hook_and_envoys_rate_limit_filter(
+    stand: Stand,
+) -> None:
+    """Six `Bash` calls through Claude Code's real command hook (Bash is `terminal`), four
+    requests through Envoy: the fifth is refused, and so is the hook's next call."""
     erin = new_user("erin")
-    assert [check_over_http(stand.daemon, erin)["decision"] for _ in range(6)] == ["allow"] * 6
+    assert [claude_code_bash(stand.daemon, erin) for _ in range(6)] == ["allow"] * 6
     answers = [stand.get(erin) for _ in range(5)]
     assert [a.status_code for a in answers] == [200] * 4 + [429]
     assert answers[4].text.startswith(RATE_MESSAGE)
     assert used(stand.daemon, erin) == 10
+    assert claude_code_bash(stand.daemon, erin).startswith(RATE_MESSAGE)
 
 
 def test_one_counter_across_v1_check_and_envoys_ext_authz(stand: Stand) -> None:
