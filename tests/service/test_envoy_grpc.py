@@ -126,6 +126,8 @@ def test_the_eleventh_call_is_over_the_limit_with_the_sentence(channel: grpc.Cha
     assert {a.overall_code for a in answers} == {rls_pb2.RateLimitResponse.OK}
     assert headers(answers[-1])["x-ratelimit-remaining"] == "0"
     assert headers(answers[0])["x-ratelimit-limit"] == "10"
+    assert 0 < int(headers(answers[0])["x-ratelimit-reset"]) <= 60  # the window's end
+    assert answers[0].statuses[0].duration_until_reset.ToMilliseconds() > 0
     eleventh = should(channel, one)
     assert eleventh.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
     assert eleventh.raw_body.decode().startswith(MINUTE)

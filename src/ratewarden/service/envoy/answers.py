@@ -75,7 +75,7 @@ def _describe(status: RateLimitResponse.DescriptorStatus, verdict: Verdict) -> N
         )
     if isinstance(verdict.remaining, int):
         status.limit_remaining = max(verdict.remaining, 0)
-    wait = verdict.retry_after if verdict.retry_after is not None else verdict.reset_after
+    wait = verdict.retry_after or verdict.reset_after  # an admitted call: 0.0, not None
     status.duration_until_reset.FromMilliseconds(int(wait * 1000))
 
 
@@ -83,7 +83,7 @@ def _ratelimit_headers(verdict: Verdict) -> list[tuple[str, str]]:
     """The draft RFC's headers (as envoyproxy/ratelimit sends them) for a counted limit."""
     if not isinstance(verdict.limit, int) or not isinstance(verdict.remaining, int):
         return []  # money: the sentence says it
-    wait = verdict.retry_after if verdict.retry_after is not None else verdict.reset_after
+    wait = verdict.retry_after or verdict.reset_after  # an admitted call: 0.0, not None
     return [
         ("x-ratelimit-limit", str(verdict.limit)),
         ("x-ratelimit-remaining", str(max(verdict.remaining, 0))),
