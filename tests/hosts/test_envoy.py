@@ -528,3 +528,68 @@ def test_with_ratewarden_stopped_ext_authz_refuses_403_unless_failure_mode_allow
     assert "raised" in str(gone["mcp deny"])  # the SDK client cannot even initialize
     assert gone["mcp pass"] == [{"text": "ran echo mcp pass stopped", "is_error": False}]
     assert "terminal echo mcp deny stopped" not in stopped["ran"]
+
+
+def _raw_session(envoy: Envoy, token: str) -> tuple[httpx.Client, dict[str, str]]:
+    """An MCP session opened by hand (initialize, initialized): the bodies that follow are
+    written byte by byte, as a hostile client writes them, not by the SDK."""
+    http = httpx.Client(base_url=envoy.url, trust_env=False, timeout=30)
+    headers = {"authorization": f"Bearer {token}",
+               "accept": "application/json, text/event-stream"}  # fmt: skip
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+             "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                        "clientInfo": {"name": "raw", "version": "0"}}}  # fmt: skip
+    opened = http.post("/mcp", json=hello, headers=headers)
+    assert opened.status_code == 200, opened.text
+    session = opened.headers.get("mcp-session-id")
+    if session:
+        headers["mcp-session-id"] = session
+    headers["mcp-protocol-version"] = "2025-11-25"
+    done = http.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                     headers=headers)  # fmt: skip
+    assert done.status_code in (200, 202), done.text
+    return http, headers
+
+
+def test_a_method_hidden_past_the_mcp_filters_body_limit_is_not_run(stand: Stand) -> None:
+    """The padding before `method`: the MCP filter stops reading before it knows the
+    request is a tools/call. It must not reach the server unchecked."""
+    hidden = new_user("hidden")
+    http, headers = _raw_session(stand.mcp, stand.issuer.token(hidden))
+    pad = "y" * 1_100_000
+    body = (
+        '{"jsonrpc": "2.0", "id": 7, "params": {"arguments": {"pad": "' + pad + '", '
+        '"command": "rm -rf /"}, "name": "terminal"}, "method": "tools/call"}'
+    )
+    try:
+        answer = http.post("/mcp", content=body.encode(),
+                           headers={**headers, "content-type": "application/json"})  # fmt: skip
+    finally:
+        http.close()
+    assert stand.ran_with("rm -rf /") == [], answer.text
+
+
+PARAMS = '"params": {"name": "terminal", "arguments": {"command": "rm -rf /"}}'
+SMUGGLED = [  # the server's JSON reader keeps a key's last value: `tools/call` in each
+    '{"jsonrpc": "2.0", "id": 8, "method": "ping", ' + PARAMS + ', "method": "tools/call"}',
+    '{"jsonrpc": "2.0", "id": 8, "method": "ping", "method": "tools/call", ' + PARAMS + "}",
+    '{"jsonrpc": "2.0", "id": 8, ' + PARAMS + ', "method": "ping", "method": "tools/call"}',
+    '{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "read_file", '
+    '"name": "terminal", "arguments": {"command": "rm -rf /"}}}',
+    '{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "terminal", '
+    '"arguments": {"command": "ls"}, "arguments": {"command": "rm -rf /"}}}',
+]
+
+
+@pytest.mark.parametrize("body", SMUGGLED)
+def test_a_duplicate_key_does_not_smuggle_a_tool_call(stand: Stand, body: str) -> None:
+    """JSON with a key twice: Envoy's MCP filter and the server's parser may each take a
+    different one. A tools/call the server runs must be the one that was checked."""
+    twice = new_user("twice")
+    http, headers = _raw_session(stand.mcp, stand.issuer.token(twice))
+    try:
+        answer = http.post("/mcp", content=body.encode(),
+                           headers={**headers, "content-type": "application/json"})  # fmt: skip
+    finally:
+        http.close()
+    assert stand.ran_with("rm -rf /") == [], answer.text

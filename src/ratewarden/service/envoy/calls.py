@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ratewarden import vocabulary
 from ratewarden.arguments import MAX_CUT, WHOLE_ARGS
 from ratewarden.vocabulary import METADATA_FLAGS, CallKind
 from ratewarden.wire.bodies import CheckRequest
@@ -32,11 +33,24 @@ TOOLS_CALL = "tools/call"
 
 
 class Refused(Exception):
-    """A request that names no call: INVALID_ARGUMENT (or `code`), its message naming why."""
+    """A request that names no call ratewarden can decide, its message naming why.
 
-    def __init__(self, message: str, code: str = "INVALID_ARGUMENT") -> None:
+    It is refused in the protocol (OVER_LIMIT, a denied response), not with a gRPC error:
+    Envoy answers an error by its failure mode, by default letting the request through,
+    and a client that can make a descriptor invalid (an oversized header) would pass
+    unchecked. `code` is the gRPC status it stands for, in the log and the metric;
+    `status` the HTTP status ext_authz answers with."""
+
+    def __init__(self, message: str, code: str = "INVALID_ARGUMENT", status: int = 400) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status
+
+
+TOO_LARGE = (
+    "its request is larger than Envoy's MCP filter reads (max_request_body_size), and it "
+    "does not say it calls no tool"
+)
 
 
 def validated(fields: dict[str, Any], where: Mapping[str, str]) -> CheckRequest:
@@ -133,6 +147,10 @@ def from_authorization(
     found = None
     if rpc is not None:
         if rpc.get("method") != TOOLS_CALL:
+            if not exact and rpc.get("is_exceeding_limit") is True:
+                # The filter stopped reading before it knew the method: a tools/call
+                # whose `method` comes after padding would reach the server unchecked.
+                raise Refused(vocabulary.TOO_LARGE.format(reason=TOO_LARGE), status=413)
             return None
         found = McpCall(_rpc_id(rpc.get("id")))
         _add_tool_call(fields, where, rpc, exact)

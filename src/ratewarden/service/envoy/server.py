@@ -40,6 +40,15 @@ log = logging.getLogger("ratewarden.envoy")
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default, said aloud: a body Envoy sends
 
 
+class Unauthorized(Exception):
+    """Envoy's own credential refused: a gRPC status (Envoy's configuration is wrong, not
+    the client's request), with `code` its name."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class Gate:
     """Whom an RPC's credential vouches for, as service/auth.py decides it for HTTP."""
 
@@ -51,19 +60,19 @@ class Gate:
         if not self.tokens.enabled:
             if self.insecure or is_loopback(_peer_host(context.peer())):
                 return ANYONE
-            raise Refused(
+            raise Unauthorized(
                 "auth is off (no tokens configured), so only loopback peers are served",
                 "PERMISSION_DENIED",
             )
         presented = dict(context.invocation_metadata() or ()).get("authorization", "")
         scheme, _, token = str(presented).partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise Refused("send a token: `authorization: Bearer <token>`", "UNAUTHENTICATED")
+            raise Unauthorized("send a token: `authorization: Bearer <token>`", "UNAUTHENTICATED")
         role, _, caller = self.tokens.identify(token.encode())
         if role == ApiRole.NONE:
-            raise Refused("the token is not valid", "UNAUTHENTICATED")
+            raise Unauthorized("the token is not valid", "UNAUTHENTICATED")
         if not role & ApiRole.DECIDE:
-            raise Refused("this needs a check or admin token", "PERMISSION_DENIED")
+            raise Unauthorized("this needs a check or admin token", "PERMISSION_DENIED")
         return caller
 
 
@@ -86,7 +95,9 @@ def vouched(caller: Caller, body: CheckRequest, where: str) -> CheckRequest:
         return body.model_copy(update={"user": caller.user})
     if caller is not ANYONE and not caller.may_act_for(body.user):
         raise Refused(
-            f"{where}: {caller.who()}; a request cannot name another user", "PERMISSION_DENIED"
+            f"{where}: {caller.who()}; a request cannot name another user",
+            "PERMISSION_DENIED",
+            403,
         )
     return body
 
@@ -107,7 +118,7 @@ class Decider:
         try:
             decision = await routes.decide(self.app, body)
         except CallIdConflict as exc:
-            raise Refused(str(exc), "ALREADY_EXISTS") from None
+            raise Refused(str(exc), "ALREADY_EXISTS", 409) from None
         if decision.allowed and not decision.replayed and _holds(decision):
             await self._settle(decision)
         return decision
@@ -127,12 +138,19 @@ def _holds(decision: Decision) -> bool:
     return decision.send_result or any(v.kind in HOLDING_KINDS or v.tokens for v in decision.limits)
 
 
-async def _refuse(
+def _refused(decider: Decider, method: str, exc: Refused) -> None:
+    """A request that names no call: logged, counted by the status it stands for; the
+    caller answers it in its protocol (calls.Refused says why not as an error)."""
+    log.warning("envoy %s refused (%s): %s", method, exc.code, exc)
+    decider.answered(method, exc.code)
+
+
+async def _failed(
     decider: Decider, context: grpc.aio.ServicerContext, method: str, exc: Exception
 ) -> None:
-    """Answer a request no call was decided for with its gRPC status, and say why in the
-    log (an unexpected error with its traceback: never the listener's end)."""
-    if isinstance(exc, Refused):
+    """Envoy's credential refused, or an unexpected error (logged with its traceback, never
+    the listener's end): a gRPC status, which Envoy answers by its failure mode."""
+    if isinstance(exc, Unauthorized):
         code, message = exc.code, str(exc)
         log.warning("envoy %s refused (%s): %s", method, code, message)
     else:
@@ -154,8 +172,11 @@ class RateLimitService(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc]
             asked = calls.from_descriptors(request.domain, _entries(request), _hits(request))
             body = vouched(caller, asked, "descriptor entry 'user'")
             decision = await self.decider.decide(body)
+        except Refused as exc:
+            _refused(self.decider, "ShouldRateLimit", exc)
+            return answers.ratelimit_refusal(str(exc), len(request.descriptors))
         except Exception as exc:  # answered, and logged with its traceback
-            await _refuse(self.decider, context, "ShouldRateLimit", exc)
+            await _failed(self.decider, context, "ShouldRateLimit", exc)
             raise  # not reached: abort raises
         self.decider.answered("ShouldRateLimit")
         return answers.ratelimit_response(decision, len(request.descriptors))
@@ -189,8 +210,11 @@ class AuthorizationService(authz_grpc.AuthorizationServicer):  # type: ignore[mi
             decision = await self.decider.decide(
                 vouched(caller, body, f"header {self.user_header!r}")
             )
+        except Refused as exc:
+            _refused(self.decider, "Check", exc)
+            return answers.authorization_refusal(str(exc), exc.status)
         except Exception as exc:  # answered, and logged with its traceback
-            await _refuse(self.decider, context, "Check", exc)
+            await _failed(self.decider, context, "Check", exc)
             raise
         self.decider.answered("Check")
         return answers.authorization_response(decision, mcp)
