@@ -44,6 +44,9 @@ rules:
   - name: no-sevens
     match: {tool: dice, args: {n: {in: [7]}}}
     deny: "No sevens"
+  - name: closed-domain
+    match: {tags: ["domain:closed"]}
+    deny: "This gateway is closed"
   - name: demo-mode
     match: {read_only: false, user: "demo-*"}
     deny: "Demo mode: only read-only tools are available"
@@ -92,7 +95,8 @@ def should(
     channel: grpc.Channel, *descriptors: RateLimitDescriptor, token: str = SERVICE, **fields: Any
 ) -> rls_pb2.RateLimitResponse:
     stub = rls_pb2_grpc.RateLimitServiceStub(channel)
-    request = rls_pb2.RateLimitRequest(domain="agents", descriptors=descriptors, **fields)
+    fields.setdefault("domain", "agents")
+    request = rls_pb2.RateLimitRequest(descriptors=descriptors, **fields)
     metadata = [("authorization", f"Bearer {token}")] if token else []
     answer: rls_pb2.RateLimitResponse = stub.ShouldRateLimit(request, metadata=metadata, timeout=10)
     return answer
@@ -152,6 +156,14 @@ def test_all_descriptors_are_one_call_with_a_status_each(channel: grpc.Channel) 
         assert answer.overall_code == rls_pb2.RateLimitResponse.OK
         assert len(answer.statuses) == 3
     assert should(channel, tool).overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
+
+
+def test_the_domain_is_a_tag_a_rule_can_select(channel: grpc.Channel) -> None:
+    one = descriptor(user="rls-dom", tool="web_search")
+    closed = should(channel, one, domain="closed")
+    assert closed.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
+    assert closed.raw_body.decode() == "This gateway is closed"
+    assert should(channel, one, domain="agents").overall_code == rls_pb2.RateLimitResponse.OK
 
 
 def test_one_counter_with_the_http_api(daemon: tuple[Daemon, int], channel: grpc.Channel) -> None:
