@@ -51,12 +51,12 @@ ARGS_MESSAGE = "Refusing destructive root delete"
 TOKEN = "envoy-service-token-0123456789abcdef"  # Envoy's credential (initial_metadata)
 ADMIN = "envoy-admin-token-0123456789abcdef"  # the test reads usage with it
 
-# read_file and delete_file are classified by the policy's tools catalogue: Envoy passes a
+# read_file and drop_table are classified by the policy's tools catalogue: Envoy passes a
 # tools/call's name and arguments, never the server's annotations.
 POLICY = rf"""version: 1
 tools:
   read_file: {{read_only: true}}
-  delete_file: {{read_only: false, destructive: true}}
+  drop_table: {{read_only: false, destructive: true}}
 rules:
   - name: terminal-per-minute
     match: {{tool: terminal}}
@@ -146,10 +146,10 @@ def template_values(issuer: Issuer, grpc_port: int) -> dict[str, object]:
 
 @contextlib.contextmanager
 def mcp_server(work: Path) -> Iterator[int]:
-    """The test's MCP server (drivers/envoy_mcp_server.py, the main venv's SDK) on a free
+    """The proxy's test MCP server (drivers/mcp_server.py, the main venv's SDK) on a free
     port; its tools write to work/mcp.ran."""
     port = free_port()
-    command = [sys.executable, str(DRIVERS / "envoy_mcp_server.py"), str(port)]
+    command = [sys.executable, str(DRIVERS / "mcp_server.py"), "--http", str(port)]
     env = clean_environment(MCP_RAN=str(work / "mcp.ran"))
     with started(command, env, f"http://127.0.0.1:{port}/mcp", work / "mcp-server.log"):
         yield port
@@ -369,12 +369,12 @@ def test_a_destructive_tool_is_refused_in_demo_mode_and_a_read_only_one_runs(
     results = tool_calls(
         stand.mcp,
         stand.issuer.token(demo),
-        ("delete_file", {"path": f"/tmp/{demo}"}),
+        ("drop_table", {"table": f"{demo}"}),
         ("read_file", {"path": f"/tmp/{demo}"}),
     )
-    deleted, read = results
-    assert deleted["is_error"] is True
-    assert deleted["text"].startswith(DEMO_MESSAGE), deleted
+    dropped, read = results
+    assert dropped["is_error"] is True
+    assert dropped["text"].startswith(DEMO_MESSAGE), dropped
     assert read == {"text": f"contents of /tmp/{demo}", "is_error": False}
     assert stand.ran_with(demo) == [f"read_file /tmp/{demo}"]
 

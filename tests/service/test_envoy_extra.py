@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.helpers.daemon import clean_environment
 
@@ -25,6 +26,15 @@ sys.exit(main())
 """
 
 
+def ratewarden(directory: Path, *args: str, without_extra: bool = False) -> Any:
+    """`ratewarden ARGS` in `directory`, as a shell runs it (the extra hidden if asked)."""
+    start = ["-c", WITHOUT_EXTRA] if without_extra else ["-m", "ratewarden"]
+    return subprocess.run(
+        [sys.executable, *start, *args], capture_output=True, text=True, timeout=60,
+        cwd=directory, env=clean_environment(), check=False,
+    )  # fmt: skip
+
+
 def test_a_daemon_without_the_port_loads_no_grpc() -> None:
     probe = (
         "import sys, json; from ratewarden.service.app import create_app; create_app(); "
@@ -39,19 +49,11 @@ def test_a_daemon_without_the_port_loads_no_grpc() -> None:
 
 
 def test_the_port_without_the_extra_is_refused_at_start(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", WITHOUT_EXTRA, "serve", "--grpc-port", "18999"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=clean_environment(),
-        check=False,
-    )  # fmt: skip
+    done = ratewarden(tmp_path, "serve", "--grpc-port", "18999", without_extra=True)
     assert done.returncode == 2, done.stderr
     assert "pip install 'ratewarden[envoy]'" in done.stderr
-    # Without the port, the same install serves as before (checked up to the policy).
-    plain = subprocess.run(
-        [sys.executable, "-c", WITHOUT_EXTRA, "policy", "check", "--help"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=clean_environment(),
-        check=False,
-    )  # fmt: skip
+    # Without the port, the same install runs its commands as before.
+    plain = ratewarden(tmp_path, "policy", "check", "--help", without_extra=True)
     assert plain.returncode == 0, plain.stderr
 
 
@@ -62,10 +64,6 @@ def test_a_bad_port_or_header_is_refused_naming_it(tmp_path: Path) -> None:
         (["--grpc-port", "x"], "--grpc-port"),
         (["--envoy-user-header", "X User"], "--envoy-user-header"),
     ]:
-        done = subprocess.run(
-            [sys.executable, "-m", "ratewarden", "serve", *flags],
-            capture_output=True, text=True, timeout=60, cwd=tmp_path, env=clean_environment(),
-            check=False,
-        )  # fmt: skip
+        done = ratewarden(tmp_path, "serve", *flags)
         assert done.returncode == 2, (flags, done.stderr)
         assert named in done.stderr, (flags, done.stderr)

@@ -15,16 +15,9 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ratewarden.clock import FakeClock
 from ratewarden.store import MemoryStore
 from tests.helpers.app import build_app, serving
+from tests.helpers.hostenv import TERMINAL_POLICY
 from tests.helpers.redis_server import free_port
 
-POLICY = """\
-version: 1
-rules:
-  - name: terminal-per-minute
-    match: {tool: terminal}
-    per: [user]
-    rate: 10/minute
-"""
 OK = rls_pb2.RateLimitResponse.OK
 
 
@@ -57,7 +50,7 @@ async def test_an_unexpected_error_is_internal_and_the_next_request_is_served(
 ) -> None:
     store = BreakingStore(FakeClock())
     port = free_port()
-    app = build_app(POLICY, store, grpc_port=port)
+    app = build_app(TERMINAL_POLICY, store, grpc_port=port)
     async with serving(app), grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
         store.breaks = True
@@ -76,7 +69,7 @@ async def test_a_repeated_call_id_counts_once() -> None:
     """Envoy's `request_headers` action can pass x-request-id as `call_id`: a retried
     request is then answered from the first decision, counted once."""
     port = free_port()
-    app = build_app(POLICY, grpc_port=port)
+    app = build_app(TERMINAL_POLICY, grpc_port=port)
     async with serving(app) as http, grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
         for _ in range(3):

@@ -16,7 +16,8 @@ freed as it is taken (docs/envoy.md, "Budgets and concurrency").
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 from envoy.service.auth.v3 import external_auth_pb2_grpc as authz_grpc
@@ -37,6 +38,7 @@ from ratewarden.vocabulary import HOLDING_KINDS
 from ratewarden.wire.bodies import CheckRequest
 
 log = logging.getLogger("ratewarden.envoy")
+Answer = TypeVar("Answer")
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default, said aloud: a body Envoy sends
 
 
@@ -114,6 +116,28 @@ class Decider:
         """Counted in ratewarden_grpc_answers_total."""
         self.metrics.series(self.metrics.grpc_answers, method, code).inc()
 
+    async def serve(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        answer: Callable[[], Awaitable[Answer]],
+        refuse: Callable[[Refused], Answer],
+    ) -> Answer:
+        """`answer()`, counted; a request naming no call refused in the protocol by
+        `refuse` (calls.Refused says why not as an error), logged and counted by the
+        status it stands for; Envoy's credential refused, or a bug, a gRPC status."""
+        try:
+            found = await answer()
+        except Refused as exc:
+            log.warning("envoy %s refused (%s): %s", method, exc.code, exc)
+            self.answered(method, exc.code)
+            return refuse(exc)
+        except Exception as exc:  # answered, and logged with its traceback
+            await _failed(self, context, method, exc)
+            raise  # not reached: abort raises
+        self.answered(method)
+        return found
+
     async def decide(self, body: CheckRequest) -> Decision:
         try:
             decision = await routes.decide(self.app, body)
@@ -138,13 +162,6 @@ def _holds(decision: Decision) -> bool:
     return decision.send_result or any(v.kind in HOLDING_KINDS or v.tokens for v in decision.limits)
 
 
-def _refused(decider: Decider, method: str, exc: Refused) -> None:
-    """A request that names no call: logged, counted by the status it stands for; the
-    caller answers it in its protocol (calls.Refused says why not as an error)."""
-    log.warning("envoy %s refused (%s): %s", method, exc.code, exc)
-    decider.answered(method, exc.code)
-
-
 async def _failed(
     decider: Decider, context: grpc.aio.ServicerContext, method: str, exc: Exception
 ) -> None:
@@ -167,19 +184,19 @@ class RateLimitService(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc]
     async def ShouldRateLimit(  # noqa: N802 (the protocol's name)
         self, request: RateLimitRequest, context: grpc.aio.ServicerContext
     ) -> RateLimitResponse:
-        try:
+        descriptors = len(request.descriptors)
+
+        async def answer() -> RateLimitResponse:
             caller = self.decider.gate.caller(context)
             asked = calls.from_descriptors(request.domain, _entries(request), _hits(request))
             body = vouched(caller, asked, "descriptor entry 'user'")
             decision = await self.decider.decide(body)
-        except Refused as exc:
-            _refused(self.decider, "ShouldRateLimit", exc)
-            return answers.ratelimit_refusal(str(exc), len(request.descriptors))
-        except Exception as exc:  # answered, and logged with its traceback
-            await _failed(self.decider, context, "ShouldRateLimit", exc)
-            raise  # not reached: abort raises
-        self.decider.answered("ShouldRateLimit")
-        return answers.ratelimit_response(decision, len(request.descriptors))
+            return answers.ratelimit_response(decision, descriptors)
+
+        def refuse(exc: Refused) -> RateLimitResponse:
+            return answers.ratelimit_refusal(str(exc), descriptors)
+
+        return await self.decider.serve("ShouldRateLimit", context, answer, refuse)
 
 
 def _entries(request: RateLimitRequest) -> list[list[tuple[str, str]]]:
@@ -200,24 +217,19 @@ class AuthorizationService(authz_grpc.AuthorizationServicer):  # type: ignore[mi
     async def Check(  # noqa: N802 (the protocol's name)
         self, request: AuthzRequest, context: grpc.aio.ServicerContext
     ) -> AuthzResponse:
-        try:
+        async def answer() -> AuthzResponse:
             caller = self.decider.gate.caller(context)
             asked = self._call(request.attributes)
             if asked is None:
-                self.decider.answered("Check")
-                return answers.ALLOWED  # an MCP message that calls no tool
+                return answers.ALLOWED  # an MCP route's request that calls no tool
             body, mcp = asked
-            decision = await self.decider.decide(
-                vouched(caller, body, f"header {self.user_header!r}")
-            )
-        except Refused as exc:
-            _refused(self.decider, "Check", exc)
+            vouched_for = vouched(caller, body, f"header {self.user_header!r}")
+            return answers.authorization_response(await self.decider.decide(vouched_for), mcp)
+
+        def refuse(exc: Refused) -> AuthzResponse:
             return answers.authorization_refusal(str(exc), exc.status)
-        except Exception as exc:  # answered, and logged with its traceback
-            await _failed(self.decider, context, "Check", exc)
-            raise
-        self.decider.answered("Check")
-        return answers.authorization_response(decision, mcp)
+
+        return await self.decider.serve("Check", context, answer, refuse)
 
     def _call(self, attributes: Any) -> tuple[CheckRequest, calls.McpCall | None] | None:
         http = attributes.request.http
