@@ -59,7 +59,7 @@ from ratewarden.vocabulary import DecisionName
 
 EXIT_WARNING = 1  # a failed hook: Gemini warns and runs the call
 EXIT_BLOCK = 2  # block, stderr as the reason
-CHARS_PER_TOKEN = 4  # as integrations._models estimates (not imported: a hook stays light)
+CHARS_PER_TOKEN = 4  # as integrations._model_calls estimates (not imported: a hook stays light)
 MAX = vocabulary.MAX_TOKENS  # the wire's cap on a token count
 
 

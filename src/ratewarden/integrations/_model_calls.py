@@ -1,21 +1,28 @@
-"""A model call through an asyncio adapter: the check before the model is asked, the
-settle after, and what the host hands us made into numbers the wire takes.
+"""A model call on the host side: the check before the model is asked, the settle after,
+and what the host hands us made into numbers the wire takes.
 
-`_models` spells the request and the settle; this is the part the asyncio adapters
-(pydantic-ai's capability, the OpenAI Agents model wrapper) share around it:
+Every adapter that can see a model request (LangChain's `wrap_model_call`, ADK's model
+callbacks, pydantic-ai's capability, the OpenAI Agents model wrapper, the LiteLLM proxy
+hook...) asks the daemon the same way (docs/budgets.md):
 
-- `check_model` asks the daemon, a refused request answered by the fail mode as a tool
-  call's is (`_async.check_call`): a host's odd model name is mapped
-  (`names.subject`), a token count the wire cannot take is clamped or left to the daemon;
-- `ModelCall` is an allowed call waiting for the provider's answer; `settle` charges
-  the usage the provider reported (none reported: the whole reservation), `settle_failed`
-  a call that raised before the provider answered (nothing used).
+- the check names the model, the input tokens (counted when the host counts them, else
+  estimated from the text it sends: `estimate_tokens`) and the most output tokens the
+  request allows (None: the policy's `defaults.max_output_tokens`); the daemon prices the
+  call's maximum and reserves it (`model_request`; `model_check` with every part made a
+  shape the daemon takes: a host's odd model name mapped, a count clamped);
+- the settle sends what the provider reported (`usage_settlement`, `model_settlement` for
+  a provider's usage of any type), which the daemon prices again: the call is charged its
+  real usage and the rest of the reservation is released. A call that failed before the
+  provider answered used nothing (`FAILED`); a call settled without usage is charged its
+  whole reservation.
 
-The adapters that keep their own call between two hooks (LangChain's middleware, sync
-and async; ADK's before and after model callbacks) build the same check and settle from
-the parts below: `model_check` (every part in a shape the daemon takes),
-`model_settlement` (a provider's usage of any type, bounded), `must_settle` and
-`refusal_text` (what the agent reads in place of the model's answer).
+The asyncio adapters (pydantic-ai's capability, the OpenAI Agents model wrapper) share
+`check_model` (a refused request answered by the fail mode as a tool call's is:
+`_async.check_call`) and `ModelCall` (an allowed call waiting for the provider's answer:
+`settle`, `settle_failed`). The adapters that keep their own call between two hooks
+(LangChain's middleware, ADK's callbacks, Strands, CrewAI, hermes, the LiteLLM proxy)
+build the same check and settle from the parts: `must_settle` and `refusal_text` (what the
+agent reads in place of the model's answer) too.
 """
 
 from __future__ import annotations
@@ -27,25 +34,66 @@ from typing import Any
 from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard, ClientError, unreachable_answer
 from ratewarden.integrations._async import log
-from ratewarden.integrations._lifecycle import AdmittedCall
-from ratewarden.integrations._models import FAILED, estimate_tokens, model_request, usage_settlement
+from ratewarden.integrations._lifecycle import AdmittedCall, usage_settlement
 from ratewarden.vocabulary import MAX_TOKENS, CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
-from ratewarden.wire.names import subject, usable_call_id
+from ratewarden.wire.names import model_check_request, subject, usable_call_id
 
 __all__ = [
+    "FAILED",
     "ModelCall",
     "check_model",
+    "estimate_tokens",
     "estimated_tokens",
     "max_tokens",
     "model_check",
+    "model_request",
     "model_settlement",
     "must_settle",
     "refusal_text",
     "text_leaves",
     "token_count",
     "tokens",
+    "usage_settlement",
 ]
+
+# Characters per token in the estimate: about four for English text in the common
+# tokenizers (OpenAI's and Anthropic's guides say so). An estimate only sizes the
+# reservation; the settle charges what the provider counted.
+CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(texts: str | Iterable[str]) -> int:
+    """The input tokens of `texts` (a prompt, or its messages' texts), estimated."""
+    chars = len(texts) if isinstance(texts, str) else sum(len(text) for text in texts)
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+def model_request(
+    user: str,
+    model: str,
+    input_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    *,
+    session: str | None = None,
+    team: str | None = None,
+    call_id: str | None = None,
+) -> CheckRequest:
+    """The check of a model call (names made acceptable, counts bounded); None fields
+    are left to the daemon."""
+    return model_check_request(
+        user=user,
+        model=model,
+        input_tokens=input_tokens,
+        max_output_tokens=max_output_tokens,
+        session=session,
+        team=team,
+        call_id=call_id,
+    )
+
+
+# A model call that raised before the provider answered: nothing used, nothing charged.
+FAILED = usage_settlement(status=CallStatus.ERROR)
 
 UNKNOWN_MODEL = "unknown-model"  # a host that names no model: priced by the policy's default
 

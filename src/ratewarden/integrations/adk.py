@@ -64,12 +64,12 @@ from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import UserLookup, resolve_user
 from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall, settlement
 from ratewarden.integrations._model_calls import (
+    estimate_tokens,
     model_check,
     model_settlement,
     must_settle,
     refusal_text,
 )
-from ratewarden.integrations._models import estimate_tokens
 from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
 

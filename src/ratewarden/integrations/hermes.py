@@ -58,7 +58,7 @@ from ratewarden import vocabulary
 from ratewarden.client import ClientError, Guard, unreachable_answer
 from ratewarden.integrations._identity import default_user
 from ratewarden.integrations._lifecycle import NO_RESULT, settlement
-from ratewarden.integrations._models import (
+from ratewarden.integrations._model_calls import (
     FAILED,
     estimate_tokens,
     model_request,

@@ -69,12 +69,12 @@ from ratewarden.integrations._async import LoopGuards, check_call
 from ratewarden.integrations._identity import default_user, user_from
 from ratewarden.integrations._lifecycle import AdmittedCall, settlement
 from ratewarden.integrations._model_calls import (
+    estimate_tokens,
     model_check,
     model_settlement,
     must_settle,
     refusal_text,
 )
-from ratewarden.integrations._models import estimate_tokens
 from ratewarden.vocabulary import CallStatus, FailMode, fail_mode
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
 from ratewarden.wire.names import check_request

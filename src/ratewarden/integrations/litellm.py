@@ -46,7 +46,12 @@ from typing import Any
 from ratewarden import vocabulary
 from ratewarden.client import AsyncGuard
 from ratewarden.integrations._async import LoopGuards
-from ratewarden.integrations._models import FAILED, estimate_tokens, model_request, usage_settlement
+from ratewarden.integrations._model_calls import (
+    FAILED,
+    estimate_tokens,
+    model_request,
+    usage_settlement,
+)
 from ratewarden.vocabulary import MAX_TOKENS
 from ratewarden.wire.bodies import CheckResponse
 from ratewarden.wire.names import subject
