@@ -61,6 +61,10 @@ rules:
     match: {kind: model}
     per: [user]
     budget: 5.00/day
+  - name: model-tokens
+    match: {model: "claude-*"}
+    per: [user]
+    rate: 1000 tokens/minute
 """
 MINUTE = "Rate limit: max 10 terminal calls per minute"
 Entry = RateLimitDescriptor.Entry
@@ -210,6 +214,17 @@ def test_a_model_descriptor_is_a_model_call_of_its_input_tokens(
     assert usage["reserved"] == 0
     huge = should(channel, one, hits_addend=10**8)  # 100 M input tokens: past 5.00
     assert huge.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
+
+
+def test_a_model_descriptors_tokens_count_on_its_token_rate(channel: grpc.Channel) -> None:
+    """The gateway measured the tokens (Envoy AI Gateway sets hits_addend from them): they
+    are charged and counted at once, so the window that holds 1 000 refuses the third."""
+    one = descriptor(user="rls-gil", model="claude-sonnet-4-5")
+    assert should(channel, one, hits_addend=600).overall_code == rls_pb2.RateLimitResponse.OK
+    assert should(channel, one, hits_addend=600).overall_code == rls_pb2.RateLimitResponse.OK
+    third = should(channel, one, hits_addend=10)
+    assert third.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
+    assert "tokens" in third.raw_body.decode()
 
 
 def read_usage_as_admin(daemon: Daemon, user: str, tool: str | None) -> dict[str, Any]:

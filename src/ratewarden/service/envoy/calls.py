@@ -28,6 +28,7 @@ NAMED = ("user", "tool", "model", "session", "team", "host", "call_id")
 FLAGS = {"true": True, "false": False}
 KNOWN_KEYS = (*NAMED, *METADATA_FLAGS, "tag")
 MICROS = 1_000_000  # a tool call's hits_addend is its cost in millionths of the currency
+# A model call's hits_addend is its tokens: reserved, charged and counted as input tokens.
 MCP = "envoy.filters.http.mcp"  # the namespace of Envoy's MCP filter's dynamic metadata
 TOOLS_CALL = "tools/call"
 
@@ -112,10 +113,10 @@ def _fields(merged: dict[str, str], tags: list[str], hits: int) -> dict[str, Any
         raise Refused(f"descriptor entry {said!r}: a model call carries no tool metadata")
     if flags or tags:
         fields["metadata"] = {**flags, "tags": tags}
-    if "model" in merged:
+    if "model" in merged:  # its tokens, as the gateway counted them: no output to come
         fields["kind"] = CallKind.MODEL
-        if hits > 0:
-            fields["input_tokens"] = hits
+        fields["input_tokens"] = hits if hits > 1 else 0
+        fields["max_output_tokens"] = 0
     elif hits > 1:
         fields["cost"] = hits / MICROS
     return fields

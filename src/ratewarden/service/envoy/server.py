@@ -34,8 +34,8 @@ from ratewarden.service.envoy import answers, calls
 from ratewarden.service.envoy.calls import Refused
 from ratewarden.service.settings import Settings
 from ratewarden.store import StoreError
-from ratewarden.vocabulary import HOLDING_KINDS
-from ratewarden.wire.bodies import CheckRequest
+from ratewarden.vocabulary import HOLDING_KINDS, CallKind
+from ratewarden.wire.bodies import CheckRequest, ModelUsage
 
 log = logging.getLogger("ratewarden.envoy")
 Answer = TypeVar("Answer")
@@ -144,13 +144,18 @@ class Decider:
         except CallIdConflict as exc:
             raise Refused(str(exc), "ALREADY_EXISTS", 409) from None
         if decision.allowed and not decision.replayed and _holds(decision):
-            await self._settle(decision)
+            await self._settle(decision, body)
         return decision
 
-    async def _settle(self, decision: Decision) -> None:
+    async def _settle(self, decision: Decision, body: CheckRequest) -> None:
+        """Settle at once: a tool call charged its estimate; a model call its tokens, as
+        its usage (so its token rates count them too)."""
         engine = routes.engine_of(self.app)
+        usage = None
+        if body.kind == CallKind.MODEL:
+            usage = ModelUsage(input_tokens=body.input_tokens or 0)
         try:
-            settled = await engine.settle(decision.call_id)
+            settled = await engine.settle(decision.call_id, usage=usage)
         except StoreError as exc:  # its reservation expires and is charged by the sweep
             log.warning("envoy: call %s not settled (%s)", decision.call_id, exc)
             return
