@@ -536,3 +536,17 @@ def test_every_answer_is_counted_by_method_and_status(
     refused(lambda: check(channel, user="m-1", extensions={"tool": "t"}, token="bad"))
     after = {k: counted(*k) for k in before}
     assert {k: after[k] - before[k] for k in before} == dict.fromkeys(before, 1.0)
+
+
+def test_raw_headers_are_read_too(channel: grpc.Channel) -> None:
+    """With `encode_raw_headers`, Envoy sends `header_map` (bytes) instead of `headers`."""
+    request = authz.CheckRequest()
+    raw = request.attributes.request.http.header_map.headers
+    raw.add(key="x-ratewarden-user", raw_value=b"az-raw")
+    raw.add(key="content-type", raw_value=b"application/json")
+    request.attributes.context_extensions["tool"] = "deploy"
+    stub = authz_grpc.AuthorizationStub(channel)
+    answer = stub.Check(request, metadata=[("authorization", f"Bearer {SERVICE}")], timeout=10)
+    status, body = denied(answer)
+    assert status == 403
+    assert body["message"] == "Approval needed: Deploys need a human's approval"
