@@ -152,6 +152,11 @@ METRICS = {
     "http_responses": Spec(Counter, "ratewarden_http_responses_total",
         "HTTP answers, by route template (`other`: no route) and status code (a code "
         "outside HTTP_CODES as its class, e.g. `5xx`).", ("route", "code")),
+    "grpc_answers": Spec(Counter, "ratewarden_grpc_answers_total",
+        "Answers of Envoy's services on the gRPC listener (docs/envoy.md), by method "
+        "(ShouldRateLimit, Check) and gRPC status: OK for every decision (its refusal is "
+        "counted with the decisions), else why no call was decided (INVALID_ARGUMENT, "
+        "UNAUTHENTICATED, PERMISSION_DENIED, ALREADY_EXISTS, INTERNAL).", ("method", "code")),
     "notifications": Spec(Counter, "ratewarden_notifications_total",
         "Notifications (webhooks), by event and outcome: sent (a webhook answered 2xx), "
         "failed (every attempt failed, a 4xx, or the store unreachable), dropped (a queue "
@@ -219,6 +224,7 @@ class Metrics:
     circuit_open: Gauge
     circuit_transitions: Counter
     remembered: Counter
+    grpc_answers: Counter
     notifications: Counter
 
     def __init__(self, registry: CollectorRegistry) -> None:

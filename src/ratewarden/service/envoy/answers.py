@@ -75,15 +75,30 @@ def _describe(status: RateLimitResponse.DescriptorStatus, verdict: Verdict) -> N
         )
     if isinstance(verdict.remaining, int):
         status.limit_remaining = max(verdict.remaining, 0)
-    wait = verdict.retry_after if verdict.retry_after is not None else verdict.reset_after
+    wait = verdict.retry_after or verdict.reset_after  # an admitted call: 0.0, not None
     status.duration_until_reset.FromMilliseconds(int(wait * 1000))
+
+
+UNCHECKED = "ratewarden could not check this request: {why}"
+
+
+def ratelimit_refusal(why: str, descriptors: int) -> RateLimitResponse:
+    """OVER_LIMIT for a request that names no call ratewarden can decide (calls.Refused)."""
+    status = RateLimitResponse.DescriptorStatus(code=Code.OVER_LIMIT)
+    answer = RateLimitResponse(
+        overall_code=Code.OVER_LIMIT,
+        statuses=[status] * max(descriptors, 1),
+        raw_body=UNCHECKED.format(why=why).encode(),
+    )
+    answer.response_headers_to_add.append(HeaderValue(key="content-type", value=TEXT))
+    return answer
 
 
 def _ratelimit_headers(verdict: Verdict) -> list[tuple[str, str]]:
     """The draft RFC's headers (as envoyproxy/ratelimit sends them) for a counted limit."""
     if not isinstance(verdict.limit, int) or not isinstance(verdict.remaining, int):
         return []  # money: the sentence says it
-    wait = verdict.retry_after if verdict.retry_after is not None else verdict.reset_after
+    wait = verdict.retry_after or verdict.reset_after  # an admitted call: 0.0, not None
     return [
         ("x-ratelimit-limit", str(verdict.limit)),
         ("x-ratelimit-remaining", str(max(verdict.remaining, 0))),
@@ -104,9 +119,14 @@ def authorization_response(decision: Decision, mcp: McpCall | None) -> CheckResp
     else:
         status = _http_status(decision)
         body = json.dumps({"error": ERRORS[status], "message": message})
+    wait = decision.retry_after if mcp is None else None
+    return _denied(status, body, message, wait)
+
+
+def _denied(status: int, body: str, message: str, wait: float | None = None) -> CheckResponse:
     headers = [("content-type", JSON)]
-    if decision.retry_after and mcp is None:
-        headers.append(("retry-after", str(math.ceil(decision.retry_after))))
+    if wait:
+        headers.append(("retry-after", str(math.ceil(wait))))
     return CheckResponse(
         status=status_pb2.Status(code=code_pb2.PERMISSION_DENIED, message=message),
         denied_response=DeniedHttpResponse(
@@ -130,6 +150,15 @@ def _http_status(decision: Decision) -> int:
     if UNAVAILABLE in kinds:
         return 503
     return 429 if kinds & COUNTED else 403
+
+
+REFUSALS = {400: "invalid_request", 403: "forbidden", 409: "call_id_conflict", 413: "too_large"}
+
+
+def authorization_refusal(why: str, status: int) -> CheckResponse:
+    """A denied response for a request that names no call ratewarden can decide."""
+    message = UNCHECKED.format(why=why)
+    return _denied(status, json.dumps({"error": REFUSALS[status], "message": message}), message)
 
 
 def _tool_error(mcp: McpCall, message: str) -> str:

@@ -16,7 +16,8 @@ freed as it is taken (docs/envoy.md, "Budgets and concurrency").
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 from envoy.service.auth.v3 import external_auth_pb2_grpc as authz_grpc
@@ -37,7 +38,17 @@ from ratewarden.vocabulary import HOLDING_KINDS
 from ratewarden.wire.bodies import CheckRequest
 
 log = logging.getLogger("ratewarden.envoy")
+Answer = TypeVar("Answer")
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default, said aloud: a body Envoy sends
+
+
+class Unauthorized(Exception):
+    """Envoy's own credential refused: a gRPC status (Envoy's configuration is wrong, not
+    the client's request), with `code` its name."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Gate:
@@ -51,19 +62,19 @@ class Gate:
         if not self.tokens.enabled:
             if self.insecure or is_loopback(_peer_host(context.peer())):
                 return ANYONE
-            raise Refused(
+            raise Unauthorized(
                 "auth is off (no tokens configured), so only loopback peers are served",
                 "PERMISSION_DENIED",
             )
         presented = dict(context.invocation_metadata() or ()).get("authorization", "")
         scheme, _, token = str(presented).partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise Refused("send a token: `authorization: Bearer <token>`", "UNAUTHENTICATED")
+            raise Unauthorized("send a token: `authorization: Bearer <token>`", "UNAUTHENTICATED")
         role, _, caller = self.tokens.identify(token.encode())
         if role == ApiRole.NONE:
-            raise Refused("the token is not valid", "UNAUTHENTICATED")
+            raise Unauthorized("the token is not valid", "UNAUTHENTICATED")
         if not role & ApiRole.DECIDE:
-            raise Refused("this needs a check or admin token", "PERMISSION_DENIED")
+            raise Unauthorized("this needs a check or admin token", "PERMISSION_DENIED")
         return caller
 
 
@@ -77,13 +88,18 @@ def _peer_host(peer: str) -> str:
     return ""
 
 
-def vouched(caller: Caller, body: CheckRequest) -> CheckRequest:
-    """`body` as its credential may name it (service/vouch.py's rule, in gRPC's words)."""
-    if caller is ANYONE:
-        return body
-    if not caller.may_act_for(body.user or ""):
+def vouched(caller: Caller, body: CheckRequest, where: str) -> CheckRequest:
+    """`body` as its credential may name it (service/vouch.py's rule, in gRPC's words):
+    a user token's own user when it names none, `where` the user would come from."""
+    if body.user is None:
+        if caller.user is None:
+            raise Refused(f"{where}: required: who calls (set by Envoy after jwt_authn)")
+        return body.model_copy(update={"user": caller.user})
+    if caller is not ANYONE and not caller.may_act_for(body.user):
         raise Refused(
-            f"user: {caller.who()}; a request cannot name another user", "PERMISSION_DENIED"
+            f"{where}: {caller.who()}; a request cannot name another user",
+            "PERMISSION_DENIED",
+            403,
         )
     return body
 
@@ -94,12 +110,39 @@ class Decider:
     def __init__(self, app: Any, gate: Gate) -> None:
         self.app = app
         self.gate = gate
+        self.metrics = routes.observer_of(app).metrics
+
+    def answered(self, method: str, code: str = "OK") -> None:
+        """Counted in ratewarden_grpc_answers_total."""
+        self.metrics.series(self.metrics.grpc_answers, method, code).inc()
+
+    async def serve(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        answer: Callable[[], Awaitable[Answer]],
+        refuse: Callable[[Refused], Answer],
+    ) -> Answer:
+        """`answer()`, counted; a request naming no call refused in the protocol by
+        `refuse` (calls.Refused says why not as an error), logged and counted by the
+        status it stands for; Envoy's credential refused, or a bug, a gRPC status."""
+        try:
+            found = await answer()
+        except Refused as exc:
+            log.warning("envoy %s refused (%s): %s", method, exc.code, exc)
+            self.answered(method, exc.code)
+            return refuse(exc)
+        except Exception as exc:  # answered, and logged with its traceback
+            await _failed(self, context, method, exc)
+            raise  # not reached: abort raises
+        self.answered(method)
+        return found
 
     async def decide(self, body: CheckRequest) -> Decision:
         try:
             decision = await routes.decide(self.app, body)
         except CallIdConflict as exc:
-            raise Refused(str(exc), "ALREADY_EXISTS") from None
+            raise Refused(str(exc), "ALREADY_EXISTS", 409) from None
         if decision.allowed and not decision.replayed and _holds(decision):
             await self._settle(decision)
         return decision
@@ -119,9 +162,19 @@ def _holds(decision: Decision) -> bool:
     return decision.send_result or any(v.kind in HOLDING_KINDS or v.tokens for v in decision.limits)
 
 
-async def _refuse(context: grpc.aio.ServicerContext, method: str, exc: Refused) -> None:
-    log.warning("envoy %s refused (%s): %s", method, exc.code, exc)
-    await context.abort(grpc.StatusCode[exc.code], str(exc))
+async def _failed(
+    decider: Decider, context: grpc.aio.ServicerContext, method: str, exc: Exception
+) -> None:
+    """Envoy's credential refused, or an unexpected error (logged with its traceback, never
+    the listener's end): a gRPC status, which Envoy answers by its failure mode."""
+    if isinstance(exc, Unauthorized):
+        code, message = exc.code, str(exc)
+        log.warning("envoy %s refused (%s): %s", method, code, message)
+    else:
+        code, message = "INTERNAL", "ratewarden could not decide: see its log"
+        log.exception("envoy %s failed", method)
+    decider.answered(method, code)
+    await context.abort(grpc.StatusCode[code], message)
 
 
 class RateLimitService(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc]
@@ -131,16 +184,19 @@ class RateLimitService(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc]
     async def ShouldRateLimit(  # noqa: N802 (the protocol's name)
         self, request: RateLimitRequest, context: grpc.aio.ServicerContext
     ) -> RateLimitResponse:
-        try:
+        descriptors = len(request.descriptors)
+
+        async def answer() -> RateLimitResponse:
             caller = self.decider.gate.caller(context)
-            body = vouched(
-                caller, calls.from_descriptors(request.domain, _entries(request), _hits(request))
-            )
+            asked = calls.from_descriptors(request.domain, _entries(request), _hits(request))
+            body = vouched(caller, asked, "descriptor entry 'user'")
             decision = await self.decider.decide(body)
-        except Refused as exc:
-            await _refuse(context, "ShouldRateLimit", exc)
-            raise  # not reached: abort raises
-        return answers.ratelimit_response(decision, len(request.descriptors))
+            return answers.ratelimit_response(decision, descriptors)
+
+        def refuse(exc: Refused) -> RateLimitResponse:
+            return answers.ratelimit_refusal(str(exc), descriptors)
+
+        return await self.decider.serve("ShouldRateLimit", context, answer, refuse)
 
 
 def _entries(request: RateLimitRequest) -> list[list[tuple[str, str]]]:
@@ -161,17 +217,19 @@ class AuthorizationService(authz_grpc.AuthorizationServicer):  # type: ignore[mi
     async def Check(  # noqa: N802 (the protocol's name)
         self, request: AuthzRequest, context: grpc.aio.ServicerContext
     ) -> AuthzResponse:
-        try:
+        async def answer() -> AuthzResponse:
             caller = self.decider.gate.caller(context)
             asked = self._call(request.attributes)
             if asked is None:
-                return answers.ALLOWED  # an MCP message that calls no tool
+                return answers.ALLOWED  # an MCP route's request that calls no tool
             body, mcp = asked
-            decision = await self.decider.decide(vouched(caller, body))
-        except Refused as exc:
-            await _refuse(context, "Check", exc)
-            raise
-        return answers.authorization_response(decision, mcp)
+            vouched_for = vouched(caller, body, f"header {self.user_header!r}")
+            return answers.authorization_response(await self.decider.decide(vouched_for), mcp)
+
+        def refuse(exc: Refused) -> AuthzResponse:
+            return answers.authorization_refusal(str(exc), exc.status)
+
+        return await self.decider.serve("Check", context, answer, refuse)
 
     def _call(self, attributes: Any) -> tuple[CheckRequest, calls.McpCall | None] | None:
         http = attributes.request.http
