@@ -577,7 +577,9 @@ def measure(p: Plan) -> dict[str, Any]:
         print("  Envoy in front of an upstream…", file=sys.stderr)
         with (
             started(upstream, p.workdir / "upstream.log", [ports.upstream]) as upstream_pid,
-            started(envoy, p.workdir / "envoy.log", [ports.admin, ports.filtered]) as envoy_pid,
+            started(
+                envoy, p.workdir / "envoy.log", [ports.admin, ports.filtered, ports.bare]
+            ) as envoy_pid,
         ):
             pids = {"envoy": envoy_pid, "server": pid, "redis": p.redis_pid}
             found["envoy"] = envoy_latency(p, ports, pids | {"upstream": upstream_pid})
