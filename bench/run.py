@@ -26,7 +26,9 @@ per counter (bench/memory.py), and in process what access rules and argument con
 cost a call (bench/inprocess.py), and how long a command hook takes per tool call next to
 a bare interpreter (bench/hookstart.py), and what `ratewarden mcp` adds to an MCP tool
 call over stdio and HTTP (bench/mcp_overhead.py), and what the costliest bodies cost the
-MCP gateway next to a tool call (bench/mcp_worstbody.py). Results: a Markdown report on
+MCP gateway next to a tool call (bench/mcp_worstbody.py), and Envoy's gRPC rate limit path
+next to `POST /v1/check` on one daemon, with the latency Envoy's rate limit filter adds at
+half load (bench/envoy.py). Results: a Markdown report on
 stdout (the table in docs/benchmarks.md) and every figure as JSON (`--out`), each target
 marked met or not.
 Absolute numbers depend on the machine; the targets are ratios within one run.
@@ -53,6 +55,10 @@ from typing import Any
 
 import httpx
 
+from bench.envoy import TARGET as ENVOY_TARGET
+from bench.envoy import measure as measure_envoy
+from bench.envoy import plan as envoy_plan
+from bench.envoy import report as envoy_report
 from bench.hammer import HAMMER_RULE, HAMMERED, counts, per_attempt, refuse
 from bench.hammer import report as hammer_report
 from bench.hammer import summary as hammer_summary
@@ -93,6 +99,7 @@ TARGETS = {
     "MCP HTTP gateway, URL upstream: ms added per call": ("<=", 2.0),
     "MCP gateway: worst body / a tools/call relay": ("<=", 10.0),
     "model call / tool call (check and settle)": ("<=", 1.2),
+    ENVOY_TARGET: (">=", 0.7),
 }
 MCP_ROWS = {  # target row -> the way bench/mcp_overhead.py measured it
     "MCP stdio proxy: ms added per call": "stdio proxy",
@@ -337,6 +344,7 @@ def ratios(
     inprocess: dict[str, Any],
     hooks: dict[str, Any],
     mcp: dict[str, Any],
+    envoy: dict[str, Any],
 ) -> dict[str, float]:
     """Each throughput ratio within a round (its servers ran a minute apart), median over
     the rounds: the machine's speed drifts by up to 2x between rounds, which a ratio of
@@ -365,6 +373,7 @@ def ratios(
             mcp["worst_bodies"]["worst_vs_normal"]
         ),
         "model call / tool call (check and settle)": float(inprocess["models"]["ratio"]),
+        ENVOY_TARGET: float(envoy["ratio"]),
     }
 
 
@@ -464,6 +473,8 @@ def report(results: dict[str, Any]) -> str:
     lines += mcp_report(results["mcp"])
     lines += ["", "### Worst bodies at the MCP gateway", ""]
     lines += mcp_worst_report(results["mcp"]["worst_bodies"])
+    lines += ["", "### Envoy: the gRPC rate limit path, and Envoy in front", ""]
+    lines += envoy_report(results["envoy"])
     return "\n".join(lines)
 
 
@@ -513,6 +524,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("memory…", file=sys.stderr)
             redis_command(redis_port, "FLUSHALL")
             memory = asyncio.run(measure_memory(redis_port, args.quick))
+            print("Envoy's gRPC rate limit path, and Envoy in front…", file=sys.stderr)
+            envoy = measure_envoy(
+                envoy_plan(setup.python, workdir, redis_port, setup.redis_pid, args.quick)
+            )
     print("access rules and argument conditions, in process…", file=sys.stderr)
     inprocess = asyncio.run(run_inprocess(args.quick))
     print("model calls beside tool calls, in process…", file=sys.stderr)
@@ -535,8 +550,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inprocess": inprocess,
         "hook_start": hooks,
         "mcp": mcp,
+        "envoy": envoy,
     }
-    results["ratios"] = ratios(http, peers, inprocess, hooks, mcp)
+    results["ratios"] = ratios(http, peers, inprocess, hooks, mcp, envoy)
     results["targets_met"] = {name: met(name, v) for name, v in results["ratios"].items()}
     results["two_worker_ceiling"] = two_worker_ceiling(http)
     if args.out:

@@ -87,14 +87,12 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     check_refused_hammer(results)
     check_inprocess(results["inprocess"])
 
-    hooks = results["hook_start"]
-    assert 0 < hooks["python_pass_ms"] < hooks["hook_ms"]  # a hook does more than start
-    assert hooks["ratio"] == results["ratios"]["hook start / python -c pass"]
-
+    check_hook_start(results)
     check_mcp(results)
+    check_envoy(results, done.stdout)
 
     assert set(results["ratios"]) == set(results["targets_met"])
-    assert len(results["ratios"]) == 15
+    assert len(results["ratios"]) == 16
     models = results["inprocess"]["models"]  # bench/models.py: a model call beside a tool call
     assert models["ratio"] == results["ratios"]["model call / tool call (check and settle)"]
     assert all(v > 0 for v in models["us_per_check_and_settle"].values())
@@ -119,6 +117,12 @@ def check_refused_hammer(results: dict[str, Any]) -> None:
     assert len(hammer["ratio_by_round"]) == len(results["http"]["rounds"]["one rule"])
 
 
+def check_hook_start(results: dict[str, Any]) -> None:
+    hooks = results["hook_start"]
+    assert 0 < hooks["python_pass_ms"] < hooks["hook_ms"]  # a hook does more than start
+    assert hooks["ratio"] == results["ratios"]["hook start / python -c pass"]
+
+
 def check_mcp(results: dict[str, Any]) -> None:
     """bench/mcp_overhead.py and bench/mcp_worstbody.py."""
     mcp = results["mcp"]
@@ -137,6 +141,38 @@ def check_mcp(results: dict[str, Any]) -> None:
     assert worst["bodies"]["tools/call (normal)"]["cpu_us"] > 0
     worst_ratio = results["ratios"]["MCP gateway: worst body / a tools/call relay"]
     assert worst_ratio == worst["worst_vs_normal"]
+
+
+def check_envoy(results: dict[str, Any], stdout: str) -> None:
+    """bench/envoy.py: one daemon decided the same calls over HTTP and over gRPC, every one
+    allowed and with Redis; Envoy's rate limit filter asked it for every filtered request,
+    and none failed (failure_mode_deny: a failed ask would have been an error)."""
+    envoy = results["envoy"]
+    for path in ("http", "grpc"):
+        for run in envoy["rounds"][path]:
+            assert run["errors"] == 0, (path, run)
+            assert run["answered"] > 0, (path, run)
+            assert run["cpu_us_per_decision"]["server"] > 0, (path, run)
+            assert run["cpu_us_per_decision"]["redis"] > 0, (path, run)
+    assert envoy["grpc_echo"]["answered"] > 0
+    assert envoy["degraded_decisions"] == 0  # none answered by the fail mode
+    target = "gRPC rate limit / POST /v1/check (decisions/s, one worker)"
+    assert results["ratios"][target] == envoy["ratio"] > 0
+    front = envoy["envoy"]
+    assert front["version"] == "1.40.0"
+    assert front["saturated"]["answered"] > 0
+    assert set(front["half_load"]) == {"with filter", "without filter"}
+    filtered = front["saturated"]["answered"]
+    for name, run in front["half_load"].items():
+        assert run["errors"] == 0, (name, run)
+        assert run["p99_ms"] >= run["p50_ms"] > 0, (name, run)
+        assert run["cpu_us_per_decision"]["envoy"] > 0, (name, run)
+    filtered += sum(run["answered"] for run in front["half_load_rounds"]["with filter"])
+    stats = front["ratelimit_stats"]  # counted over warmups too: at least the measured ones
+    assert stats["ok"] >= filtered, stats
+    assert stats.get("error", 0) == stats.get("over_limit", 0) == 0, stats
+    assert "| gRPC / HTTP (target >= 0.7) |" in stdout
+    assert "| added by the filter |" in stdout
 
 
 def check_inprocess(found: dict[str, Any]) -> None:
