@@ -323,8 +323,9 @@ def locked() -> dict[str, tuple[str, list[str]]]:
 
 def test_the_lock_pins_every_daemon_dependency_within_pyprojects_ranges() -> None:
     """deploy/requirements.lock (what the image installs, --require-hashes) holds the base
-    dependencies and the `daemon` and `envoy` extras, and all they need in turn (read from the installed
-    packages' metadata), each at a version its requirement allows, each with its hashes."""
+    dependencies and the `daemon` and `envoy` extras, and all they need in turn (read from
+    the installed packages' metadata), each at a version its requirement allows, each with
+    its hashes."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     direct = [*project["dependencies"], *extras["daemon"], *extras["envoy"]]
