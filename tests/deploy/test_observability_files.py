@@ -31,7 +31,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from ratewarden.service.metrics import Metrics
-from tests.helpers.redis_server import RedisServer, running_redis
+from tests.helpers.redis_server import RedisServer, free_port, running_redis
 from tests.service.test_cli import serving
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -456,6 +456,20 @@ def test_every_metric_named_by_the_dashboard_and_alerts_is_defined_in_metrics_py
 # -- a real /metrics, linted ----------------------------------------------------------------
 
 
+def ask_envoys_rate_limit_service(port: int) -> None:
+    """One ShouldRateLimit on the daemon's gRPC listener (ratewarden_grpc_answers_total)."""
+    import grpc
+    from envoy.extensions.common.ratelimit.v3.ratelimit_pb2 import RateLimitDescriptor
+    from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
+    entries = [RateLimitDescriptor.Entry(key="user", value="metrics"),
+               RateLimitDescriptor.Entry(key="tool", value="web_fetch")]  # fmt: skip
+    request = rls_pb2.RateLimitRequest(descriptors=[RateLimitDescriptor(entries=entries)])
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        answer = rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(request, timeout=10)
+    assert answer.overall_code == rls_pb2.RateLimitResponse.OK
+
+
 @pytest.mark.redis
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_real_metrics_exposition_passes_promtool_check_metrics(
@@ -470,15 +484,17 @@ def test_a_real_metrics_exposition_passes_promtool_check_metrics(
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     redis: RedisServer
+    grpc_port = free_port()
     with (
         running_redis(tmp_path / "redis") as redis,
         serving(
             tmp_path, "--policy", str(policy), "--store-url", redis.url,
-            "--workers", str(workers),
+            "--workers", str(workers), "--grpc-port", str(grpc_port),
         ) as daemon,
         client(daemon.url) as http,
     ):  # fmt: skip
         drive_traffic(http)
+        ask_envoys_rate_limit_service(grpc_port)
         redis.stop()
         drive_degraded_traffic(http)
         response = http.get("/metrics")
