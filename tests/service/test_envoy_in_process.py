@@ -77,3 +77,30 @@ async def test_a_repeated_call_id_counts_once() -> None:
             assert answer.overall_code == OK
         usage = (await http.get("/v1/usage", params={"user": "in-2"})).json()
         assert usage["limits"][0]["used"] == 1
+
+
+async def test_refusals_cannot_flood_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """A client that can send invalid requests at will gets one line per method and status
+    every 10 s, its text escaped; the metric counts every one."""
+    port = free_port()
+    app = build_app(TERMINAL_POLICY, grpc_port=port)
+    forged = RateLimitDescriptor(
+        entries=[RateLimitDescriptor.Entry(key="user\nINFO forged", value="x")]
+    )
+    async with serving(app) as http, grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        with caplog.at_level(logging.WARNING, "ratewarden.envoy"):
+            for _ in range(50):
+                answer = await stub.ShouldRateLimit(
+                    rls_pb2.RateLimitRequest(descriptors=[forged]), timeout=10
+                )
+                assert answer.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
+        metrics = (await http.get("/metrics")).text
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 1
+    assert "\n" not in lines[0]
+    assert "user\\nINFO forged" in lines[0]
+    assert (
+        'ratewarden_grpc_answers_total{code="INVALID_ARGUMENT",method="ShouldRateLimit"} 50.0'
+        in metrics
+    )

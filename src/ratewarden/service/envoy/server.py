@@ -4,18 +4,21 @@ Each RPC is authenticated like an HTTP request (a bearer token in the gRPC metad
 Envoy's `initial_metadata`; with no token configured, loopback peers only), turned into
 the call a `POST /v1/check` names (calls.py), decided through the same path as the HTTP
 API (`routes.decide`: metrics, audit, who is blocked), and answered in the protocol's own
-words (answers.py). A request that names no call is refused with a gRPC status and a log
-line; nothing it carries is counted.
+words (answers.py). A request that names no call is refused in its protocol (never a gRPC
+error, which Envoy's failure mode may let through: calls.Refused), logged and counted;
+nothing it carries is counted against a limit. Only Envoy's own credential refused, or a
+bug, is a gRPC status.
 
 Envoy asks before a request and is never told when it ends, so an allowed call that holds
-something (budget money, a concurrency slot, a token rate's settle) is settled at once,
-charging its estimate: a budget is charged what the check reserved, a concurrency slot is
-freed as it is taken (docs/envoy.md, "Budgets and concurrency").
+something (budget money, a concurrency slot, a token rate's settle) is settled at once:
+a tool call charged its estimate, a model call its tokens as its usage; a concurrency slot
+is freed as it is taken (docs/envoy.md, "Budgets, concurrency and settling").
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -34,11 +37,12 @@ from ratewarden.service.envoy import answers, calls
 from ratewarden.service.envoy.calls import Refused
 from ratewarden.service.settings import Settings
 from ratewarden.store import StoreError
-from ratewarden.vocabulary import HOLDING_KINDS, CallKind
+from ratewarden.vocabulary import HOLDING_KINDS, CallKind, shown
 from ratewarden.wire.bodies import CheckRequest, ModelUsage
 
 log = logging.getLogger("ratewarden.envoy")
 Answer = TypeVar("Answer")
+LOG_EVERY_S = 10.0  # one refusal line per method and status this often, at most
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default, said aloud: a body Envoy sends
 
 
@@ -104,6 +108,26 @@ def vouched(caller: Caller, body: CheckRequest, where: str) -> CheckRequest:
     return body
 
 
+class RefusalLog:
+    """The log lines of refused requests: at most one per method and status every
+    LOG_EVERY_S, saying how many were left out (every one is counted in
+    ratewarden_grpc_answers_total), so a client able to send invalid requests at will
+    cannot flood the log; its own text escaped (a newline cannot forge a line)."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # -> (when, left out)
+
+    def refused(self, method: str, exc: Refused | Unauthorized) -> None:
+        key, now = (method, exc.code), time.monotonic()
+        when, left_out = self._last.get(key, (-LOG_EVERY_S, 0))
+        if now - when < LOG_EVERY_S:
+            self._last[key] = (when, left_out + 1)
+            return
+        self._last[key] = (now, 0)
+        more = f" ({left_out} more since the last such line)" if left_out else ""
+        log.warning("envoy %s refused (%s): %s%s", method, exc.code, shown(str(exc)), more)
+
+
 class Decider:
     """The path both services share: authenticate, decide, settle a holding call at once."""
 
@@ -111,6 +135,7 @@ class Decider:
         self.app = app
         self.gate = gate
         self.metrics = routes.observer_of(app).metrics
+        self.logged = RefusalLog()
 
     def answered(self, method: str, code: str = "OK") -> None:
         """Counted in ratewarden_grpc_answers_total."""
@@ -129,7 +154,7 @@ class Decider:
         try:
             found = await answer()
         except Refused as exc:
-            log.warning("envoy %s refused (%s): %s", method, exc.code, exc)
+            self.logged.refused(method, exc)
             self.answered(method, exc.code)
             return refuse(exc)
         except Exception as exc:  # answered, and logged with its traceback
@@ -174,7 +199,7 @@ async def _failed(
     the listener's end): a gRPC status, which Envoy answers by its failure mode."""
     if isinstance(exc, Unauthorized):
         code, message = exc.code, str(exc)
-        log.warning("envoy %s refused (%s): %s", method, code, message)
+        decider.logged.refused(method, exc)
     else:
         code, message = "INTERNAL", "ratewarden could not decide: see its log"
         log.exception("envoy %s failed", method)
