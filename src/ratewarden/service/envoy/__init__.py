@@ -17,7 +17,7 @@ from typing import Any
 from ratewarden.service.settings import Settings
 
 log = logging.getLogger("ratewarden.envoy")
-EXTRA = "RATEWARDEN_GRPC_PORT needs the envoy extra: pip install 'ratewarden[envoy]'"
+EXTRA = "--grpc-port (RATEWARDEN_GRPC_PORT) needs the envoy extra: pip install 'ratewarden[envoy]'"
 
 
 def missing_extra() -> str | None:
