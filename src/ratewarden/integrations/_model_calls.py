@@ -8,8 +8,9 @@ hook...) asks the daemon the same way (docs/budgets.md):
 - the check names the model, the input tokens (counted when the host counts them, else
   estimated from the text it sends: `estimate_tokens`) and the most output tokens the
   request allows (None: the policy's `defaults.max_output_tokens`); the daemon prices the
-  call's maximum and reserves it (`model_request`; `model_check` with every part made a
-  shape the daemon takes: a host's odd model name mapped, a count clamped);
+  call's maximum and reserves it (`wire.names.model_check_request`; `model_check` with
+  every part made a shape the daemon takes: a host's odd model name mapped, a count
+  clamped);
 - the settle sends what the provider reported (`usage_settlement`, `model_settlement` for
   a provider's usage of any type), which the daemon prices again: the call is charged its
   real usage and the rest of the reservation is released. A call that failed before the
@@ -47,7 +48,6 @@ __all__ = [
     "estimated_tokens",
     "max_tokens",
     "model_check",
-    "model_request",
     "model_settlement",
     "must_settle",
     "refusal_text",
@@ -67,29 +67,6 @@ def estimate_tokens(texts: str | Iterable[str]) -> int:
     """The input tokens of `texts` (a prompt, or its messages' texts), estimated."""
     chars = len(texts) if isinstance(texts, str) else sum(len(text) for text in texts)
     return -(-chars // CHARS_PER_TOKEN)
-
-
-def model_request(
-    user: str,
-    model: str,
-    input_tokens: int | None = None,
-    max_output_tokens: int | None = None,
-    *,
-    session: str | None = None,
-    team: str | None = None,
-    call_id: str | None = None,
-) -> CheckRequest:
-    """The check of a model call (names made acceptable, counts bounded); None fields
-    are left to the daemon."""
-    return model_check_request(
-        user=user,
-        model=model,
-        input_tokens=input_tokens,
-        max_output_tokens=max_output_tokens,
-        session=session,
-        team=team,
-        call_id=call_id,
-    )
 
 
 # A model call that raised before the provider answered: nothing used, nothing charged.
@@ -134,11 +111,11 @@ async def check_model(
     name = model if isinstance(model, str) and model else UNKNOWN_MODEL
     checked_id = vocabulary.call_id(host, call_id)
     try:
-        request = model_request(
-            subject(str(user)),
-            subject(name),
-            token_count(input_tokens),
-            token_count(max_output_tokens),
+        request = model_check_request(
+            user=subject(str(user)),
+            model=subject(name),
+            input_tokens=token_count(input_tokens),
+            max_output_tokens=token_count(max_output_tokens),
             call_id=usable_call_id(checked_id),
         )
         answer = await guard.check(request)
@@ -244,11 +221,11 @@ def model_check(
     call_id: str,
 ) -> CheckRequest:
     """The check of a model call, every part in a shape the daemon takes."""
-    return model_request(
-        subject(user),
-        subject(model or UNKNOWN_MODEL),
-        tokens(input_tokens),
-        max_tokens(max_output_tokens),
+    return model_check_request(
+        user=subject(user),
+        model=subject(model or UNKNOWN_MODEL),
+        input_tokens=tokens(input_tokens),
+        max_output_tokens=max_tokens(max_output_tokens),
         call_id=usable_call_id(call_id),
     )
 

@@ -71,12 +71,11 @@ from ratewarden.integrations._lifecycle import NO_RESULT, AdmittedCall, settleme
 from ratewarden.integrations._model_calls import (
     FAILED,
     estimate_tokens,
-    model_request,
     usage_settlement,
 )
 from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
-from ratewarden.wire.names import check_request
+from ratewarden.wire.names import check_request, model_check_request
 
 __all__ = ["RatewardenHooks", "console_approval", "kickoff_inputs"]
 
@@ -285,11 +284,11 @@ class RatewardenHooks:
         inputs = kickoff_inputs(context)
         messages = getattr(context, "messages", None) or []
         limit = llm_max_tokens(getattr(context, "llm", None))
-        return model_request(  # past the wire's cap: reserved at the cap, not unjudged
-            self.user_for(context, inputs),
-            model,
-            min(estimate_tokens(message_texts(messages)), vocabulary.MAX_TOKENS),
-            None if limit is None else min(limit, vocabulary.MAX_TOKENS),
+        return model_check_request(  # past the wire's cap: reserved at the cap, not unjudged
+            user=self.user_for(context, inputs),
+            model=model,
+            input_tokens=min(estimate_tokens(message_texts(messages)), vocabulary.MAX_TOKENS),
+            max_output_tokens=None if limit is None else min(limit, vocabulary.MAX_TOKENS),
             session=user_from(inputs, "session_id"),
             team=user_from(inputs, "team_id"),
             call_id=vocabulary.call_id(HOST),

@@ -61,12 +61,11 @@ from ratewarden.integrations._lifecycle import NO_RESULT, settlement
 from ratewarden.integrations._model_calls import (
     FAILED,
     estimate_tokens,
-    model_request,
     usage_settlement,
 )
 from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
-from ratewarden.wire.names import check_request
+from ratewarden.wire.names import check_request, model_check_request
 
 log = logging.getLogger("ratewarden.integrations.hermes")
 
@@ -157,11 +156,11 @@ class RatewardenPlugin:
         texts = _texts(_get(request, "messages") or _get(request, "input"))
         system = _get(request, "system")
         texts.extend(_texts(system) if isinstance(system, list) else [str(system or "")])
-        return model_request(
-            user,
-            model,
-            min(estimate_tokens(texts), vocabulary.MAX_TOKENS),
-            limit,
+        return model_check_request(
+            user=user,
+            model=model,
+            input_tokens=min(estimate_tokens(texts), vocabulary.MAX_TOKENS),
+            max_output_tokens=limit,
             session=str(context.get("session_id") or "") or None,
             call_id=vocabulary.call_id(HOST, context.get("api_request_id")),
         )

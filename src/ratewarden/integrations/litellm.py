@@ -49,12 +49,11 @@ from ratewarden.integrations._async import LoopGuards
 from ratewarden.integrations._model_calls import (
     FAILED,
     estimate_tokens,
-    model_request,
     usage_settlement,
 )
 from ratewarden.vocabulary import MAX_TOKENS
 from ratewarden.wire.bodies import CheckResponse
-from ratewarden.wire.names import subject
+from ratewarden.wire.names import model_check_request, subject
 
 try:
     from litellm.integrations.custom_logger import (  # type: ignore[import-not-found,unused-ignore]
@@ -159,11 +158,11 @@ class RatewardenCallback(CustomLogger):  # type: ignore[misc,valid-type,unused-i
         guard = self._guards.get()
         model = underlying_model(data.get("model"))
         call_id = vocabulary.call_id(HOST, data.get("litellm_call_id"))
-        request = model_request(
-            self.user_of(user_api_key_dict, data),
-            model,
-            await self._input_tokens(model, data),
-            0 if kind in NO_OUTPUT else max_output_tokens(data),
+        request = model_check_request(
+            user=self.user_of(user_api_key_dict, data),
+            model=model,
+            input_tokens=await self._input_tokens(model, data),
+            max_output_tokens=0 if kind in NO_OUTPUT else max_output_tokens(data),
             team=_subject_or_none(getattr(user_api_key_dict, "team_id", None)),
             call_id=call_id,
         )

@@ -50,12 +50,11 @@ from ratewarden.integrations._lifecycle import NO_RESULT, settlement
 from ratewarden.integrations._model_calls import (
     FAILED,
     estimate_tokens,
-    model_request,
     usage_settlement,
 )
 from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest, ToolMetadata
-from ratewarden.wire.names import check_request
+from ratewarden.wire.names import check_request, model_check_request
 
 try:
     from strands.hooks import (
@@ -163,11 +162,11 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
             if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
                 tokens = estimate_tokens(_texts(agent))
             limit = max_output_tokens(getattr(agent, "model", None))
-            return model_request(  # past the wire's cap: reserved at the cap, not unjudged
-                resolve_user(state, self._user),
-                self.model_name(getattr(agent, "model", None)),
-                min(tokens, vocabulary.MAX_TOKENS),
-                None if limit is None else min(limit, vocabulary.MAX_TOKENS),
+            return model_check_request(  # past the wire's cap: reserved at the cap, not unjudged
+                user=resolve_user(state, self._user),
+                model=self.model_name(getattr(agent, "model", None)),
+                input_tokens=min(tokens, vocabulary.MAX_TOKENS),
+                max_output_tokens=None if limit is None else min(limit, vocabulary.MAX_TOKENS),
                 session=user_from(state, "session_id"),
                 team=user_from(state, "team_id"),
                 call_id=vocabulary.call_id(HOST),
