@@ -50,7 +50,7 @@ from typing import Any
 
 import httpx
 
-from bench.loadgen import Driver, Meter, Offer, Saturate, Tally, open_connections, summary
+from bench.loadgen import Meter, Tally, drive, summary
 from bench.redis_server import free_port, redis_server, wait_for_port
 from bench.workload import ONE_RULE, USERS, server_environment
 
@@ -533,21 +533,7 @@ def envoy_requests(port: int) -> list[bytes]:
 
 async def http_load(args: argparse.Namespace) -> dict[str, Any]:
     """bench/loadgen.py's drivers, with requests that name their user in a header."""
-    requests = envoy_requests(args.port)
-    meter = Meter(dict(args.watch))
-    driver: Driver
-    if args.rate > 0:
-        driver = Offer(requests, args.rate, args.warmup, args.duration, meter)
-    else:
-        driver = Saturate(requests, args.warmup, args.duration, meter)
-    connections = await open_connections(args.host, args.port, args.connections, driver.answered)
-    try:
-        tally = await driver.run(connections)
-    finally:
-        for conn in connections:
-            if conn.transport is not None:
-                conn.transport.close()
-    return summary(tally, args.duration) | {"cpu_s": meter.used}
+    return await drive(envoy_requests(args.port), args)
 
 
 # --- the row ---------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -288,6 +289,12 @@ def summary(tally: Tally, seconds: float) -> dict[str, object]:
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
     bodies = [line.encode() for line in Path(args.bodies).read_text().splitlines() if line]
     requests = build_requests(args.host, args.port, args.path, bodies, args.token)
+    return await drive(requests, args)
+
+
+async def drive(requests: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
+    """`requests` offered at `args.rate` (0: saturated) over `args.connections`, for
+    `args.duration` after `args.warmup`: the summary, and the watched processes' CPU."""
     meter = Meter(dict(args.watch))
     driver: Driver
     if args.rate > 0:
