@@ -37,7 +37,6 @@ import json
 import os
 import selectors
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from typing import Any
 import httpx
 
 from bench.loadgen import Meter, Tally, drive, summary
-from bench.redis_server import free_port, redis_server, wait_for_port
+from bench.redis_server import free_port, redis_server, stop_group, wait_for_port
 from bench.workload import ONE_RULE, USERS, server_environment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,13 +118,7 @@ def started(command: list[str], log: Path, ports: Sequence[int]) -> Iterator[int
                 raise RuntimeError(f"{command[0]} exited: {log.read_text(errors='replace')}")
         yield process.pid
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process)
 
 
 def daemon_command(p: Plan, http_port: int, grpc_port: int) -> list[str]:

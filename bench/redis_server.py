@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -55,3 +57,15 @@ def wait_for_port(port: int, timeout: float = 20.0) -> None:
             return
         time.sleep(0.05)
     raise RuntimeError(f"nothing listening on port {port} after {timeout} s")
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to `process`'s group (a server and the workers it forked), SIGKILL if it
+    has not exited within 15 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

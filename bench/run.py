@@ -42,7 +42,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -74,7 +73,7 @@ from bench.models import measure_models
 from bench.models import report as models_report
 from bench.peers import run_peers
 from bench.procstat import busy_cores, cpu_times
-from bench.redis_server import free_port, redis_server
+from bench.redis_server import free_port, redis_server, stop_group
 from bench.workload import FIVE_RULES, ONE_RULE, USERS, check_calls, server_environment
 from bench.worstbody import Target, measure_worst
 from bench.worstbody import policy as worst_body_policy
@@ -189,13 +188,7 @@ def running(server: Server, port: int, workdir: Path) -> Iterator[int]:
         wait_until_answering(port, process)
         yield process.pid
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process)
         log.close()
 
 
