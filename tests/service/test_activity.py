@@ -308,6 +308,7 @@ def test_a_noisy_user_pushes_out_no_one_else(
     assert len(noisy) == 1000  # its own list and the shared one, together
 
 
+@pytest.mark.slow  # 12 000 users through a real daemon
 @pytest.mark.timeout(300)
 def test_ten_thousand_users_keep_every_key_within_its_cap(
     fleet: tuple[Daemon, Daemon], redis_server: RedisServer

@@ -10,7 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers.daemon import clean_environment
+
+pytestmark = pytest.mark.slow  # a process started per check
 
 # Runs `ratewarden` with grpc and the stubs unimportable, as where the extra is missing.
 WITHOUT_EXTRA = """

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ratewarden.service.webhooks import verify
@@ -302,6 +303,7 @@ def test_the_settings_webhook_and_a_reloaded_section_both_post(
             )
 
 
+@pytest.mark.slow  # two daemons raced
 def test_concurrent_calls_on_both_daemons_still_tell_each_crossing_once(
     tmp_path: Path, redis_url: str
 ) -> None:

@@ -25,6 +25,8 @@ from tests.helpers.daemon import Daemon, running_daemon
 from tests.helpers.races import race
 from tests.helpers.redis_server import free_port, running_redis
 
+pytestmark = pytest.mark.slow  # daemons and processes started per test
+
 POLICY = """\
 version: 1
 defaults: {fail: closed}

@@ -163,6 +163,7 @@ async def race_checks(url: str, user: str, tool: str, count: int) -> list[tuple[
     return [(a.json()["decision"], a.json()["degraded"]) for a in answers]
 
 
+@pytest.mark.slow  # two processes raced
 async def test_two_processes_admit_exactly_twice_the_limit_and_the_budget(
     tmp_path: Path,
 ) -> None:

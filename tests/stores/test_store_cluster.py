@@ -607,6 +607,7 @@ async def store(
 globals().update(store_tests("cluster"))
 
 
+@pytest.mark.slow  # waits out a give-back's 20 s on a real cluster
 async def test_close_stops_a_give_back_that_outlives_its_wait(
     make_cluster_store: Callable[..., ClusterStore], clock: FakeClock
 ) -> None:
