@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any, Literal, NamedTuple, get_args
 
@@ -71,6 +71,16 @@ COUNTED_KINDS = (RuleKind.RATE, RuleKind.CONCURRENCY, RuleKind.BUDGET)
 ACCESS_ANSWERS = ("deny", "ask")
 # What an allowed call holds until it is settled (or its lease or reservation expires).
 HOLDING_KINDS = frozenset({RuleKind.CONCURRENCY, RuleKind.BUDGET})
+
+
+def holds_until_settled(send_result: bool, limits: Iterable[Any]) -> bool:
+    """Whether an allowed call holds something until its settle: a concurrency slot or
+    budget money, a token rate waiting for its usage (each limit's `kind` and `tokens`),
+    or a loop count waiting for the tool's result (`send_result`). The wire's
+    CheckResponse.holds and the Envoy services' settle-at-once both ask this."""
+    return send_result or any(limit.kind in HOLDING_KINDS or limit.tokens for limit in limits)
+
+
 # A verdict's kind when no rule could be asked: the store was down and a fail mode refused.
 UNAVAILABLE = "unavailable"
 # The default budget refusal while calls in flight hold part of the budget.

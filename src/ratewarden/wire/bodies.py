@@ -27,7 +27,6 @@ from pydantic_core import PydanticCustomError, PydanticSerializationError, to_js
 
 from ratewarden.arguments import MAX_CUT, MAX_CUT_PATH, WHOLE_ARGS, ArgPath
 from ratewarden.vocabulary import (
-    HOLDING_KINDS,
     MAX_CALL_ID,
     MAX_NAME,
     MAX_TAG,
@@ -38,6 +37,7 @@ from ratewarden.vocabulary import (
     CallKind,
     DecisionName,
     SettledOutcome,
+    holds_until_settled,
     readable,
 )
 from ratewarden.vocabulary import SETTLE_PATH as VOCABULARY_SETTLE_PATH
@@ -333,10 +333,7 @@ class CheckResponse(BaseModel):
         A degraded answer may: the daemon counts fail-open rules in its own process while
         the store is down, and frees the slot at the settle. A client's own fail-open
         answer (no daemon) lists no limits, so it holds nothing."""
-        return self.allowed and (
-            self.send_result
-            or any(limit.kind in HOLDING_KINDS or limit.tokens for limit in self.limits)
-        )
+        return self.allowed and holds_until_settled(self.send_result, self.limits)
 
 
 class BatchResponse(BaseModel):

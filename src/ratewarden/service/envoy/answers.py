@@ -75,7 +75,7 @@ def _describe(status: RateLimitResponse.DescriptorStatus, verdict: Verdict) -> N
         )
     if isinstance(verdict.remaining, int):
         status.limit_remaining = max(verdict.remaining, 0)
-    wait = verdict.retry_after or verdict.reset_after  # an admitted call: 0.0, not None
+    wait = _wait(verdict)
     status.duration_until_reset.FromMilliseconds(int(wait * 1000))
 
 
@@ -94,11 +94,17 @@ def ratelimit_refusal(why: str, descriptors: int) -> RateLimitResponse:
     return answer
 
 
+def _wait(verdict: Verdict) -> float:
+    """Seconds until the limit resets: a refusal's wait, else its window's end (an
+    admitted verdict's retry_after is 0.0, not None)."""
+    return verdict.retry_after or verdict.reset_after
+
+
 def _ratelimit_headers(verdict: Verdict) -> list[tuple[str, str]]:
     """The draft RFC's headers (as envoyproxy/ratelimit sends them) for a counted limit."""
     if not isinstance(verdict.limit, int) or not isinstance(verdict.remaining, int):
         return []  # money: the sentence says it
-    wait = verdict.retry_after or verdict.reset_after  # an admitted call: 0.0, not None
+    wait = _wait(verdict)
     return [
         ("x-ratelimit-limit", str(verdict.limit)),
         ("x-ratelimit-remaining", str(max(verdict.remaining, 0))),

@@ -37,7 +37,7 @@ from ratewarden.service.envoy import answers, calls
 from ratewarden.service.envoy.calls import Refused
 from ratewarden.service.settings import Settings
 from ratewarden.store import StoreError
-from ratewarden.vocabulary import HOLDING_KINDS, CallKind, shown
+from ratewarden.vocabulary import CallKind, holds_until_settled, shown
 from ratewarden.wire.bodies import CheckRequest, ModelUsage
 
 log = logging.getLogger("ratewarden.envoy")
@@ -168,7 +168,11 @@ class Decider:
             decision = await routes.decide(self.app, body)
         except CallIdConflict as exc:
             raise Refused(str(exc), "ALREADY_EXISTS", 409) from None
-        if decision.allowed and not decision.replayed and _holds(decision):
+        if (
+            decision.allowed
+            and not decision.replayed
+            and holds_until_settled(decision.send_result, decision.limits)
+        ):
             await self._settle(decision, body)
         return decision
 
@@ -185,11 +189,6 @@ class Decider:
             log.warning("envoy: call %s not settled (%s)", decision.call_id, exc)
             return
         routes.observer_of(self.app).settled(settled, engine.policy)
-
-
-def _holds(decision: Decision) -> bool:
-    """CheckResponse.holds, on the engine's decision."""
-    return decision.send_result or any(v.kind in HOLDING_KINDS or v.tokens for v in decision.limits)
 
 
 async def _failed(
