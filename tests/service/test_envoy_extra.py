@@ -16,12 +16,12 @@ from tests.helpers.daemon import clean_environment
 
 pytestmark = pytest.mark.slow  # a process started per check
 
-# Runs `ratewarden` with grpc and the stubs unimportable, as where the extra is missing.
+# Runs `ratewarden` with the stubs, grpcio and hpack unimportable, as without the extra.
 WITHOUT_EXTRA = """
 import sys
 class Missing:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("grpc", "envoy"):
+        if name.split(".")[0] in ("grpc", "envoy", "hpack"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 sys.meta_path.insert(0, Missing())
@@ -49,7 +49,7 @@ def test_a_daemon_without_the_port_loads_no_grpc() -> None:
         env=clean_environment(RATEWARDEN_STATE_FILE="off"),
     )  # fmt: skip
     loaded = {name.split(".")[0] for name in json.loads(found.stdout.splitlines()[-1])}
-    assert {"grpc", "envoy"} & loaded == set()
+    assert {"grpc", "envoy", "hpack"} & loaded == set()
 
 
 def test_the_port_without_the_extra_is_refused_at_start(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The gRPC listener: Envoy's RateLimitService and Authorization, served by the daemon.
+"""The gRPC listener: Envoy's RateLimitService and Authorization, served by the daemon
+on its own event loop (http/grpc.py carries the calls; the messages are xds-protos').
 
 Each RPC is authenticated like an HTTP request (a bearer token in the gRPC metadata,
 Envoy's `initial_metadata`; with no token configured, loopback peers only), turned into
@@ -20,17 +21,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-import grpc
-from envoy.service.auth.v3 import external_auth_pb2_grpc as authz_grpc
+from envoy.service.auth.v3 import external_auth_pb2
 from envoy.service.auth.v3.external_auth_pb2 import CheckRequest as AuthzRequest
-from envoy.service.auth.v3.external_auth_pb2 import CheckResponse as AuthzResponse
-from envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
-from envoy.service.ratelimit.v3.rls_pb2 import RateLimitRequest, RateLimitResponse
+from envoy.service.ratelimit.v3 import rls_pb2
+from envoy.service.ratelimit.v3.rls_pb2 import RateLimitRequest
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import DecodeError, Message
 
 from ratewarden.engine import CallIdConflict, Decision
+from ratewarden.http.connections import ConnectionGate, connection_limits
+from ratewarden.http.grpc import Call, GrpcError, Status, UnaryServer
 from ratewarden.service import routes
 from ratewarden.service.auth import ANYONE, ApiRole, Caller, Tokens, is_loopback
 from ratewarden.service.envoy import answers, calls
@@ -41,9 +43,7 @@ from ratewarden.vocabulary import CallKind, holds_until_settled, shown
 from ratewarden.wire.bodies import CheckRequest, ModelUsage
 
 log = logging.getLogger("ratewarden.envoy")
-Answer = TypeVar("Answer")
 LOG_EVERY_S = 10.0  # one refusal line per method and status this often, at most
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default, said aloud: a body Envoy sends
 
 
 class Unauthorized(Exception):
@@ -62,16 +62,15 @@ class Gate:
         self.tokens = tokens
         self.insecure = insecure
 
-    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
+    def caller(self, call: Call) -> Caller:
         if not self.tokens.enabled:
-            if self.insecure or is_loopback(_peer_host(context.peer())):
+            if self.insecure or is_loopback(call.peer):
                 return ANYONE
             raise Unauthorized(
                 "auth is off (no tokens configured), so only loopback peers are served",
                 "PERMISSION_DENIED",
             )
-        presented = dict(context.invocation_metadata() or ()).get("authorization", "")
-        scheme, _, token = str(presented).partition(" ")
+        scheme, _, token = call.metadata.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("send a token: `authorization: Bearer <token>`", "UNAUTHENTICATED")
         role, _, caller = self.tokens.identify(token.encode())
@@ -80,16 +79,6 @@ class Gate:
         if not role & ApiRole.DECIDE:
             raise Unauthorized("this needs a check or admin token", "PERMISSION_DENIED")
         return caller
-
-
-def _peer_host(peer: str) -> str:
-    """`ipv4:127.0.0.1:5000` -> `127.0.0.1`, `ipv6:[::1]:5000` -> `::1`; else ``."""
-    kind, _, address = peer.partition(":")
-    if kind == "ipv4":
-        return address.rpartition(":")[0]
-    if kind == "ipv6":
-        return address.rpartition(":")[0].strip("[]")
-    return ""
 
 
 def vouched(caller: Caller, body: CheckRequest, where: str) -> CheckRequest:
@@ -144,10 +133,9 @@ class Decider:
     async def serve(
         self,
         method: str,
-        context: grpc.aio.ServicerContext,
-        answer: Callable[[], Awaitable[Answer]],
-        refuse: Callable[[Refused], Answer],
-    ) -> Answer:
+        answer: Callable[[], Awaitable[Message]],
+        refuse: Callable[[Refused], Message],
+    ) -> bytes:
         """`answer()`, counted; a request naming no call refused in the protocol by
         `refuse` (calls.Refused says why not as an error), logged and counted by the
         status it stands for; Envoy's credential refused, or a bug, a gRPC status."""
@@ -156,12 +144,23 @@ class Decider:
         except Refused as exc:
             self.logged.refused(method, exc)
             self.answered(method, exc.code)
-            return refuse(exc)
+            return bytes(refuse(exc).SerializeToString())
         except Exception as exc:  # answered, and logged with its traceback
-            await _failed(self, context, method, exc)
-            raise  # not reached: abort raises
+            raise self._failed(method, exc) from None
         self.answered(method)
-        return found
+        return bytes(found.SerializeToString())
+
+    def _failed(self, method: str, exc: Exception) -> GrpcError:
+        """Envoy's credential refused, or an unexpected error (logged with its traceback,
+        never the listener's end): a gRPC status, which Envoy answers by its failure mode."""
+        if isinstance(exc, Unauthorized):
+            status, message = Status[exc.code], str(exc)
+            self.logged.refused(method, exc)
+        else:
+            status, message = Status.INTERNAL, "ratewarden could not decide: see its log"
+            log.exception("envoy %s failed", method)
+        self.answered(method, status.name)
+        return GrpcError(status, message)
 
     async def decide(self, body: CheckRequest) -> Decision:
         try:
@@ -191,41 +190,37 @@ class Decider:
         routes.observer_of(self.app).settled(settled, engine.policy)
 
 
-async def _failed(
-    decider: Decider, context: grpc.aio.ServicerContext, method: str, exc: Exception
-) -> None:
-    """Envoy's credential refused, or an unexpected error (logged with its traceback, never
-    the listener's end): a gRPC status, which Envoy answers by its failure mode."""
-    if isinstance(exc, Unauthorized):
-        code, message = exc.code, str(exc)
-        decider.logged.refused(method, exc)
-    else:
-        code, message = "INTERNAL", "ratewarden could not decide: see its log"
-        log.exception("envoy %s failed", method)
-    decider.answered(method, code)
-    await context.abort(grpc.StatusCode[code], message)
+def _parsed(kind: type[Any], call: Call) -> Any:
+    """The call's message as `kind`; one that is not is refused in the protocol."""
+    try:
+        return kind.FromString(call.message)
+    except DecodeError:
+        raise Refused(f"the request is not a {kind.__name__}") from None
 
 
-class RateLimitService(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc]
+class RateLimitService:
+    """`ShouldRateLimit`: the request's descriptors as one call (calls.from_descriptors)."""
+
     def __init__(self, decider: Decider) -> None:
         self.decider = decider
 
-    async def ShouldRateLimit(  # noqa: N802 (the protocol's name)
-        self, request: RateLimitRequest, context: grpc.aio.ServicerContext
-    ) -> RateLimitResponse:
-        descriptors = len(request.descriptors)
+    async def should_rate_limit(self, call: Call) -> bytes:
+        descriptors = 0
 
-        async def answer() -> RateLimitResponse:
-            caller = self.decider.gate.caller(context)
+        async def answer() -> Message:
+            nonlocal descriptors
+            request = _parsed(RateLimitRequest, call)
+            descriptors = len(request.descriptors)
+            caller = self.decider.gate.caller(call)
             asked = calls.from_descriptors(request.domain, _entries(request), _hits(request))
             body = vouched(caller, asked, "descriptor entry 'user'")
             decision = await self.decider.decide(body)
             return answers.ratelimit_response(decision, descriptors)
 
-        def refuse(exc: Refused) -> RateLimitResponse:
+        def refuse(exc: Refused) -> Message:
             return answers.ratelimit_refusal(str(exc), descriptors)
 
-        return await self.decider.serve("ShouldRateLimit", context, answer, refuse)
+        return await self.decider.serve("ShouldRateLimit", answer, refuse)
 
 
 def _entries(request: RateLimitRequest) -> list[list[tuple[str, str]]]:
@@ -238,16 +233,17 @@ def _hits(request: RateLimitRequest) -> int:
     return int(max([request.hits_addend, *given]))
 
 
-class AuthorizationService(authz_grpc.AuthorizationServicer):  # type: ignore[misc]
+class AuthorizationService:
+    """`Check`: the request Envoy would pass upstream, as a call (calls.from_authorization)."""
+
     def __init__(self, decider: Decider, user_header: str) -> None:
         self.decider = decider
         self.user_header = user_header
 
-    async def Check(  # noqa: N802 (the protocol's name)
-        self, request: AuthzRequest, context: grpc.aio.ServicerContext
-    ) -> AuthzResponse:
-        async def answer() -> AuthzResponse:
-            caller = self.decider.gate.caller(context)
+    async def check(self, call: Call) -> bytes:
+        async def answer() -> Message:
+            request = _parsed(AuthzRequest, call)
+            caller = self.decider.gate.caller(call)
             asked = self._call(request.attributes)
             if asked is None:
                 return answers.ALLOWED  # an MCP route's request that calls no tool
@@ -255,10 +251,10 @@ class AuthorizationService(authz_grpc.AuthorizationServicer):  # type: ignore[mi
             vouched_for = vouched(caller, body, f"header {self.user_header!r}")
             return answers.authorization_response(await self.decider.decide(vouched_for), mcp)
 
-        def refuse(exc: Refused) -> AuthzResponse:
+        def refuse(exc: Refused) -> Message:
             return answers.authorization_refusal(str(exc), exc.status)
 
-        return await self.decider.serve("Check", context, answer, refuse)
+        return await self.decider.serve("Check", answer, refuse)
 
     def _call(self, attributes: Any) -> tuple[CheckRequest, calls.McpCall | None] | None:
         http = attributes.request.http
@@ -273,21 +269,22 @@ class AuthorizationService(authz_grpc.AuthorizationServicer):  # type: ignore[mi
         )
 
 
-def build(app: Any, settings: Settings) -> grpc.aio.Server:
-    """The listener, both services on it, bound to `settings.host`:`grpc_port` (several
-    workers share the port: gRPC sets SO_REUSEPORT)."""
+def _path(module: Any, service: str, method: str) -> str:
+    """A method's HTTP/2 path, `/package.Service/Method`, as the stubs name it."""
+    found = module.DESCRIPTOR.services_by_name[service].methods_by_name[method]
+    return f"/{found.containing_service.full_name}/{found.name}"
+
+
+def build(app: Any, settings: Settings) -> UnaryServer:
+    """The listener with both services, not yet listening (`start` binds it); its
+    connections capped and timed as the HTTP listener's are."""
     tokens: Tokens = app.state.tokens
     decider = Decider(app, Gate(tokens, settings.insecure_no_auth))
-    server = grpc.aio.server(
-        options=[
-            ("grpc.so_reuseport", int(settings.workers > 1)),  # else a busy port is an error
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ]
-    )
-    rls_grpc.add_RateLimitServiceServicer_to_server(RateLimitService(decider), server)
-    authz_grpc.add_AuthorizationServicer_to_server(
-        AuthorizationService(decider, settings.envoy_user_header), server
-    )
-    address = f"[{settings.host}]" if ":" in settings.host else settings.host
-    server.add_insecure_port(f"{address}:{settings.grpc_port}")
-    return server
+    limits, _ = connection_limits(settings)  # a lowered cap is warned of by the HTTP side
+    rate_limit = RateLimitService(decider)
+    authorization = AuthorizationService(decider, settings.envoy_user_header)
+    methods = {
+        _path(rls_pb2, "RateLimitService", "ShouldRateLimit"): rate_limit.should_rate_limit,
+        _path(external_auth_pb2, "Authorization", "Check"): authorization.check,
+    }
+    return UnaryServer(methods, ConnectionGate(limits))
