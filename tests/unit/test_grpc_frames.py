@@ -16,6 +16,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+import hpack
 import pytest
 
 from ratewarden.http import grpc
@@ -60,11 +61,13 @@ class Handlers:
 
 
 @asynccontextmanager
-async def listening(max_connections: int = 64) -> AsyncIterator[tuple[int, Handlers, UnaryServer]]:
+async def listening(
+    max_connections: int = 64, timeout_s: float = TIMEOUT_S
+) -> AsyncIterator[tuple[int, Handlers, UnaryServer]]:
     handlers = Handlers()
     methods = {ECHO: handlers.echo, SLOW: handlers.slow, BROKEN: handlers.broken,
                REFUSING: handlers.refusing}  # fmt: skip
-    server = UnaryServer(methods, ConnectionGate(ConnectionLimits(TIMEOUT_S, max_connections)))
+    server = UnaryServer(methods, ConnectionGate(ConnectionLimits(timeout_s, max_connections)))
     port = free_port()
     await server.start("127.0.0.1", port, reuse_port=False)
     try:
@@ -322,6 +325,11 @@ def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
         (frame(1, 4, 2, b"\x82"), grpc.H2Error.PROTOCOL_ERROR),  # an even stream id
         (frame(0, 1, 5, b"x"), grpc.H2Error.PROTOCOL_ERROR),  # DATA on a stream never opened
         (frame(1, 4, 1, b"\xff\xff\xff\xff"), grpc.H2Error.COMPRESSION_ERROR),  # bad HPACK
+        # An HPACK bomb: 4 KB indexed once, then named 20 times in a byte each (80 KB).
+        (
+            frame(1, 4, 1, b"\x40\x05x-big\x7f\xa1\x1e" + b"a" * 4000 + b"\xbe" * 20),
+            grpc.H2Error.COMPRESSION_ERROR,
+        ),
         # A CONTINUATION flood: a header block that never ends.
         (frame(1, 0, 1) + frame(9, 0, 1, b"\x00" * 16_000) * 5, grpc.H2Error.ENHANCE_YOUR_CALM),
         (frame(1, 0, 1, b"") + frame(6, 0, 0, b"\x00" * 8), grpc.H2Error.PROTOCOL_ERROR),
@@ -426,3 +434,35 @@ async def test_a_ping_is_answered_and_stop_lets_calls_in_flight_end() -> None:
         assert sent[2] == (0, 0, stream, framed(b"last"))
         assert sent[3][1] & 1  # the trailers end the stream
         await stopping
+
+
+@pytest.mark.slow  # about 8 s: megabytes of PINGs until the socket stalls
+async def test_a_peer_that_reads_no_answers_is_read_no_further() -> None:
+    """PINGs sent without reading a single answer: once the server's answers back up, it
+    stops reading (its send buffer stays bounded) and the peer's writes stall; once the
+    peer reads, the server reads on, and a call sent after the PINGs is answered."""
+    async with listening(timeout_s=5.0) as (port, _, _):
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        reader, writer = await raw(port, grpc.PREFACE + frame(4, 0, 0))
+        pings = frame(6, 0, 0, b"p" * 8) * 10_000  # 170 KB of PINGs, 170 KB of answers
+        stalled = None
+        for _ in range(200):  # at most 34 MB
+            writer.write(pings)
+            try:
+                await asyncio.wait_for(writer.drain(), 0.3)
+            except TimeoutError:
+                stalled = loop.time() - began
+                break
+        assert stalled is not None, "the server read 34 MB of PINGs nobody read answers to"
+        fields = [(":method", "POST"), (":scheme", "http"), (":path", ECHO),
+                  ("content-type", "application/grpc")]  # fmt: skip
+        block = hpack.Encoder().encode(fields, huffman=False)
+        writer.write(frame(1, 4, 1, block) + frame(0, 1, 1, framed(b"after")))
+        received = bytearray()
+
+        async def answered() -> None:
+            while (0, 0, 1, framed(b"after")) not in frames_of(bytes(received)):
+                received.extend(await reader.read(1 << 20))
+
+        await asyncio.wait_for(answered(), 30)
