@@ -191,6 +191,7 @@ class Stream:
     received: int = 0  # flow-controlled bytes, given back to the window once answered
     receiving: bool = True
     running: bool = False  # its handler runs: the stream is kept until it ends
+    task: asyncio.Task[None] | None = None  # the handler's (the loop keeps only a weak one)
     reset: bool = False  # by the peer: the answer is not sent
     unsent: bytes = b""  # DATA payload the windows held back, then its trailers
     trailers: bytes = b""
@@ -495,7 +496,7 @@ class _Connection(asyncio.Protocol):
         call = Call(bytes(body[5:]), stream.metadata, self.peer)
         stream.body = bytearray()
         stream.running = True
-        asyncio.get_running_loop().create_task(self._run(stream, stream.method, call))
+        stream.task = asyncio.get_running_loop().create_task(self._run(stream, stream.method, call))
 
     async def _run(self, stream: Stream, method: Unary, call: Call) -> None:
         try:
