@@ -518,15 +518,20 @@ def test_the_http_api_is_unchanged_and_the_listener_is_off_by_default(tmp_path: 
         assert answer.json()["decision"] == "allow"
 
 
+def answers_counted(daemon: Daemon, method: str, code: str) -> float:
+    """ratewarden_grpc_answers_total{method, code}, as /metrics says it now."""
+    with httpx.Client(trust_env=False, timeout=10) as http:
+        text = http.get(f"{daemon.url}/metrics").text
+    series = f'ratewarden_grpc_answers_total{{code="{code}",method="{method}"}} '
+    lines = [line for line in text.splitlines() if line.startswith(series)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
 def test_every_answer_is_counted_by_method_and_status(
     daemon: tuple[Daemon, int], channel: grpc.Channel
 ) -> None:
     def counted(method: str, code: str) -> float:
-        with httpx.Client(trust_env=False, timeout=10) as http:
-            text = http.get(f"{daemon[0].url}/metrics").text
-        series = f'ratewarden_grpc_answers_total{{code="{code}",method="{method}"}} '
-        lines = [line for line in text.splitlines() if line.startswith(series)]
-        return float(lines[0].split()[-1]) if lines else 0.0
+        return answers_counted(daemon[0], method, code)
 
     before = {k: counted(*k) for k in [("ShouldRateLimit", "OK"), ("ShouldRateLimit",
               "INVALID_ARGUMENT"), ("Check", "OK"), ("Check", "UNAUTHENTICATED")]}  # fmt: skip
@@ -550,3 +555,38 @@ def test_raw_headers_are_read_too(channel: grpc.Channel) -> None:
     status, body = denied(answer)
     assert status == 403
     assert body["message"] == "Approval needed: Deploys need a human's approval"
+
+
+@pytest.mark.parametrize(
+    ("method", "kind"),
+    [("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", "RateLimitRequest"),
+     ("/envoy.service.auth.v3.Authorization/Check", "CheckRequest")],
+)  # fmt: skip
+def test_a_message_that_is_not_the_protocols_is_refused_in_it(
+    daemon: tuple[Daemon, int], channel: grpc.Channel, method: str, kind: str
+) -> None:
+    """Bytes that do not parse as the method's message: refused in the protocol (so
+    Envoy's failure mode cannot let them through), counted as INVALID_ARGUMENT (and
+    logged, at most once per 10 s: RefusalLog), and the listener goes on."""
+    named = method.rpartition("/")[2]
+    before = answers_counted(daemon[0], named, "INVALID_ARGUMENT")
+    raw = channel.unary_unary(method)  # bytes in, bytes out
+    metadata = (("authorization", f"Bearer {SERVICE}"),)
+    answer = raw(b"\xff\xff\xff\xff", metadata=metadata, timeout=10)
+    if kind == "RateLimitRequest":
+        refusal = rls_pb2.RateLimitResponse.FromString(answer)
+        assert refusal.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
+        said = refusal.raw_body.decode()
+    else:
+        status, body = denied(authz.CheckResponse.FromString(answer))
+        assert status == 400
+        said = body["message"]
+    assert said.endswith(f"the request is not a {kind}")
+    assert answers_counted(daemon[0], named, "INVALID_ARGUMENT") == before + 1
+    assert should(channel, descriptor(user="after-junk", tool="terminal")).overall_code == (
+        rls_pb2.RateLimitResponse.OK)  # fmt: skip
+
+
+def test_a_method_the_listener_does_not_serve_is_unimplemented(channel: grpc.Channel) -> None:
+    unknown = channel.unary_unary("/envoy.service.ratelimit.v2.RateLimitService/ShouldRateLimit")
+    assert refused(lambda: unknown(b"", timeout=10)).code() == grpc.StatusCode.UNIMPLEMENTED

@@ -170,3 +170,24 @@ def test_the_listener_on_a_busy_port_stops_the_start_saying_so(tmp_path: Path) -
         with pytest.raises(pytest.fail.Exception) as failed:
             stack.enter_context(running_daemon(second, "--grpc-port", str(port)))
         assert f"cannot listen for gRPC on port {port}" in str(failed.value)
+
+
+def test_a_daemons_workers_share_the_grpc_port_and_the_counters(tmp_path: Path) -> None:
+    """`--workers 2`: each worker listens on the gRPC port (SO_REUSEPORT), the kernel
+    spreads new connections over them, and the limit holds exactly across both."""
+    with ExitStack() as stack:
+        redis = stack.enter_context(running_redis(tmp_path / "redis"))
+        (tmp_path / "policy.yaml").write_text(POLICY)
+        port = free_port()
+        flags = ("--policy", "policy.yaml", "--store-url", redis.url, "--workers", "2",
+                 "--grpc-port", str(port))  # fmt: skip
+        daemon = stack.enter_context(running_daemon(tmp_path, *flags))
+        for _ in range(100):  # both workers up: each says so once
+            if daemon.log_text().count(f"on grpc://127.0.0.1:{port}") == 2:
+                break
+            time.sleep(0.1)
+        assert daemon.log_text().count(f"on grpc://127.0.0.1:{port}") == 2
+        outcomes, codes = race(_hammer, ([port, port], "terminal", 0), 4)
+        assert codes == [0, 0, 0, 0]
+        answers = [code for batch in outcomes for code in batch]
+        assert (answers.count(OK), answers.count(OVER)) == (10, 4 * PER_PROCESS - 10)
