@@ -100,3 +100,21 @@ def test_a_model_that_fails_is_settled_as_having_used_nothing(run: Run) -> None:
     assert fails["error"] == "the provider is down"
     assert fails["requests"] == 1
     assert run.report["after_fail"] == [run.report["spent_after_small"], 0]
+
+
+def test_a_stream_closed_half_read_is_charged_its_whole_reservation(run: Run) -> None:
+    """The consumer closed the stream after its first event: the provider may have
+    charged anything up to the reservation, so all of it is charged, nothing held."""
+    half = run.report["half_read"]
+    assert half["seen"][0] != "response.completed"  # closed before the usage was known
+    assert half["reserved_while_streaming"] > 0
+    assert half["charged"] == half["reserved_while_streaming"]
+    assert half["reserved_after"] == 0
+
+
+def test_a_stream_closed_after_its_usage_is_charged_that_usage(run: Run) -> None:
+    done = run.report["closed_after_completion"]
+    assert done["seen"][-1] == "response.completed"
+    assert done["reserved_while_streaming"] > 0
+    assert done["charged"] == price_micros(usage={"input_tokens": 100, "output_tokens": 50})
+    assert done["reserved_after"] == 0

@@ -401,11 +401,13 @@ class RatewardenModel(Model):  # type: ignore[misc,unused-ignore]
                 if getattr(event, "type", None) == "response.completed":
                     usage = usage_counts(getattr(event.response, "usage", None))
                 yield event
-        except Exception:
-            await (call.settle_unknown(CallStatus.ERROR) if heard else call.settle_failed())
-            raise
-        except BaseException:  # closed half-read (GeneratorExit) or cancelled
-            await call.settle_unknown()
+        except BaseException as stopped:  # an error, closed (GeneratorExit) or cancelled
+            if usage is not None:  # after `response.completed`: what it used is known
+                await call.settle(usage)
+            elif not isinstance(stopped, Exception):  # closed half-read: unknown
+                await call.settle_unknown()
+            else:
+                await (call.settle_unknown(CallStatus.ERROR) if heard else call.settle_failed())
             raise
         await call.settle(usage)
 

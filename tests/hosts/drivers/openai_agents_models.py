@@ -20,7 +20,11 @@ cached tokens in `input_tokens_details`), wrapped in `RatewardenModel` (priced a
 - `structured`: `user`'s run with a structured output: refused as the model's refusal
   (`ModelRefusalError`), and with an `error_handlers["model_refusal"]` as the output;
 - `other`: `other`'s streamed run asking for `terminal` once, then answering, its agent's
-  model named (`"gpt-4o"`): `ratewarden_run_config` wraps what the run's provider resolves.
+  model named (`"gpt-4o"`): `ratewarden_run_config` wraps what the run's provider resolves;
+- `half_read`: `user`'s model call streamed from `RatewardenModel` itself and closed after
+  its first event: what it used is unknown, so its whole reservation is charged;
+- `closed_after_completion`: `other`'s, closed right after `response.completed`: its
+  usage is known, so that is what is charged.
 
 The last line of stdout is the JSON report.
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +51,7 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
+from agents.models.interface import ModelTracing
 from agents.testing import ScriptedModel, assistant_message, function_call
 from openai.types.responses.response_usage import (  # type: ignore[import-not-found]
     InputTokensDetails,
@@ -178,6 +184,34 @@ async def run(
     return report
 
 
+async def closed_early(config: dict[str, Any], user: str, after: str | None) -> dict[str, Any]:
+    """`user`'s streamed model call, its stream closed (`aclose`, as a consumer that stops
+    reading) after its first event, or after the event of type `after`: the reservation
+    while it streamed, what the close charged, and what is still held after."""
+    url = config["url"]
+    guard = AsyncGuard(url, fail="closed")
+    usage = {"input_tokens": 100, "output_tokens": 50}
+    scripted = ScriptedModel([[assistant_message("half")]], default_usage=sdk_usage(usage))
+    model = RatewardenModel(scripted, name=config["model"], guard=guard, user=lambda _: user)
+    before = spent(url, user)
+    stream: AsyncGenerator[Any, None] = model.stream_response(  # an async generator
+        None, "Go.", ModelSettings(max_tokens=1000), [], None, [], ModelTracing.DISABLED,
+        previous_response_id=None, conversation_id=None, prompt=None,
+    )  # type: ignore[assignment]  # fmt: skip
+    seen = [getattr(await anext(stream), "type", None)]
+    while after is not None and seen[-1] != after:
+        seen.append(getattr(await anext(stream), "type", None))
+    reserved = spent(url, user, "reserved")
+    await stream.aclose()
+    await guard.aclose()
+    return {
+        "seen": seen,
+        "reserved_while_streaming": reserved,
+        "charged": spent(url, user) - before,
+        "reserved_after": spent(url, user, "reserved"),
+    }
+
+
 async def main(config: dict[str, Any]) -> dict[str, Any]:
     set_tracing_disabled(True)
     url, user, usage = config["url"], config["user"], config["usage"]
@@ -207,6 +241,10 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     other = {"tool_first": True, "streamed": True, "by_name": True}
     report["other"] = await run(config, config["other"], usage, **other)
     report["other_spent"] = spent(url, config["other"])
+    report["half_read"] = await closed_early(config, user, None)
+    report["closed_after_completion"] = await closed_early(
+        config, config["other"], "response.completed"
+    )
     return report
 
 
