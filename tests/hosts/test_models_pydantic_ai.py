@@ -163,3 +163,14 @@ def test_a_model_that_fails_is_settled_as_having_used_nothing(run: Run) -> None:
     assert fails["error"] == "the provider is down"
     assert fails["requests"] == 1
     assert run.report["after_fail"] == [run.report["spent_after_small"], 0]
+
+
+def test_a_stream_given_up_half_read_is_charged_its_whole_reservation(run: Run) -> None:
+    """The consumer gave up after the first chunk: pydantic-ai cancels the request's
+    wrapper, and what the provider used is unknown, so all of the reservation is
+    charged and nothing is left held."""
+    given_up = run.report["abandoned"]
+    assert given_up["chunks"] == ["answer 1"]
+    assert given_up["reserved_while_streaming"] > 0
+    assert given_up["charged"] == given_up["reserved_while_streaming"]
+    assert given_up["reserved_after"] == 0

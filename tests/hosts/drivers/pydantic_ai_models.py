@@ -18,7 +18,10 @@ named `model` that reports `usage` for every answer (pydantic-ai's `RequestUsage
   is left, so it is asked and settled;
 - `fails`: `user`'s run like `small` whose model raises: settled as failed, nothing spent;
 - `structured`: `user`'s run with a structured output, refused (`ModelCallRefused`);
-- `other`: `other`'s run asking for `terminal` once, then answering.
+- `other`: `other`'s run asking for `terminal` once, then answering;
+- `abandoned`: `user`'s streamed run with `max_tokens` 1000, given up (an exception out of
+  `run_stream`) after its first chunk of text: what the provider used is unknown, so the
+  whole reservation is charged.
 
 The model counts the requests it really received; the tool appends a line per run. The
 last line of stdout is the JSON report.
@@ -92,9 +95,45 @@ class Script:
         return ModelResponse(parts=[part], usage=RequestUsage(**self.usage))
 
     async def stream(self, messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
-        """Streamed, the scripted model answers in text (pydantic-ai estimates the usage)."""
+        """Streamed, the scripted model answers in text (pydantic-ai estimates the usage),
+        in three chunks."""
         self.requests += 1
-        yield f"answer {self.requests}"
+        for chunk in (f"answer {self.requests}", " and", " more"):
+            yield chunk
+            await asyncio.sleep(0)
+
+
+class GivenUp(Exception):
+    """The consumer stops reading a stream."""
+
+
+async def abandoned(config: dict[str, Any], user: str) -> dict[str, Any]:
+    """`user`'s streamed run given up after its first chunk: the reservation while it
+    streamed, what giving up charged, and what is still held after."""
+    url = config["url"]
+    script = Script({"input_tokens": 100, "output_tokens": 50})
+    model = FunctionModel(script.respond, stream_function=script.stream, model_name=config["model"])
+    guard = AsyncGuard(url, fail="closed")
+    agent = Agent(model, deps_type=Deps, capabilities=[RatewardenCapability(guard)])
+    before, reserved, chunks = spent(url, user), 0, []
+    try:
+        async with agent.run_stream(
+            "Go.", deps=Deps(user), model_settings={"max_tokens": 1000}
+        ) as stream:
+            async for text in stream.stream_text(delta=True, debounce_by=None):
+                chunks.append(text)
+                reserved = spent(url, user, "reserved")
+                raise GivenUp
+    except GivenUp:
+        pass
+    finally:
+        await guard.aclose()
+    return {
+        "chunks": chunks,
+        "reserved_while_streaming": reserved,
+        "charged": spent(url, user) - before,
+        "reserved_after": spent(url, user, "reserved"),
+    }
 
 
 def spent(url: str, user: str, field: str = "used") -> int:
@@ -177,6 +216,7 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     report["structured"] = await run(config, user, Script(usage), output_type=Verdict)
     report["other"] = await run(config, config["other"], Script(usage, tool_first=True))
     report["other_spent"] = spent(url, config["other"])
+    report["abandoned"] = await abandoned(config, user)
     return report
 
 
