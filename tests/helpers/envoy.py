@@ -87,11 +87,15 @@ class Envoy:
 
 @contextlib.contextmanager
 def running_envoy(
-    binary: Path, template: str, directory: Path, values: Mapping[str, object]
+    binary: Path,
+    template: str,
+    directory: Path,
+    values: Mapping[str, object],
+    concurrency: int = 1,
 ) -> Iterator[Envoy]:
     """Envoy with deploy/envoy/`template` rendered from `values` (LISTEN_PORT and
-    ADMIN_PORT chosen here), once its admin /ready answers 200; stopped when the block
-    ends."""
+    ADMIN_PORT chosen here) and `concurrency` worker threads, once its admin /ready
+    answers 200; stopped when the block ends."""
     directory.mkdir(parents=True, exist_ok=True)
     port, admin = free_port(), free_port()
     config = directory / f"envoy-{port}.yaml"
@@ -100,7 +104,7 @@ def running_envoy(
     command = [
         str(binary), "-c", str(config),
         "--disable-hot-restart",  # no shared memory: several Envoys may run side by side
-        "--concurrency", "1", "--log-level", "info", "--log-path", str(log),
+        "--concurrency", str(concurrency), "--log-level", "info", "--log-path", str(log),
     ]  # fmt: skip
     with (directory / f"envoy-{port}.out").open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)

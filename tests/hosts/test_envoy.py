@@ -20,6 +20,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,6 +72,13 @@ rules:
 """
 
 
+class Backlogged(ThreadingHTTPServer):
+    """The standard library's server takes 5 pending connections; Envoy's workers open
+    more at once in a burst, and the rest were refused (503 through Envoy)."""
+
+    request_queue_size = 128
+
+
 class Upstream:
     """A plain HTTP service (a stdlib server in a thread): answers 200 to anything and
     records the user Envoy vouched for (x-ratewarden-user) of each request it served."""
@@ -90,7 +98,7 @@ class Upstream:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = Backlogged(("127.0.0.1", 0), Handler)
         self.port: int = self.server.server_address[1]
 
     @contextlib.contextmanager
@@ -172,12 +180,17 @@ class Stage:
         return self.stack.enter_context(served), grpc_port
 
     def envoy(self, template: str, grpc_port: int, **values: object) -> Envoy:
+        return self.envoy_of(1, template, grpc_port, **values)
+
+    def envoy_of(self, workers: int, template: str, grpc_port: int, **values: object) -> Envoy:
+        """`envoy` with `workers` worker threads (Envoy's --concurrency)."""
         return self.stack.enter_context(
             running_envoy(
                 self.binary,
                 template,
                 self.work / "envoy",
                 {**template_values(self.issuer, grpc_port), **values},
+                workers,
             )
         )
 
@@ -309,6 +322,33 @@ def test_a_users_eleventh_request_is_429_with_the_sentence_while_another_passes(
     assert stand.upstream.seen.count(alice) == 10
     assert stand.upstream.seen.count(bob) == 1
     assert used(stand.daemon, alice) == 10
+
+
+def test_envoys_workers_each_ask_and_the_limit_holds_exactly(tmp_path: Path) -> None:
+    """Envoy with four worker threads, each with its own HTTP/2 connection to ratewarden:
+    40 requests of one user at once, over connections Envoy spreads over its workers,
+    are allowed exactly 10 times."""
+    with stage(tmp_path) as (scene, upstream, _):
+        daemon, grpc_port = scene.daemon()
+        values = {"UPSTREAM_HOST": "127.0.0.1", "UPSTREAM_PORT": upstream.port,
+                  "FAILURE_MODE_DENY": "true"}  # fmt: skip
+        envoy = scene.envoy_of(4, "ratelimit.yaml", grpc_port, **values)
+        carol = new_user("carol")
+        bearer = {"authorization": f"Bearer {scene.issuer.token(carol)}"}
+        barrier = threading.Barrier(40)
+
+        def ask(_: int) -> int:
+            barrier.wait()
+            with httpx.Client(trust_env=False, timeout=30) as client:  # a connection each
+                return client.get(f"{envoy.url}/run", headers=bearer).status_code
+
+        with ThreadPoolExecutor(40) as pool:
+            codes = list(pool.map(ask, range(40)))
+        assert (codes.count(200), codes.count(429)) == (10, 30), codes
+        assert used(daemon, carol) == 10
+        assert upstream.seen.count(carol) == 10
+        assert envoy.stat("cluster.ratewarden.upstream_cx_total") >= 2  # several workers asked
+        assert envoy.stat("cluster.ratewarden.ratelimit.error") == 0
 
 
 def test_the_user_is_the_jwts_never_a_header_the_client_sends(stand: Stand) -> None:
