@@ -436,6 +436,26 @@ async def test_a_ping_is_answered_and_stop_lets_calls_in_flight_end() -> None:
         await stopping
 
 
+async def test_a_peer_that_shrinks_its_header_table_is_told_so_in_the_next_block() -> None:
+    """RFC 7541 4.2: after SETTINGS_HEADER_TABLE_SIZE changes, the next header block opens
+    with a table size update (nghttp2, Envoy's HTTP/2 library, refuses one without); the
+    server indexes nothing, so it sets the size to 0, once."""
+    async with listening() as (port, _, _):
+        block = hpack.Encoder().encode(
+            [(":method", "POST"), (":scheme", "http"), (":path", ECHO),
+             ("content-type", "application/grpc")], huffman=False)  # fmt: skip
+        call = frame(1, 4, 1, block) + frame(0, 1, 1, framed(b"x"))
+        again = frame(1, 4, 3, block) + frame(0, 1, 3, framed(b"y"))
+        settings = frame(4, 0, 0, (1).to_bytes(2, "big") + (0).to_bytes(4, "big"))
+        reader, _ = await raw(port, grpc.PREFACE + settings + call + again)
+        received = bytearray()
+        while len([f for f in frames_of(bytes(received)) if f[0] == 1 and f[1] & 1]) < 2:
+            received.extend(await reader.read(65536))
+        heads = [p for kind, flags, _, p in frames_of(bytes(received)) if kind == 1]
+        assert heads[0].startswith(b"\x20")  # the first block after the change
+        assert not heads[2].startswith(b"\x20")  # and only it
+
+
 @pytest.mark.slow  # about 8 s: megabytes of PINGs until the socket stalls
 async def test_a_peer_that_reads_no_answers_is_read_no_further() -> None:
     """PINGs sent without reading a single answer: once the server's answers back up, it

@@ -247,6 +247,7 @@ class _Connection(asyncio.Protocol):
         self._window = DEFAULT_WINDOW  # bytes the peer lets us send on the connection
         self._stream_window = DEFAULT_WINDOW  # its initial window for each stream
         self._frame_bytes = DEFAULT_FRAME_BYTES  # the largest frame it accepts
+        self._table_resized = b""  # a table size update owed to its decoder (RFC 7541 4.2)
         self._answered = 0  # request bytes answered, not yet given back to the window
         self._blocked: list[Stream] = []  # answers waiting for window
         self._waiting_since: float | None = None  # since something is left unfinished
@@ -441,6 +442,8 @@ class _Connection(asyncio.Protocol):
                 for stream in self.streams.values():
                     stream.window += value - self._stream_window
                 self._stream_window = value
+            elif key == 1:  # HEADER_TABLE_SIZE: nothing is indexed, but the change must be
+                self._table_resized = b"\x20"  # acknowledged in the next block: size 0
             elif key == 5:  # MAX_FRAME_SIZE
                 if not DEFAULT_FRAME_BYTES <= value <= (1 << 24) - 1:
                     raise ProtocolBroken(H2Error.PROTOCOL_ERROR, "a frame size out of range")
@@ -518,15 +521,15 @@ class _Connection(asyncio.Protocol):
         if stream.reset or self._closing:
             self._done(stream)
             return
+        head, self._table_resized = self._table_resized + RESPONSE_HEAD, b""
         if message is None:
-            block = RESPONSE_HEAD + _trailers(status, why)
+            block = head + _trailers(status, why)
             self._write(_frame(Frame.HEADERS, END_HEADERS | END_STREAM, stream.id, block))
             self._done(stream)
             return
         stream.unsent = b"\x00" + len(message).to_bytes(4, "big") + message
         stream.trailers = OK_TRAILERS if status == Status.OK else _trailers(status, why)
-        head = _frame(Frame.HEADERS, END_HEADERS, stream.id, RESPONSE_HEAD)
-        self._write(head + self._sendable(stream))
+        self._write(_frame(Frame.HEADERS, END_HEADERS, stream.id, head) + self._sendable(stream))
         if stream.unsent:
             self._blocked.append(stream)
 
