@@ -456,24 +456,38 @@ async def test_a_peer_that_shrinks_its_header_table_is_told_so_in_the_next_block
         assert not heads[2].startswith(b"\x20")  # and only it
 
 
+async def stall(writer: asyncio.StreamWriter) -> float | None:
+    """Send PINGs, reading no answer, until the server stops reading (the seconds it
+    took), or None if it read 34 MB of them."""
+    began = asyncio.get_running_loop().time()
+    pings = frame(6, 0, 0, b"p" * 8) * 10_000  # 170 KB of PINGs, 170 KB of answers
+    for _ in range(200):
+        writer.write(pings)
+        try:
+            await asyncio.wait_for(writer.drain(), 0.3)
+        except TimeoutError:
+            return asyncio.get_running_loop().time() - began
+    return None
+
+
+@pytest.mark.slow  # a few seconds: megabytes of PINGs until the socket stalls
+async def test_stopping_does_not_wait_for_a_peer_that_reads_nothing() -> None:
+    async with listening(timeout_s=30.0) as (port, _, server):
+        _, writer = await raw(port, grpc.PREFACE + frame(4, 0, 0))
+        assert await stall(writer) is not None
+        await asyncio.wait_for(server.stop(grace=0.3), 5)
+        await asyncio.sleep(0.1)
+        assert not server.connections  # dropped, its unread answers with it, not left open
+
+
 @pytest.mark.slow  # about 8 s: megabytes of PINGs until the socket stalls
 async def test_a_peer_that_reads_no_answers_is_read_no_further() -> None:
     """PINGs sent without reading a single answer: once the server's answers back up, it
     stops reading (its send buffer stays bounded) and the peer's writes stall; once the
     peer reads, the server reads on, and a call sent after the PINGs is answered."""
     async with listening(timeout_s=5.0) as (port, _, _):
-        loop = asyncio.get_running_loop()
-        began = loop.time()
         reader, writer = await raw(port, grpc.PREFACE + frame(4, 0, 0))
-        pings = frame(6, 0, 0, b"p" * 8) * 10_000  # 170 KB of PINGs, 170 KB of answers
-        stalled = None
-        for _ in range(200):  # at most 34 MB
-            writer.write(pings)
-            try:
-                await asyncio.wait_for(writer.drain(), 0.3)
-            except TimeoutError:
-                stalled = loop.time() - began
-                break
+        stalled = await stall(writer)
         assert stalled is not None, "the server read 34 MB of PINGs nobody read answers to"
         fields = [(":method", "POST"), (":scheme", "http"), (":path", ECHO),
                   ("content-type", "application/grpc")]  # fmt: skip

@@ -215,17 +215,19 @@ class UnaryServer:
 
     async def stop(self, grace: float) -> None:
         """Accept no more; tell every connection to open no more calls (GOAWAY), let
-        calls in flight end for up to `grace` seconds, then close."""
+        calls in flight end for up to `grace` seconds, then drop what is left (a peer
+        that reads nothing would hold a graceful close, and Python 3.12's wait_closed
+        with it, for ever)."""
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):
             connection.go_away(H2Error.NO_ERROR)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        while any(c.streams for c in self.connections) and loop.time() < deadline:
+        while any(c.busy() for c in self.connections) and loop.time() < deadline:
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
-            connection.close()
+            connection.abort()
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -581,6 +583,16 @@ class _Connection(asyncio.Protocol):
         self._write(_frame(Frame.GOAWAY, 0, 0, WORD.pack(self._last_stream) + WORD.pack(code)))
         if not self.streams:
             self.close()
+
+    def busy(self) -> bool:
+        """Calls in flight, or answers not yet written to the socket."""
+        unwritten = self.transport is not None and self.transport.get_write_buffer_size() > 0
+        return bool(self.streams) or unwritten
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self._closing = True
+            self.transport.abort()
 
     def close(self) -> None:
         if self.transport is not None and not self._closing:
