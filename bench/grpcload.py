@@ -7,7 +7,8 @@ took the CPU the daemon needed, and the gRPC / HTTP ratio measured the clients a
 the daemon. Here a call costs a HEADERS and a DATA frame written from bytes built once
 (the header block never indexed, so it is the same bytes on every stream), and its answer
 a read of frames; an answer is OK when its trailers say `grpc-status: 0` and its message
-starts with `ok_prefix`.
+starts with `ok_prefix`. It shares no code with the server it measures (http/grpc.py), so
+a mistake in one cannot hide in the other; hpack decodes what the server sends.
 """
 
 from __future__ import annotations
