@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -22,6 +24,7 @@ import pytest
 from ratewarden.http import grpc
 from ratewarden.http.connections import ConnectionGate, ConnectionLimits
 from ratewarden.http.grpc import Call, GrpcError, Status, UnaryServer
+from tests.helpers.debian import ensure_command
 from tests.helpers.redis_server import free_port
 
 ECHO = "/test.Echo/Echo"
@@ -454,6 +457,28 @@ async def test_a_peer_that_shrinks_its_header_table_is_told_so_in_the_next_block
         heads = [p for kind, flags, _, p in frames_of(bytes(received)) if kind == 1]
         assert heads[0].startswith(b"\x20")  # the first block after the change
         assert not heads[2].startswith(b"\x20")  # and only it
+
+
+@pytest.mark.parametrize("table_size", [4096, 0])
+async def test_nghttp2_reads_every_answer(tmp_path: Path, table_size: int) -> None:
+    """nghttp2, the HTTP/2 library of Envoy's and many gRPC clients, as Debian's `nghttp`
+    (a client in C, installed when missing): a call and its answer, also after it shrinks
+    its header table (without the table size update it ends with COMPRESSION_ERROR)."""
+    nghttp = ensure_command("nghttp", "nghttp2-client")
+    body = tmp_path / "call.bin"
+    body.write_bytes(framed(b"from nghttp2"))
+    async with listening() as (port, _, _):
+        client = await asyncio.create_subprocess_exec(
+            nghttp, "-v", f"--header-table-size={table_size}", "-H", ":method: POST",
+            "-H", "content-type: application/grpc", "-H", "te: trailers", "-d", str(body),
+            f"http://127.0.0.1:{port}{ECHO}",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        said = (await asyncio.wait_for(client.communicate(), 30))[0]
+    assert client.returncode == 0, said
+    assert b"grpc-status: 0" in said
+    assert framed(b"from nghttp2") in said  # the echo, printed as it came
+    assert set(re.findall(rb"error_code=(\w+)", said)) == {b"NO_ERROR"}  # its own GOAWAY
 
 
 async def stall(writer: asyncio.StreamWriter) -> float | None:
