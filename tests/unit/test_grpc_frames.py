@@ -383,6 +383,43 @@ async def test_an_idle_connection_with_nothing_unfinished_stays_open() -> None:
         assert (await peer.call(ECHO, framed(b"y")))["data"] == framed(b"y")
 
 
+async def test_a_connection_idle_past_the_idle_limit_is_told_goaway_and_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A peer gone without a FIN looks like one that sends nothing: after IDLE_S without
+    a read or a call in flight, a first GOAWAY (any call already sent is still served),
+    then the last one and the socket closes; one that keeps calling is never idle."""
+    monkeypatch.setattr(grpc, "IDLE_S", TIMEOUT_S * 3)
+    async with listening() as (port, _, server):
+        idle = await Peer.open(port)
+        busy = await Peer.open(port)
+        await idle.call(ECHO, framed(b"once"))
+        for _ in range(12):  # 2.4 s: past the idle limit of 1.5 s
+            assert (await busy.call(ECHO, framed(b"again")))["data"] == framed(b"again")
+            await asyncio.sleep(TIMEOUT_S / 2.5)
+        goaways = [(p[:4], p[4:8]) for k, _, _, p in frames_of(await closed_by_server(idle.reader))
+                   if k == 7]  # fmt: skip
+        assert goaways == [(b"\x7f\xff\xff\xff", bytes(4)), ((1).to_bytes(4, "big"), bytes(4))]
+        assert len(server.connections) == 1  # the busy one
+
+
+async def test_a_call_sent_as_the_idle_goaway_crosses_it_is_still_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(grpc, "IDLE_S", TIMEOUT_S)
+    async with listening() as (port, _, _):
+        reader, writer = await raw(port, grpc.PREFACE + frame(4, 0, 0))
+        received = bytearray()
+        while not any(f[0] == 7 for f in frames_of(bytes(received))):  # the first GOAWAY
+            received.extend(await reader.read(65536))
+        block = hpack.Encoder().encode(
+            [(":method", "POST"), (":scheme", "http"), (":path", ECHO),
+             ("content-type", "application/grpc")], huffman=False)  # fmt: skip
+        writer.write(frame(1, 4, 1, block) + frame(0, 1, 1, framed(b"late")))
+        received.extend(await closed_by_server(reader))
+        assert (0, 0, 1, framed(b"late")) in frames_of(bytes(received))
+
+
 async def test_a_busy_connection_is_not_cut_by_the_deadline() -> None:
     """Calls finishing all the time, and always half a frame in flight: each write ends
     one call and starts the next (its last bytes come with the one after), so something

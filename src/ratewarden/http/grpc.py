@@ -18,7 +18,8 @@ What a peer cannot do to it:
   MAX_STREAMS (a reset stream still counts until its handler ends: no "rapid reset");
 - hold a socket: a connection must finish what it starts (the preface, a frame, a header
   block, a request) within `request_timeout_s`, as an HTTP request must
-  (http/connections.py); open connections are capped as HTTP's are;
+  (http/connections.py); one idle for IDLE_S is closed; open connections are capped as
+  HTTP's are;
 - outrun its writes: while the socket's send buffer is full, nothing more is read;
 - break the listener: a protocol error ends its connection only (GOAWAY with the code).
 """
@@ -54,6 +55,11 @@ MAX_HEADER_BLOCK_BYTES = 64 * 1024  # one request's header block, HPACK-coded or
 STREAM_WINDOW = MAX_MESSAGE_BYTES + 64 * 1024  # a whole message fits: no stream update
 CONNECTION_WINDOW = 16 * 1024 * 1024  # a connection's unanswered request bytes, at most
 RELEASE_BYTES = 1024 * 1024  # answered bytes given back to the window in steps this big
+# A connection with no call in flight that sends nothing for this long is closed: a peer
+# gone without a FIN (a half-open socket) would hold a slot of the cap for ever. Gracefully
+# (RFC 9113 6.8): a first GOAWAY opens no new calls but still serves those already sent,
+# a clock tick later the last one closes; Envoy and gRPC clients open a new connection.
+IDLE_S = 300.0
 
 
 class Frame(enum.IntEnum):
@@ -256,6 +262,9 @@ class _Connection(asyncio.Protocol):
         self._finished_one = False  # a read finished something: the deadline starts again
         self._closing = False
         self._timer: asyncio.TimerHandle | None = None
+        self._reads = 0  # reads from the socket, counted: idle is a clock tick without one
+        self._idle_s = 0.0  # seconds idle, in whole clock ticks
+        self._draining = False  # told GOAWAY for being idle: closes at the next tick
 
     # -- the socket ----------------------------------------------------------------------
 
@@ -305,6 +314,7 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        self._reads += 1
         buffer = self._buffer
         buffer += data
         try:
@@ -637,4 +647,12 @@ class _Connection(asyncio.Protocol):
             log.info("gRPC connection from %s closed: nothing finished in %ss", self.peer, timeout)
             self.transport.abort()
             return
+        idle = self._reads == 0 and not self.streams
+        self._idle_s, self._reads = (self._idle_s + timeout if idle else 0.0), 0
+        if self._draining:
+            self.go_away(H2Error.NO_ERROR)  # calls sent meanwhile are served, then it closes
+            return
+        if self._idle_s >= IDLE_S:
+            self._draining = True  # any call already on its way is still served
+            self._write(_frame(Frame.GOAWAY, 0, 0, WORD.pack(MAX_WINDOW) + WORD.pack(0)))
         self._arm()
