@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -354,6 +355,31 @@ async def test_a_broken_peer_loses_its_connection_and_only_that(sent: bytes, cod
         got = await closed_by_server(reader)
         assert goaway_code(got) == code
         writer.close()
+        await still_serving(port)
+
+
+async def test_a_peer_sending_past_its_window_loses_the_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Five calls of 4 MiB each, sent without waiting for a window update: past the 16 MiB
+    the connection may hold unanswered, FLOW_CONTROL_ERROR (without the check the server
+    would hold each of 128 calls' 4 MiB)."""
+    async with listening() as (port, _, _):
+        reader, writer = await raw(port, grpc.PREFACE + frame(4, 0, 0))
+        block = hpack.Encoder().encode(
+            [(":method", "POST"), (":scheme", "http"), (":path", ECHO),
+             ("content-type", "application/grpc")], huffman=False)  # fmt: skip
+        chunk = b"x" * 16_000
+        for stream in (1, 3, 5, 7, 9):  # each 3.8 MB, under the message cap, never ended
+            writer.write(frame(1, 4, stream, block) + frame(0, 0, stream, chunk) * 240)
+        # The socket closes with bytes unread, so the kernel may reset it before the
+        # GOAWAY is read: the server's log says why.
+        with (
+            caplog.at_level(logging.INFO, "ratewarden.grpc"),
+            contextlib.suppress(ConnectionResetError),
+        ):
+            await closed_by_server(reader)
+        assert "DATA past the window" in caplog.text
         await still_serving(port)
 
 

@@ -257,6 +257,7 @@ class _Connection(asyncio.Protocol):
         self._frame_bytes = DEFAULT_FRAME_BYTES  # the largest frame it accepts
         self._table_resized = b""  # a table size update owed to its decoder (RFC 7541 4.2)
         self._answered = 0  # request bytes answered, not yet given back to the window
+        self._receivable = CONNECTION_WINDOW  # what the peer may still send: its window
         self._blocked: list[Stream] = []  # answers waiting for window
         self._waiting_since: float | None = None  # since something is left unfinished
         self._finished_one = False  # a read finished something: the deadline starts again
@@ -425,6 +426,9 @@ class _Connection(asyncio.Protocol):
         return self.server.methods.get(headers.get(":path", ""))
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        self._receivable -= len(payload)
+        if self._receivable < 0:  # a peer ignoring flow control would hold any memory
+            raise ProtocolBroken(H2Error.FLOW_CONTROL_ERROR, "DATA past the window")
         stream = self.streams.get(stream_id)
         if stream is None or not stream.receiving:
             if stream_id == 0 or stream_id > self._last_stream:
@@ -581,6 +585,7 @@ class _Connection(asyncio.Protocol):
         self._answered += received
         if self._answered >= RELEASE_BYTES:
             self._write(_frame(Frame.WINDOW_UPDATE, 0, 0, WORD.pack(self._answered)))
+            self._receivable += self._answered
             self._answered = 0
 
     # -- the connection's end, and its clock ---------------------------------------------
