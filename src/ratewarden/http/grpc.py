@@ -518,18 +518,17 @@ class _Connection(asyncio.Protocol):
         stream.task = asyncio.get_running_loop().create_task(self._run(stream, stream.method, call))
 
     async def _run(self, stream: Stream, method: Unary, call: Call) -> None:
+        answer: bytes | None = None
+        status, why = Status.OK, ""
         try:
             answer = await method(call)
         except GrpcError as exc:
-            stream.running = False
-            self._answer(stream, None, exc.status, str(exc))
+            status, why = exc.status, str(exc)
         except Exception:  # a handler's bug: answered, logged, never the connection's end
             log.exception("gRPC %s failed", stream.metadata.get(":path"))
-            stream.running = False
-            self._answer(stream, None, Status.INTERNAL, "the server failed: see its log")
-        else:
-            stream.running = False
-            self._answer(stream, answer, Status.OK, "")
+            status, why = Status.INTERNAL, "the server failed: see its log"
+        stream.running = False
+        self._answer(stream, answer, status, why)
 
     def _answer(self, stream: Stream, message: bytes | None, status: Status, why: str) -> None:
         """Send the answer: its head, the message and the trailers, or, with no message,
