@@ -322,6 +322,17 @@ def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return head + payload
 
 
+# An ECHO call's request headers, literal and never indexed: the same on every stream.
+ECHO_BLOCK = bytes(
+    hpack.Encoder().encode(
+        [hpack.NeverIndexedHeaderTuple(k, v) for k, v in
+         ((":method", "POST"), (":scheme", "http"), (":path", ECHO),
+          ("content-type", "application/grpc"))],
+        huffman=False,
+    )
+)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("sent", "code"),
     [
@@ -366,12 +377,9 @@ async def test_a_peer_sending_past_its_window_loses_the_connection(
     would hold each of 128 calls' 4 MiB)."""
     async with listening() as (port, _, _):
         reader, writer = await raw(port, grpc.PREFACE + frame(4, 0, 0))
-        block = hpack.Encoder().encode(
-            [(":method", "POST"), (":scheme", "http"), (":path", ECHO),
-             ("content-type", "application/grpc")], huffman=False)  # fmt: skip
         chunk = b"x" * 16_000
         for stream in (1, 3, 5, 7, 9):  # each 3.8 MB, under the message cap, never ended
-            writer.write(frame(1, 4, stream, block) + frame(0, 0, stream, chunk) * 240)
+            writer.write(frame(1, 4, stream, ECHO_BLOCK) + frame(0, 0, stream, chunk) * 240)
         # The socket closes with bytes unread, so the kernel may reset it before the
         # GOAWAY is read: the server's log says why.
         with (
@@ -438,10 +446,7 @@ async def test_a_call_sent_as_the_idle_goaway_crosses_it_is_still_answered(
         received = bytearray()
         while not any(f[0] == 7 for f in frames_of(bytes(received))):  # the first GOAWAY
             received.extend(await reader.read(65536))
-        block = hpack.Encoder().encode(
-            [(":method", "POST"), (":scheme", "http"), (":path", ECHO),
-             ("content-type", "application/grpc")], huffman=False)  # fmt: skip
-        writer.write(frame(1, 4, 1, block) + frame(0, 1, 1, framed(b"late")))
+        writer.write(frame(1, 4, 1, ECHO_BLOCK) + frame(0, 1, 1, framed(b"late")))
         received.extend(await closed_by_server(reader))
         assert (0, 0, 1, framed(b"late")) in frames_of(bytes(received))
 
@@ -507,11 +512,8 @@ async def test_a_peer_that_shrinks_its_header_table_is_told_so_in_the_next_block
     with a table size update (nghttp2, Envoy's HTTP/2 library, refuses one without); the
     server indexes nothing, so it sets the size to 0, once."""
     async with listening() as (port, _, _):
-        block = hpack.Encoder().encode(
-            [(":method", "POST"), (":scheme", "http"), (":path", ECHO),
-             ("content-type", "application/grpc")], huffman=False)  # fmt: skip
-        call = frame(1, 4, 1, block) + frame(0, 1, 1, framed(b"x"))
-        again = frame(1, 4, 3, block) + frame(0, 1, 3, framed(b"y"))
+        call = frame(1, 4, 1, ECHO_BLOCK) + frame(0, 1, 1, framed(b"x"))
+        again = frame(1, 4, 3, ECHO_BLOCK) + frame(0, 1, 3, framed(b"y"))
         settings = frame(4, 0, 0, (1).to_bytes(2, "big") + (0).to_bytes(4, "big"))
         reader, _ = await raw(port, grpc.PREFACE + settings + call + again)
         received = bytearray()
@@ -577,10 +579,7 @@ async def test_a_peer_that_reads_no_answers_is_read_no_further() -> None:
         reader, writer = await raw(port, grpc.PREFACE + frame(4, 0, 0))
         stalled = await stall(writer)
         assert stalled is not None, "the server read 34 MB of PINGs nobody read answers to"
-        fields = [(":method", "POST"), (":scheme", "http"), (":path", ECHO),
-                  ("content-type", "application/grpc")]  # fmt: skip
-        block = hpack.Encoder().encode(fields, huffman=False)
-        writer.write(frame(1, 4, 1, block) + frame(0, 1, 1, framed(b"after")))
+        writer.write(frame(1, 4, 1, ECHO_BLOCK) + frame(0, 1, 1, framed(b"after")))
         received = bytearray()
 
         async def answered() -> None:
