@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,16 +103,28 @@ def wait_until_healthy(
     daemon: Daemon, path: str = "/healthz", timeout_s: float = START_TIMEOUT_S
 ) -> None:
     """Polls `path` until it answers 200; fails the test if the daemon exits or never does."""
+    wait_until_answering(daemon.process, f"{daemon.url}{path}", "serve", daemon.log_text, timeout_s)
+
+
+def wait_until_answering(
+    process: subprocess.Popen[bytes],
+    url: str,
+    name: str,
+    said: Callable[[], str],
+    timeout_s: float = START_TIMEOUT_S,
+) -> None:
+    """Polls `url` until it answers 200; fails the test, with what the process `said`, if
+    the process exits first or the time runs out."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(trust_env=False, timeout=1.0) as http:
         while True:
-            if daemon.process.poll() is not None:
-                pytest.fail(f"serve exited with {daemon.process.returncode}:\n{daemon.log_text()}")
+            if process.poll() is not None:
+                pytest.fail(f"{name} exited with {process.returncode}:\n{said()}")
             with contextlib.suppress(httpx.TransportError):
-                if http.get(f"{daemon.url}{path}").status_code == 200:
+                if http.get(url).status_code == 200:
                     return
             if time.monotonic() > deadline:
-                pytest.fail(f"serve did not answer {path} in {timeout_s}s:\n{daemon.log_text()}")
+                pytest.fail(f"{name} did not answer {url} in {timeout_s}s:\n{said()}")
             time.sleep(0.05)  # bounded polling for the subprocess to listen
 
 

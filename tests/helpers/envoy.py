@@ -25,10 +25,9 @@ from typing import Any
 
 import httpx
 import jwt
-import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.helpers.daemon import stop
+from tests.helpers.daemon import stop, wait_until_answering
 from tests.helpers.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,18 +117,11 @@ def running_envoy(
 
 def wait_until_ready(envoy: Envoy) -> None:
     """Polls the admin /ready until it answers 200; fails the test if Envoy exits first."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    with httpx.Client(trust_env=False, timeout=1.0) as http:
-        while True:
-            if envoy.process.poll() is not None:
-                out = envoy.config.with_suffix(".out").read_text(errors="replace")
-                pytest.fail(f"envoy exited with {envoy.process.returncode}:\n{out}")
-            with contextlib.suppress(httpx.TransportError):
-                if http.get(f"{envoy.admin}/ready").status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                pytest.fail(f"envoy was not ready in {START_TIMEOUT_S}s:\n{envoy.log_text()}")
-            time.sleep(0.05)  # bounded polling for the process to listen
+
+    def said() -> str:
+        return envoy.config.with_suffix(".out").read_text(errors="replace") + envoy.log_text()
+
+    wait_until_answering(envoy.process, f"{envoy.admin}/ready", "envoy", said, START_TIMEOUT_S)
 
 
 class Issuer:
