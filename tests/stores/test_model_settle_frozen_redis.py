@@ -12,18 +12,9 @@ import httpx
 
 from tests.helpers.daemon import running_daemon
 from tests.helpers.redis_server import running_redis
+from tests.unit.test_model_price_reload import PRICED
 
-POLICY = """\
-version: 1
-defaults: {max_output_tokens: 1000}
-models:
-  "house-model": {input: 1.0, output: 4.0}
-rules:
-  - name: model-spend
-    match: {kind: model}
-    per: [user]
-    budget: 10.00/day
-"""
+POLICY = PRICED.decode()  # house-model at 1.0 / 4.0 per million tokens, 10.00 a day
 USAGE = {"usage": {"input_tokens": 1000, "output_tokens": 500}}  # 0.001 + 0.002
 
 
