@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ratewarden.calls import Call, ToolFacts
 from ratewarden.policy import (
@@ -781,6 +782,97 @@ def test_users_with_the_same_rules_and_limits_share_one_cached_answer() -> None:
     assert vip[0].limit != applied[0][0].limit
     other = policy.applicable(Call(user="u7", tool="browser", call_id="c"))
     assert all(a is b for a, b in zip(other, browser, strict=True))
+
+
+USERLESS = b"""
+version: 1
+rules:
+  - {name: per-user, per: [user], rate: 10/minute}
+  - {name: browser, match: {tool: browser}, per: [user, tool], rate: 5/minute}
+  - {name: tokens, match: {model: "gpt-*"}, per: [user], rate: 1000 tokens/minute}
+"""
+# Each asks something of the user: the per-tool cache must not serve it.
+ASKING = {
+    "match users": b"{name: r, match: {user: vip}, rate: 1/minute}",
+    "match groups": b"{name: r, match: {group: pro}, rate: 1/minute}",
+    "unless users": b"{name: r, unless: {user: vip}, rate: 1/minute}",
+    "unless groups": b"{name: r, unless: {group: pro}, rate: 1/minute}",
+}
+OVERRIDES = {
+    "exact": b"{users: [vip], rule: r, rate: 7/minute}",
+    "glob": b"{users: ['v*'], rule: r, rate: 7/minute}",
+    "group": b"{groups: [pro], rule: r, unlimited: true}",
+}
+ASKED_BY = ["vip", "vim", "carol", "anyone"]  # carol is in group pro
+
+
+def _oracle(policy: Any, user: str, tool: str, kind: str = "tool") -> list[tuple[str, Any, str]]:
+    """What the rules say for this user, found afresh (no cache)."""
+    if kind == "model":
+        found = policy._find_for_model(user, tool)
+    else:
+        found = policy._find_candidates(user, tool)
+    return [(a.rule.name, a.limit, a.source) for a in found]
+
+
+def _answers(policy: Any, user: str, tool: str, kind: str = "tool") -> list[tuple[str, Any, str]]:
+    call = Call(user=user, tool=tool, call_id="c", kind=kind)
+    return [(a.rule.name, a.limit, a.source) for a in policy.applicable(call)]
+
+
+def test_rules_that_ask_nothing_of_the_user_are_found_once_per_tool(monkeypatch: Any) -> None:
+    """A policy counting per user without matching on one resolves its rules once per tool,
+    not once per (user, tool) pair (every new user's first call missed that cache)."""
+    from ratewarden.policy.model import Policy
+
+    found: list[tuple[str, str]] = []
+    real = Policy._find_candidates
+
+    def counted(self: Any, user: str, tool: str, *rest: Any) -> Any:
+        found.append((user, tool))
+        return real(self, user, tool, *rest)
+
+    monkeypatch.setattr(Policy, "_find_candidates", counted)
+    policy = parse_policy(USERLESS)
+    for i in range(300):
+        for tool in ("terminal", "browser"):
+            assert _answers(policy, f"u{i}", tool) == _oracle(policy, f"u{i}", tool)
+        assert _answers(policy, f"u{i}", "gpt-4o", "model") == _oracle(
+            policy, f"u{i}", "gpt-4o", "model"
+        )
+    cached = [pair for pair in found if pair[0] == ""]
+    assert sorted(set(cached)) == [("", "browser"), ("", "gpt-4o"), ("", "terminal")]
+    assert len(cached) == 3  # once each, for 300 users
+
+
+@pytest.mark.parametrize("rule", sorted(ASKING), ids=str)
+def test_a_rule_that_asks_the_user_is_found_per_user(rule: str) -> None:
+    policy = parse_policy(
+        b"version: 1\ngroups: {pro: [carol]}\nrules:\n  - " + ASKING[rule] + b"\n"
+    )
+    assert policy.rules[0].asks_user
+    for user in ASKED_BY:
+        assert _answers(policy, user, "terminal") == _oracle(policy, user, "terminal"), user
+    assert {len(_answers(policy, user, "terminal")) for user in ASKED_BY} == {0, 1}
+
+
+@pytest.mark.parametrize("override", sorted(OVERRIDES), ids=str)
+def test_an_override_in_the_file_or_at_runtime_makes_the_rules_per_user(override: str) -> None:
+    from ratewarden.policy.compile import with_runtime
+    from ratewarden.policy.schema import OverrideSpec
+
+    head = b"version: 1\ngroups: {pro: [carol]}\nrules:\n  - {name: r, rate: 1/minute}\n"
+    in_file = parse_policy(head + b"overrides:\n  - " + OVERRIDES[override] + b"\n")
+    plain = parse_policy(head)
+    assert not plain.rules[0].asks_user
+    before = [_answers(plain, user, "terminal") for user in ASKED_BY]  # cached per tool
+    spec = OverrideSpec.model_validate(yaml.safe_load(OVERRIDES[override]))
+    at_runtime = with_runtime(plain, [("ovr_1", spec)])
+    for policy in (in_file, at_runtime):
+        answers = [_answers(policy, user, "terminal") for user in ASKED_BY]
+        assert answers == [_oracle(policy, user, "terminal") for user in ASKED_BY]
+        assert answers != before  # someone's limit or source is the override's
+    assert [_answers(plain, user, "terminal") for user in ASKED_BY] == before
 
 
 def test_same_result_keys_a_loop_rule_on_results_and_overrides_keep_it() -> None:

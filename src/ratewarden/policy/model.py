@@ -498,6 +498,16 @@ class Rule:
         return self.limit.kind
 
     @property
+    def asks_user(self) -> bool:
+        """Whether who the user is can change whether, or with which limit, it applies:
+        a `users:` or `groups:` in its match or `unless:`, or an override."""
+        said = (self.match, self.unless) if self.unless is not None else (self.match,)
+        overrides = self.overrides
+        return any(m.users is not None or m.groups is not None for m in said) or bool(
+            overrides.exact or overrides.groups or overrides.globs
+        )
+
+    @property
     def reads_args(self) -> bool:
         """Whether deciding a call under this rule needs the call's `args`."""
         unless = self.unless.args if self.unless is not None else ()
@@ -655,6 +665,7 @@ class Policy:
     # when some rule names that host's name (`_names_tool`); else as (user, tool).
     _hosted: Callable[[str, str, str], tuple[Applied, ...]] = field(init=False, repr=False)
     _names_tool: Callable[[str], bool] = field(init=False, repr=False)
+    _asks_user: bool = field(init=False, repr=False)  # may who the user is change a rule?
     _model_candidates: Callable[[str, str], tuple[Applied, ...]] = field(init=False, repr=False)
     _metric_model: Callable[[str], str] = field(init=False, repr=False)
     _shared_candidates: dict[tuple[tuple[int, int, str, bool], ...], tuple[Applied, ...]] = field(
@@ -673,8 +684,14 @@ class Policy:
         # Per-instance caches: a reloaded policy starts with empty ones.
         self._candidates = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_candidates)
         self._hosted = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_candidates)
-        self._names_tool = lru_cache(maxsize=4096)(self._find_named_tool)
         self._model_candidates = lru_cache(maxsize=_CANDIDATE_CACHE_SIZE)(self._find_for_model)
+        # Rules that ask nothing of the user (`Rule.asks_user`) give every user of a tool
+        # the same candidates: those caches are then keyed by the tool alone (the user
+        # ""), not by (user, tool), where every new user's first call missed and resolved
+        # every rule again (bench/instructions.py). Most policies count per user without
+        # matching on one.
+        self._asks_user = any(rule.asks_user for rule in self.rules)
+        self._names_tool = lru_cache(maxsize=4096)(self._find_named_tool)
         self._metric_model = lru_cache(maxsize=4096)(self._find_metric_model)
         # Bounded by the policy: one entry per distinct set of rules and limits.
         self._shared_candidates = {}
@@ -709,12 +726,13 @@ class Policy:
         """The rules that apply to `call`, in policy order, with their effective limits
         (a rule an override makes unlimited for this user does not apply to them)."""
         host_tool = call.host_tool
+        user = call.user if self._asks_user else ""  # see __post_init__
         if call.kind == CallKind.MODEL:
-            candidates = self._model_candidates(call.user, call.tool)
+            candidates = self._model_candidates(user, call.tool)
         elif host_tool is None or not self._names_tool(host_tool):
-            candidates = self._candidates(call.user, call.tool)
+            candidates = self._candidates(user, call.tool)
         else:  # a rule names the host's own name for the tool: it may apply too
-            candidates = self._hosted(call.user, call.tool, host_tool)
+            candidates = self._hosted(user, call.tool, host_tool)
         if not self._call_conditions:  # nothing but user and tool decides: all of them
             return candidates
         found = []  # a loop, not tuple(genexpr): this runs on every call
