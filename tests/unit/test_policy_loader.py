@@ -686,6 +686,22 @@ overrides:
 """
 
 
+def test_explain_states_a_rules_kinds_by_their_names() -> None:
+    """`kind: any` reads `kind in ['model', 'tool']`, as the policy file says them, not
+    the enum's repr (`<CallKind.MODEL: 'model'>`)."""
+    from ratewarden.cli.policy import explain_text
+
+    policy = parse_policy(
+        b"version: 1\nrules:\n  - {name: spend, match: {kind: any}, budget: 5/day}\n"
+        b"  - {name: tokens, match: {kind: model}, rate: 10 tokens/minute}\n"
+    )
+    assert policy.rules[0].match.stated_parts() == ["kind in ['model', 'tool']"]
+    assert policy.rules[1].match.stated_parts() == ["kind in ['model']"]
+    text = explain_text(policy, Call(user="u", tool="terminal", call_id="c"))
+    assert "held   kind in ['model', 'tool']" in text
+    assert "CallKind" not in text
+
+
 def test_explain_gives_a_reason_for_every_rule() -> None:
     policy = parse_policy(EXPLAIN_POLICY)
     reasons = {

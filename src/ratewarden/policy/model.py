@@ -381,7 +381,7 @@ class Match:
         """Each condition this match states, in `policy explain`'s words and order."""
         found: list[str] = []
         if self.kinds is not None and self.kinds != TOOL_CALLS:  # the default goes unsaid
-            found.append(f"kind in {sorted(self.kinds)}")
+            found.append(f"kind in {sorted(map(str, self.kinds))}")  # the values, not the enum
         if self.models is not None:
             found.append(f"model in {list(self.models.source)}")
         if self.tools is not None:
