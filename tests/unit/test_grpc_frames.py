@@ -437,6 +437,87 @@ async def test_a_connection_idle_past_the_idle_limit_is_told_goaway_and_closed(
         assert len(server.connections) == 1  # the busy one
 
 
+async def test_a_connection_that_only_pings_is_idle_all_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pings keep nothing open: a connection that opens no call for IDLE_S is told GOAWAY
+    and closed however often it pings, as one that sends nothing (a slot of the cap held
+    for ever, and the daemon's CPU, by a peer that never asks anything)."""
+    monkeypatch.setattr(grpc, "IDLE_S", TIMEOUT_S * 3)
+    async with listening() as (port, _, server):
+        pinging = await Peer.open(port)
+        busy = await Peer.open(port)
+        await pinging.call(ECHO, framed(b"once"))
+        received = bytearray()
+        for _ in range(12):  # 2.4 s: past the idle limit of 1.5 s
+            pinging.writer.write(frame(6, 0, 0, b"p" * 8))
+            assert (await busy.call(ECHO, framed(b"again")))["data"] == framed(b"again")
+            await asyncio.sleep(TIMEOUT_S / 2.5)
+        received.extend(await closed_by_server(pinging.reader))
+        kinds = [kind for kind, _, _, _ in frames_of(bytes(received))]
+        assert kinds.count(6) >= 5  # its pings were answered
+        assert kinds.count(7) == 2  # then the graceful GOAWAY, and the last
+        assert len(server.connections) == 1  # the busy one
+
+
+async def read_until(
+    reader: asyncio.StreamReader, received: bytearray, wanted: tuple[int, int, int, bytes]
+) -> None:
+    """Read into `received` until the server has sent the frame `wanted` (5 s at most)."""
+    async with asyncio.timeout(5):
+        while wanted not in frames_of(bytes(received)):
+            chunk = await reader.read(65536)
+            assert chunk, f"closed before {wanted}: {frames_of(bytes(received))[-3:]}"
+            received.extend(chunk)
+
+
+@pytest.mark.parametrize(
+    "flood",
+    [
+        frame(6, 0, 0, b"p" * 8),  # PING
+        frame(4, 0, 0),  # SETTINGS, empty: each one acknowledged
+        frame(2, 0, 1, bytes(5)),  # PRIORITY
+        frame(0xFA, 0, 0, b"?"),  # a type nobody knows, ignored
+        frame(8, 0, 0, (1).to_bytes(4, "big")),  # WINDOW_UPDATE of 1
+    ],
+    ids=["ping", "settings", "priority", "unknown", "window_update"],
+)
+async def test_a_flood_of_frames_without_a_call_is_ended_calmly(
+    monkeypatch: pytest.MonkeyPatch, flood: bytes
+) -> None:
+    """Frames that ask for work but open no call: past MAX_FRAMES_WITHOUT_A_CALL in a row,
+    GOAWAY ENHANCE_YOUR_CALM and the connection ends; up to it, calls are served."""
+    monkeypatch.setattr(grpc, "MAX_FRAMES_WITHOUT_A_CALL", 50)
+    async with listening() as (port, _, _):
+        reader, writer = await raw(port, grpc.PREFACE + frame(4, 0, 0) + flood * 48)
+        writer.write(frame(1, 4, 1, ECHO_BLOCK) + frame(0, 1, 1, framed(b"within")))
+        received = bytearray()
+        await read_until(reader, received, (0, 0, 1, framed(b"within")))
+        writer.write(flood * 49)  # with the call's DATA, 50 since it opened: still served
+        writer.write(frame(1, 4, 3, ECHO_BLOCK) + frame(0, 1, 3, framed(b"again")))
+        await read_until(reader, received, (0, 0, 3, framed(b"again")))
+        writer.write(flood * 51)  # the 51st in a row ends it
+        sent = await closed_by_server(reader)
+        assert goaway_code(bytes(received) + sent) == grpc.H2Error.ENHANCE_YOUR_CALM
+        writer.close()
+        await still_serving(port)
+
+
+async def test_calls_between_the_frames_start_the_count_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """200 PINGs over a connection whose cap is 50 in a row: each call opened between
+    them starts the count again, and every call is answered."""
+    monkeypatch.setattr(grpc, "MAX_FRAMES_WITHOUT_A_CALL", 50)
+    async with listening() as (port, _, _):
+        peer = await Peer.open(port)
+        for i in range(5):
+            for n in range(40):
+                peer.h2.ping(b"%08d" % (i * 100 + n))
+            assert (await peer.call(ECHO, framed(b"%d" % i)))["data"] == framed(b"%d" % i)
+        assert sum(isinstance(e, h2.events.PingAckReceived) for e in peer.events) == 200
+
+
 async def test_a_call_sent_as_the_idle_goaway_crosses_it_is_still_answered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -548,7 +629,8 @@ async def test_nghttp2_reads_every_answer(tmp_path: Path, table_size: int) -> No
 
 async def stall(writer: asyncio.StreamWriter) -> float | None:
     """Send PINGs, reading no answer, until the server stops reading (the seconds it
-    took), or None if it read 34 MB of them."""
+    took), or None if it read 34 MB of them. The test lifts the cap on frames without a
+    call (`unbounded_frames`), which would end such a flood first."""
     began = asyncio.get_running_loop().time()
     pings = frame(6, 0, 0, b"p" * 8) * 10_000  # 170 KB of PINGs, 170 KB of answers
     for _ in range(200):
@@ -560,8 +642,16 @@ async def stall(writer: asyncio.StreamWriter) -> float | None:
     return None
 
 
+def unbounded_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cap on frames without a call: what the read pause does alone is tried."""
+    monkeypatch.setattr(grpc, "MAX_FRAMES_WITHOUT_A_CALL", 1 << 62)
+
+
 @pytest.mark.slow  # a few seconds: megabytes of PINGs until the socket stalls
-async def test_stopping_does_not_wait_for_a_peer_that_reads_nothing() -> None:
+async def test_stopping_does_not_wait_for_a_peer_that_reads_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unbounded_frames(monkeypatch)
     async with listening(timeout_s=30.0) as (port, _, server):
         _, writer = await raw(port, grpc.PREFACE + frame(4, 0, 0))
         assert await stall(writer) is not None
@@ -571,10 +661,13 @@ async def test_stopping_does_not_wait_for_a_peer_that_reads_nothing() -> None:
 
 
 @pytest.mark.slow  # about 8 s: megabytes of PINGs until the socket stalls
-async def test_a_peer_that_reads_no_answers_is_read_no_further() -> None:
+async def test_a_peer_that_reads_no_answers_is_read_no_further(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """PINGs sent without reading a single answer: once the server's answers back up, it
     stops reading (its send buffer stays bounded) and the peer's writes stall; once the
     peer reads, the server reads on, and a call sent after the PINGs is answered."""
+    unbounded_frames(monkeypatch)
     async with listening(timeout_s=5.0) as (port, _, _):
         reader, writer = await raw(port, grpc.PREFACE + frame(4, 0, 0))
         stalled = await stall(writer)

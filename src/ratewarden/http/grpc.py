@@ -21,6 +21,10 @@ What a peer cannot do to it:
   (http/connections.py); one idle for IDLE_S is closed; open connections are capped as
   HTTP's are;
 - outrun its writes: while the socket's send buffer is full, nothing more is read;
+- keep it busy for nothing: a connection that opens no call for IDLE_S is closed whatever
+  else it sends (pings keep nothing open), and one that sends MAX_FRAMES_WITHOUT_A_CALL
+  frames in a row without opening a call is ended (ENHANCE_YOUR_CALM): a flood of PINGs,
+  SETTINGS or empty frames costs at most that many frames' work per connection;
 - break the listener: a protocol error ends its connection only (GOAWAY with the code).
 """
 
@@ -60,6 +64,10 @@ RELEASE_BYTES = 1024 * 1024  # answered bytes given back to the window in steps 
 # (RFC 9113 6.8): a first GOAWAY opens no new calls but still serves those already sent,
 # a clock tick later the last one closes; Envoy and gRPC clients open a new connection.
 IDLE_S = 300.0
+# Frames a peer may send in a row without opening a call. A call is a few (HEADERS, DATA,
+# the window and ping acknowledgements) and its message at most 257 DATA frames; a peer
+# past this is only making the server work (a PING or SETTINGS flood, empty frames).
+MAX_FRAMES_WITHOUT_A_CALL = 10_000
 
 
 class Frame(enum.IntEnum):
@@ -263,7 +271,8 @@ class _Connection(asyncio.Protocol):
         self._finished_one = False  # a read finished something: the deadline starts again
         self._closing = False
         self._timer: asyncio.TimerHandle | None = None
-        self._reads = 0  # reads from the socket, counted: idle is a clock tick without one
+        self._opened = 0  # calls opened since the last clock tick: idle is a tick without
+        self._frames_since_call = 0  # frames since the last call opened (a flood's bound)
         self._idle_s = 0.0  # seconds idle, in whole clock ticks
         self._draining = False  # told GOAWAY for being idle: closes at the next tick
 
@@ -315,7 +324,6 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        self._reads += 1
         buffer = self._buffer
         buffer += data
         try:
@@ -349,6 +357,7 @@ class _Connection(asyncio.Protocol):
         del buffer[:at]
 
     def _frame(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
+        self._frames_since_call += 1  # a HEADERS that opens a call sets it back to 0
         if self._continued is not None and kind != Frame.CONTINUATION:
             raise ProtocolBroken(H2Error.PROTOCOL_ERROR, "a header block left unfinished")
         if kind == Frame.DATA:
@@ -370,6 +379,10 @@ class _Connection(asyncio.Protocol):
         elif kind == Frame.PUSH_PROMISE:
             raise ProtocolBroken(H2Error.PROTOCOL_ERROR, "a client cannot push")
         # PRIORITY and frame types this server does not know are ignored (RFC 9113 5.5).
+        if self._frames_since_call > MAX_FRAMES_WITHOUT_A_CALL:
+            raise ProtocolBroken(
+                H2Error.ENHANCE_YOUR_CALM, f"{MAX_FRAMES_WITHOUT_A_CALL} frames without a call"
+            )
 
     # -- frames in -----------------------------------------------------------------------
 
@@ -415,6 +428,8 @@ class _Connection(asyncio.Protocol):
         headers = {bytes(k).decode("latin-1"): bytes(v).decode("latin-1") for k, v in fields}
         stream = Stream(stream_id, self._method(headers), headers, self._stream_window)
         self.streams[stream_id] = stream
+        self._opened += 1
+        self._frames_since_call = 0
         if flags & END_STREAM:
             self._received_all(stream)
 
@@ -651,8 +666,8 @@ class _Connection(asyncio.Protocol):
             log.info("gRPC connection from %s closed: nothing finished in %ss", self.peer, timeout)
             self.transport.abort()
             return
-        idle = self._reads == 0 and not self.streams
-        self._idle_s, self._reads = (self._idle_s + timeout if idle else 0.0), 0
+        idle = self._opened == 0 and not self.streams
+        self._idle_s, self._opened = (self._idle_s + timeout if idle else 0.0), 0
         if self._draining:
             self.go_away(H2Error.NO_ERROR)  # calls sent meanwhile are served, then it closes
             return
