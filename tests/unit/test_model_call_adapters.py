@@ -322,3 +322,20 @@ async def test_adk_models_false_checks_nothing() -> None:
     )
     assert found is None
     assert guard.checks == []
+
+
+@pytest.mark.parametrize(
+    ("given", "sent"), [(10**12, MAX_TOKENS), (MAX_TOKENS, MAX_TOKENS), (-5, 0), (1200, 1200)]
+)
+def test_the_model_check_clamps_its_counts_for_every_adapter(given: int, sent: int) -> None:
+    """The one clamp of a model check's token counts (wire.names.model_check_request): an
+    adapter hands it the host's estimate and limit as they are (strands, crewai and hermes
+    clamped them again before it), and a count past the wire's cap is reserved at the cap
+    rather than refused as a bad request."""
+    from ratewarden.wire.names import model_check_request
+
+    request = model_check_request(
+        user="u", model="gpt-4o", input_tokens=given, max_output_tokens=given
+    )
+    assert (request.input_tokens, request.max_output_tokens) == (sent, sent)
+    CheckRequest.model_validate(request.model_dump())  # the daemon takes it as sent

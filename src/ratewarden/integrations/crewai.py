@@ -284,11 +284,11 @@ class RatewardenHooks:
         inputs = kickoff_inputs(context)
         messages = getattr(context, "messages", None) or []
         limit = llm_max_tokens(getattr(context, "llm", None))
-        return model_check_request(  # past the wire's cap: reserved at the cap, not unjudged
+        return model_check_request(  # clamps past the wire's cap: reserved at the cap
             user=self.user_for(context, inputs),
             model=model,
-            input_tokens=min(estimate_tokens(message_texts(messages)), vocabulary.MAX_TOKENS),
-            max_output_tokens=None if limit is None else min(limit, vocabulary.MAX_TOKENS),
+            input_tokens=estimate_tokens(message_texts(messages)),
+            max_output_tokens=limit,
             session=user_from(inputs, "session_id"),
             team=user_from(inputs, "team_id"),
             call_id=vocabulary.call_id(HOST),

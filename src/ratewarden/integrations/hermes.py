@@ -159,7 +159,7 @@ class RatewardenPlugin:
         return model_check_request(
             user=user,
             model=model,
-            input_tokens=min(estimate_tokens(texts), vocabulary.MAX_TOKENS),
+            input_tokens=estimate_tokens(texts),
             max_output_tokens=limit,
             session=str(context.get("session_id") or "") or None,
             call_id=vocabulary.call_id(HOST, context.get("api_request_id")),

@@ -162,11 +162,11 @@ class RatewardenHook(HookProvider):  # type: ignore[misc,unused-ignore]
             if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
                 tokens = estimate_tokens(_texts(agent))
             limit = max_output_tokens(getattr(agent, "model", None))
-            return model_check_request(  # past the wire's cap: reserved at the cap, not unjudged
+            return model_check_request(  # clamps past the wire's cap: reserved at the cap
                 user=resolve_user(state, self._user),
                 model=self.model_name(getattr(agent, "model", None)),
-                input_tokens=min(tokens, vocabulary.MAX_TOKENS),
-                max_output_tokens=None if limit is None else min(limit, vocabulary.MAX_TOKENS),
+                input_tokens=tokens,
+                max_output_tokens=limit,
                 session=user_from(state, "session_id"),
                 team=user_from(state, "team_id"),
                 call_id=vocabulary.call_id(HOST),
