@@ -18,8 +18,7 @@ What a peer cannot do to it:
   MAX_STREAMS (a reset stream still counts until its handler ends: no "rapid reset");
 - hold a socket: a connection must finish what it starts (the preface, a frame, a header
   block, a request) within `request_timeout_s`, as an HTTP request must
-  (http/connections.py); one idle for IDLE_S is closed; open connections are capped as
-  HTTP's are;
+  (http/connections.py); open connections are capped as HTTP's are;
 - outrun its writes: while the socket's send buffer is full, nothing more is read;
 - keep it busy for nothing: a connection that opens no call for IDLE_S is closed whatever
   else it sends (pings keep nothing open), and one that sends MAX_FRAMES_WITHOUT_A_CALL
@@ -59,8 +58,9 @@ MAX_HEADER_BLOCK_BYTES = 64 * 1024  # one request's header block, HPACK-coded or
 STREAM_WINDOW = MAX_MESSAGE_BYTES + 64 * 1024  # a whole message fits: no stream update
 CONNECTION_WINDOW = 16 * 1024 * 1024  # a connection's unanswered request bytes, at most
 RELEASE_BYTES = 1024 * 1024  # answered bytes given back to the window in steps this big
-# A connection with no call in flight that sends nothing for this long is closed: a peer
-# gone without a FIN (a half-open socket) would hold a slot of the cap for ever. Gracefully
+# A connection with no call in flight that opens none for this long is closed, whatever
+# else it sends: a peer gone without a FIN (a half-open socket), or one that only pings,
+# would hold a slot of the cap for ever. Gracefully
 # (RFC 9113 6.8): a first GOAWAY opens no new calls but still serves those already sent,
 # a clock tick later the last one closes; Envoy and gRPC clients open a new connection.
 IDLE_S = 300.0
@@ -271,7 +271,7 @@ class _Connection(asyncio.Protocol):
         self._finished_one = False  # a read finished something: the deadline starts again
         self._closing = False
         self._timer: asyncio.TimerHandle | None = None
-        self._opened = 0  # calls opened since the last clock tick: idle is a tick without
+        self._called = False  # a call opened since the last clock tick (else: idle)
         self._frames_since_call = 0  # frames since the last call opened (a flood's bound)
         self._idle_s = 0.0  # seconds idle, in whole clock ticks
         self._draining = False  # told GOAWAY for being idle: closes at the next tick
@@ -428,8 +428,7 @@ class _Connection(asyncio.Protocol):
         headers = {bytes(k).decode("latin-1"): bytes(v).decode("latin-1") for k, v in fields}
         stream = Stream(stream_id, self._method(headers), headers, self._stream_window)
         self.streams[stream_id] = stream
-        self._opened += 1
-        self._frames_since_call = 0
+        self._called, self._frames_since_call = True, 0
         if flags & END_STREAM:
             self._received_all(stream)
 
@@ -666,8 +665,8 @@ class _Connection(asyncio.Protocol):
             log.info("gRPC connection from %s closed: nothing finished in %ss", self.peer, timeout)
             self.transport.abort()
             return
-        idle = self._opened == 0 and not self.streams
-        self._idle_s, self._opened = (self._idle_s + timeout if idle else 0.0), 0
+        idle = not self._called and not self.streams
+        self._idle_s, self._called = (self._idle_s + timeout if idle else 0.0), False
         if self._draining:
             self.go_away(H2Error.NO_ERROR)  # calls sent meanwhile are served, then it closes
             return
