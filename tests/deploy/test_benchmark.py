@@ -21,6 +21,7 @@ import pytest
 from bench import instructions
 
 from ratewarden.limiter.algorithms.budget import SWEEP_GRACE_MS
+from ratewarden.policy import parse_policy
 from tests.helpers.debian import ensure_command
 from tests.helpers.redis_server import ensure_redis_server
 
@@ -242,7 +243,9 @@ def test_the_loop_benchmark_counts_one_more_write_for_a_digest(redis_url: str) -
     # reservation (1 h) and the sweep's grace of the budget's day's end (UTC midnight),
     # a reservation outlives the day, the counter must live through the next day too,
     # and that TTL grows with the clock: the settle then extends it every time.
-    ends_day = _within_of_utc_midnight(started, time.time(), 3_600 + SWEEP_GRACE_MS / 1000)
+    reservation_ms = parse_policy(loop.BUDGET_RULE.encode()).reservation_ttl_ms
+    near_s = (reservation_ms + SWEEP_GRACE_MS) / 1000
+    ends_day = _within_of_utc_midnight(started, time.time(), near_s)
     assert 22 <= commands.pop("budget (check + settle)") < (23.5 if ends_day else 22.5)
     assert commands == {
         "one rule (check)": 5,
