@@ -13,12 +13,15 @@ what is left is less than a model call could cost, the next model call is refuse
 
 from __future__ import annotations
 
+import json
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ratewarden.vocabulary import MAX_TOKENS
 from tests.hosts.model_budget import POLICY, SINGLE_CALL, USAGE, price_micros, spent_micros
 from tests.hosts.scenario import (
     clean_environment,
@@ -140,3 +143,28 @@ def test_a_model_call_no_event_settled_is_released_by_the_next(
         assert second is not None  # allowed too: the first was released
         assert second is not first
         hooks.guard.close()
+
+
+def test_hostile_usage_counts_are_settled_within_the_wire(crewai_python: Path) -> None:
+    """A provider's usage past the wire's cap, or below zero, read by CrewAI's own
+    UsageMetrics: the settle takes the cap and zero, never a request the daemon refuses."""
+    script = (
+        "import json, types\n"
+        "from ratewarden.integrations.crewai import event_settlement\n"
+        "usage = {'prompt_tokens': 10**15, 'completion_tokens': -7,\n"
+        "         'prompt_tokens_details': {'cached_tokens': 10**15}}\n"
+        "event = types.SimpleNamespace(usage=usage)\n"
+        "print(json.dumps(event_settlement(event).usage.model_dump()))\n"
+    )
+    done = subprocess.run(
+        [str(crewai_python), "-c", script],
+        capture_output=True, text=True, timeout=120, check=False,
+        env=clean_environment(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "input_tokens": MAX_TOKENS,
+        "output_tokens": 0,
+        "cache_read_tokens": MAX_TOKENS,
+        "cache_write_tokens": 0,
+    }

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from ratewarden.vocabulary import MAX_TOKENS
 from tests.hosts.model_budget import MODEL, POLICY, SINGLE_CALL, USAGE, price_micros, spent_micros
 from tests.hosts.scenario import host_python, running_daemon
 from tests.hosts.test_host_hermes import drive, hermes_home
@@ -86,6 +87,13 @@ def test_usage_is_read_in_each_api_shape() -> None:
     for usage in (chat, anthropic, responses):
         assert (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens) == (100, 20, 40)
     assert response_settlement(SimpleNamespace(usage=None)).usage is None  # its reservation
+    # Anthropic's input plus its cache counts past the wire's cap: the settle takes the cap.
+    huge = usage_of(
+        input_tokens=MAX_TOKENS, output_tokens=10**15,
+        cache_read_input_tokens=MAX_TOKENS, cache_creation_input_tokens=MAX_TOKENS,
+    )  # fmt: skip
+    assert (huge.input_tokens, huge.output_tokens) == (MAX_TOKENS, MAX_TOKENS)
+    assert (huge.cache_read_tokens, huge.cache_write_tokens) == (MAX_TOKENS, 0)
 
 
 def test_a_refusal_is_an_answer_in_the_loops_shape() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ratewarden.client import ClientError
+from ratewarden.integrations._lifecycle import usage_settlement
 from ratewarden.integrations._model_calls import (
     UNKNOWN_MODEL,
     ModelCall,
@@ -190,3 +191,22 @@ def test_a_user_lookup_that_returns_no_string_still_checks() -> None:
     guard = FakeGuard()
     check(guard, user=77)
     assert guard.checks[0].user == "77"
+
+
+@pytest.mark.parametrize(
+    ("counts", "sent"),
+    [
+        # A host's sum of input and cache counts past the cap is cut to it, the caches
+        # within the input (the check each adapter used to make on its own).
+        ((MAX_TOKENS + 5, 10**12, MAX_TOKENS, 7), (MAX_TOKENS, MAX_TOKENS, MAX_TOKENS, 0)),
+        ((-3, -4, -5, -6), (0, 0, 0, 0)),  # a provider's negative count is none
+        ((100, 20, 30, 90), (100, 20, 30, 70)),  # cache reads first, writes in what is left
+    ],
+)
+def test_every_adapters_usage_settle_is_bounded_in_one_place(
+    counts: tuple[int, int, int, int], sent: tuple[int, int, int, int]
+) -> None:
+    usage = usage_settlement(*counts).usage
+    assert usage is not None
+    found = (usage.input_tokens, usage.output_tokens)
+    assert (*found, usage.cache_read_tokens, usage.cache_write_tokens) == sent

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from ratewarden.arguments import result_digest
-from ratewarden.vocabulary import CallStatus
+from ratewarden.vocabulary import MAX_TOKENS, CallStatus
 from ratewarden.wire.bodies import ModelUsage, SettleRequest
 
 __all__ = ["NO_RESULT", "AdmittedCall", "call_tool_result", "settlement", "usage_settlement"]
@@ -59,15 +59,28 @@ def usage_settlement(
     duration_ms: float | None = None,
 ) -> SettleRequest:
     """The settle of a model call that used these tokens (input includes cached ones;
-    a cache count past what the input holds is cut to it): docs/budgets.md."""
+    a cache count past what the input holds is cut to it): docs/budgets.md.
+
+    Each count is bounded here, once for every adapter, to what the wire takes
+    (0..MAX_TOKENS): a host's sum of input and cache counts may pass the cap, and a
+    provider's negative count is none."""
+    given, read, write = (
+        _bounded(input_tokens),
+        _bounded(cache_read_tokens),
+        _bounded(cache_write_tokens),
+    )
     usage = ModelUsage(
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        cache_read_tokens=min(cache_read_tokens, input_tokens),
-        cache_write_tokens=min(cache_write_tokens, max(0, input_tokens - cache_read_tokens)),
+        input_tokens=given,
+        output_tokens=_bounded(output_tokens),
+        cache_read_tokens=min(read, given),
+        cache_write_tokens=min(write, max(0, given - read)),
     )
     duration = None if duration_ms is None else max(duration_ms, 0.0)
     return SettleRequest(status=status, usage=usage, duration_ms=duration)
+
+
+def _bounded(tokens: int) -> int:
+    return max(0, min(tokens, MAX_TOKENS))
 
 
 def call_tool_result(result: Any) -> Any:

@@ -425,7 +425,7 @@ def event_settlement(event: Any) -> SettleRequest:
         metrics.cached_prompt_tokens,
         metrics.cache_creation_tokens,
     )
-    return usage_settlement(*(min(max(int(n), 0), vocabulary.MAX_TOKENS) for n in counts))
+    return usage_settlement(*(int(n) for n in counts))
 
 
 def result_status(context: Any) -> CallStatus:

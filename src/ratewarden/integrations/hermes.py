@@ -349,9 +349,9 @@ def _get(found: Any, key: str) -> Any:
 
 
 def _tokens(value: Any) -> int:
-    """A token count: a positive int, at most the wire's cap; else 0."""
+    """A token count: a positive int, else 0 (`usage_settlement` bounds it to the wire)."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return min(value, vocabulary.MAX_TOKENS)
+        return value
     return 0
 
 
@@ -391,7 +391,7 @@ def response_settlement(response: Any) -> SettleRequest:
     if read or write or _get(usage, "cache_read_input_tokens") is not None:  # Anthropic
         given = _tokens(_get(usage, "input_tokens")) + read + write
         output = _tokens(_get(usage, "output_tokens"))
-        return usage_settlement(min(given, vocabulary.MAX_TOKENS), output, read, write)
+        return usage_settlement(given, output, read, write)
     details = _get(usage, "input_tokens_details")  # the Responses API
     return usage_settlement(
         _tokens(_get(usage, "input_tokens")),

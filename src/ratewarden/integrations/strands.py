@@ -282,8 +282,7 @@ def model_settlement(event: Any) -> SettleRequest:
     given, output = _count(usage, "inputTokens"), _count(usage, "outputTokens")
     total = usage.get("totalTokens")
     folded = not isinstance(total, int) or given + output == total
-    total_input = min(given if folded else given + read + write, vocabulary.MAX_TOKENS)
-    return usage_settlement(total_input, output, read, write)
+    return usage_settlement(given if folded else given + read + write, output, read, write)
 
 
 def max_output_tokens(model: Any) -> int | None:
@@ -309,10 +308,11 @@ def _config(model: Any) -> Mapping[str, Any]:
 
 
 def _count(usage: Mapping[str, Any], key: str) -> int:
-    """A token count of Strands' usage: a positive int (at most the wire's cap), else 0."""
+    """A token count of Strands' usage: a positive int, else 0 (`usage_settlement` bounds
+    it to the wire)."""
     found = usage.get(key)
     if isinstance(found, int) and not isinstance(found, bool) and found > 0:
-        return min(found, vocabulary.MAX_TOKENS)
+        return found
     return 0
 
 
