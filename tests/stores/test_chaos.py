@@ -42,7 +42,9 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from ratewarden.limiter.ops import Kind
 from ratewarden.store.deadlines import STALL_CAP
+from ratewarden.store.keys import counter_key
 from tests.helpers.hostenv import Daemon, running_daemon
 from tests.helpers.redis_server import ensure_redis_server, free_port
 
@@ -263,6 +265,10 @@ class Run:
     gauge_after: float = -1
     transitions: dict[str, float] = field(default_factory=dict)
     noscript: int = 0
+    # Each load counter's admission stamps (Redis' ms), and the wall clock minus the
+    # monotonic one: which acknowledged call a counter lacks, if one ever does.
+    stamps: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    wall_offset: float = 0.0
 
     def measured(self) -> list[Sample]:
         return [s for s in self.samples if s.started >= self.measured_from]
@@ -370,7 +376,13 @@ async def scenario(daemon: Daemon, server: RedisProcess) -> Run:
         # the script again (as Redis itself counts).
         with redis.Redis(port=server.port) as client:
             errors = client.info("errorstats")
-        run.noscript = errors.get("errorstat_NOSCRIPT", {}).get("count", 0)
+            run.noscript = errors.get("errorstat_NOSCRIPT", {}).get("count", 0)
+            run.stamps = {
+                (f"load-{w}", rule): ring_stamps(client.get(load_key(f"load-{w}", rule)))
+                for w in range(WORKERS)
+                for rule in RULE_OF.values()
+            }
+        run.wall_offset = time.time() - time.monotonic()
         run.load_usage = {f"load-{w}": await usage(http, f"load-{w}") for w in range(WORKERS)}
         run.gauge_after = await metric(http, "ratewarden_store_circuit_open")
         run.transitions = {
@@ -587,7 +599,31 @@ def counters_resumed(run: Run) -> None:
                 used,
                 acknowledged,
                 in_doubt,
+                uncounted(run, user, rule, mine),
             )
+
+
+def load_key(user: str, rule: str) -> str:
+    return counter_key(rule, Kind.SLIDING_WINDOW, [("user", user)])
+
+
+def ring_stamps(ring: bytes | None) -> list[int]:
+    """A sliding window's admission times (limiter/algorithms/sliding_window.lua: an
+    8-byte header, then 6-byte big-endian milliseconds)."""
+    body = (ring or b"")[8:]
+    return sorted(int.from_bytes(body[i : i + 6], "big") for i in range(0, len(body), 6))
+
+
+def uncounted(run: Run, user: str, rule: str, mine: list[Sample]) -> list[str]:
+    """The acknowledged calls of `user` under `rule` whose time holds no admission in
+    the counter, where on the timeline they fell: what to look at when a count is short."""
+    stamps = run.stamps.get((user, rule), [])
+    lost = []
+    for s in mine:
+        began, ended = (round((t + run.wall_offset) * 1000) for t in (s.started, s.ended))
+        if not s.degraded and not any(began - 2 <= t <= ended + 2 for t in stamps):
+            lost.append(f"{run.when(s)}, {s.latency * 1000:.1f} ms")
+    return lost
 
 
 def health_and_metrics_told_the_truth(run: Run) -> None:
