@@ -5,6 +5,7 @@ idle connections, one that never answers, one that breaks off mid-answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -12,6 +13,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from ratewarden.client import AsyncClient, ClientError, DaemonUnavailable
+from ratewarden.http.head import MAX_ANSWER_HEAD_BYTES
 from ratewarden.http.keepalive import KeepAlive, Unreachable
 from ratewarden.wire.bodies import CheckRequest
 from tests.helpers.redis_server import free_port
@@ -324,4 +326,65 @@ async def test_an_informational_head_is_passed_over_and_garbage_is_unreachable()
         wire = KeepAlive(f"http://127.0.0.1:{server.port}", {}, 5)
         with pytest.raises(Unreachable, match="malformed"):
             await wire.request("GET", "/")
+        await wire.aclose()
+
+
+def endless_head(kind: str) -> Handler:
+    """A server whose answer's head never ends: one header value that grows for ever,
+    a header after header for ever, or informational heads one after another."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if await read_request(reader) is None:
+            return
+        opening = {"value": b"200 OK\r\nx-big: ", "headers": b"200 OK\r\n", "informational": b""}
+        writer.write(b"HTTP/1.1 " + opening[kind] if opening[kind] else b"")
+        n = 0
+        with contextlib.suppress(ConnectionError):
+            while not reader.at_eof():  # until the client hangs up
+                if kind == "value":
+                    writer.write(b"a" * 65536)
+                elif kind == "headers":
+                    writer.write(b"".join(b"x-%d: v\r\n" % (n + i) for i in range(2000)))
+                else:
+                    writer.write(b"HTTP/1.1 100 Continue\r\nx: y\r\n\r\n" * 2000)
+                n += 2000
+                await writer.drain()
+
+    return handle
+
+
+@pytest.mark.parametrize("kind", ["value", "headers", "informational"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["request", "stream"])
+async def test_an_endless_head_is_refused_at_its_cap_not_read_until_the_timeout(
+    kind: str, streamed: bool
+) -> None:
+    """An MCP upstream (or anything on the daemon's port) that sends an endless head is
+    refused once it passes MAX_ANSWER_HEAD_BYTES: before, the head was grown into memory
+    (400 MB in 5 s) until the timeout (the gateway's is 30 s)."""
+    async with serving(endless_head(kind)) as server:
+        wire = KeepAlive(f"http://127.0.0.1:{server.port}", {}, 60)
+        with pytest.raises(Unreachable, match=f"head passed {MAX_ANSWER_HEAD_BYTES} bytes"):
+            await (opened(wire) if streamed else wire.request("GET", "/"))
+        await wire.aclose()
+
+
+async def opened(wire: KeepAlive) -> None:
+    async with wire.stream("GET", "/"):
+        pass
+
+
+async def test_a_long_head_within_the_cap_is_read() -> None:
+    headers = "".join(f"x-{n}: {'v' * 50}\r\n" for n in range(1000))  # about 58 KiB
+    assert len(headers) < MAX_ANSWER_HEAD_BYTES
+
+    async def long_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader) is not None:
+            writer.write(answer(b"{}", extra=headers))
+
+    async with serving(long_head) as server:
+        wire = KeepAlive(f"http://127.0.0.1:{server.port}", {}, 5)
+        async with wire.stream("GET", "/") as got:
+            assert got.status == 200
+            assert len(got.headers) == 1002
+            assert [chunk async for chunk in got.body] == [b"{}"]
         await wire.aclose()

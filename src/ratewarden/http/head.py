@@ -11,6 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 SPLITTERS = ("\r", "\n", "\0")  # what would end a header line early
+# The most of an answer's head a client reads (status line, headers, any informational
+# heads before it): a server that sends an endless head is refused at this many bytes
+# rather than grown into memory until the timeout. nginx's default for a request's large
+# headers is 4 x 8 KiB; the gRPC listener takes 64 KiB header blocks.
+MAX_ANSWER_HEAD_BYTES = 64 * 1024
 
 
 def checked(headers: Mapping[str, str]) -> list[tuple[str, str]]:

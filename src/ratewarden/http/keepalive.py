@@ -98,9 +98,14 @@ class _Connection:
             await self.writer.drain()
         except ConnectionError:
             raise _Stale from None
+        received = 0
         while not self.answer.head:
-            if not await self._read():
+            if received > head.MAX_ANSWER_HEAD_BYTES:
+                raise Unreachable(f"an answer whose head passed {head.MAX_ANSWER_HEAD_BYTES} bytes")
+            read = await self._read()
+            if not read:
                 raise _Stale
+            received += read
         return self.answer.parser.get_status_code()
 
     async def body(self) -> AsyncIterator[bytes]:
@@ -118,19 +123,19 @@ class _Connection:
                     raise Unreachable("the server closed the connection mid-answer")
                 answer.done = self.closed_by_server = True  # its close was the body's end
 
-    async def _read(self) -> bool:
-        """Feed the parser what has arrived; False when the server has closed."""
+    async def _read(self) -> int:
+        """Feed the parser what has arrived: how many bytes (0 when the server has closed)."""
         try:
             data = await self.reader.read(READ_SIZE)
         except ConnectionError:
             data = b""
         if not data:
-            return False
+            return 0
         try:
             self.answer.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             raise Unreachable(f"a malformed answer: {exc}") from None
-        return True
+        return len(data)
 
     def reusable(self) -> bool:
         answer = self.answer
