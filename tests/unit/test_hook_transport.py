@@ -4,6 +4,7 @@ socket on loopback, served by a thread that answers with fixed bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -14,6 +15,7 @@ import pytest
 
 from ratewarden.hooks.command import HookOptions, run
 from ratewarden.hooks.hosts import HOSTS
+from ratewarden.http.exchange import MAX_ANSWER_BYTES
 
 PRE = json.dumps(
     {"hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {"command": "ls"}}
@@ -36,7 +38,8 @@ def answering(answer: bytes | None) -> Iterator[tuple[str, list[bytes]]]:
             if answer is None:
                 release.wait(10)
             else:
-                connection.sendall(answer)
+                with contextlib.suppress(OSError):  # a client that stopped reading
+                    connection.sendall(answer)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -85,6 +88,8 @@ def test_a_refusal_is_read_whether_sized_or_chunked(chunked: bool) -> None:
         (http_answer("not json"), "not JSON"),
         (http_answer("[1, 2]"), "not a JSON object"),
         (http_answer('{"message": "no"}', status="503 Service Unavailable"), "503: no"),
+        # Not grown into memory until the timeout: refused past the cap.
+        (http_answer("x" * (2 * MAX_ANSWER_BYTES)), f"longer than {MAX_ANSWER_BYTES} bytes"),
     ],
 )
 def test_an_answer_it_cannot_use_follows_the_fail_mode(answer: bytes, why: str) -> None:

@@ -17,6 +17,10 @@ import urllib.parse
 
 from ratewarden.http import head
 
+# The most of an answer the hook reads: the daemon's check and settle answers are a few
+# kB; a URL pointing elsewhere must not grow the hook's memory until its timeout.
+MAX_ANSWER_BYTES = 1024 * 1024
+
 
 def post(url: str, path: str, body: bytes, token: str | None, timeout: float) -> tuple[int, bytes]:
     """POST `body` as JSON in one HTTP/1.1 request (`Connection: close`); the answer's status
@@ -51,6 +55,7 @@ def post(url: str, path: str, body: bytes, token: str | None, timeout: float) ->
 
 def _read_all(sock: socket.socket, deadline: float) -> bytes:
     chunks: list[bytes] = []
+    size = 0
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -60,6 +65,9 @@ def _read_all(sock: socket.socket, deadline: float) -> bytes:
         if not data:
             return b"".join(chunks)
         chunks.append(data)
+        size += len(data)
+        if size > MAX_ANSWER_BYTES:
+            raise ValueError(f"an answer longer than {MAX_ANSWER_BYTES} bytes")
 
 
 def _answer(raw: bytes) -> tuple[int, bytes]:
