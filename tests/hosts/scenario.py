@@ -25,9 +25,10 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,8 @@ from tests.helpers.hostenv import (
 from tests.helpers.redis_server import free_port
 
 __all__ = [
-    "DRIVERS", "TERMINAL_POLICY", "Daemon", "Run", "Scenario",
-    "appending", "bundled_claude", "clean_environment", "daemon_fixture", "host_cli",
+    "APPROVAL", "DRIVERS", "TERMINAL_POLICY", "Daemon", "Run", "Scenario", "ShellCli",
+    "appending", "bundled_claude", "clean_environment", "daemon_fixture", "hook_for", "host_cli",
     "host_node_modules", "host_python", "host_scenario", "lines", "new_user", "nowhere",
     "read_denials", "read_usage", "run_driver", "running_daemon", "serving", "settles",
     "started", "usage_of",
@@ -78,6 +79,66 @@ def lines(path: Path) -> int:
 def appending(ran: Path) -> str:
     """A shell command that appends a line to `ran`: the tool call a fake model asks for."""
     return f"echo ran >> {shlex.quote(str(ran))}"
+
+
+def hook_for(host: str, flags: str, stdin: str = "") -> str:
+    """`ratewarden hook HOST FLAGS` from this checkout, as a host's command hook; `stdin`
+    goes first (to feed the hook something else than its host's payload)."""
+    return f"{stdin}{shlex.quote(sys.executable)} -m ratewarden hook {host} {flags}"
+
+
+APPROVAL = "A human must approve this call before it can run"  # an `ask` no one can answer
+GARBAGE = "cat > /dev/null; echo garbage | "  # a hook fed this instead of its host's JSON
+
+
+@dataclass(frozen=True)
+class ShellCli:
+    """A coding agent's real CLI with `ratewarden hook HOST` as its shell hook, run for one
+    shell call. `serve(ran)` is the fake model API (a context giving its URL and the model)
+    whose model asks for one call that appends a line to `ran`; `run(url, hook)` runs the
+    CLI against it with the hook command `hook`. The scenarios every such CLI passes alike
+    are its methods."""
+
+    host: str
+    paused: str  # what failing closed tells the model
+    serve: Callable[[Path], contextlib.AbstractContextManager[tuple[str, Any]]]
+    run: Callable[[str, str], object]
+
+    def once(self, ran: Path, hook: str) -> str:
+        """The tool result the model got back for its one call."""
+        with self.serve(ran) as (url, model):
+            self.run(url, hook)
+        result: str = model.tool_results[model.call_ids[0]]
+        return result
+
+    def refuses_an_ask(self, daemon: Daemon, ran: Path) -> None:
+        """The CLI would run a call whose hook answered `ask` (intern-1 meets a 0/minute
+        rule with `on_exceed: ask`): the hook denies it, saying a human must approve."""
+        result = self.once(ran, hook_for(self.host, f"--url {daemon.url} --user intern-1"))
+        assert lines(ran) == 0
+        assert "Rate limit: max 0 terminal calls per minute" in result
+        assert APPROVAL in result
+
+    def follows_the_fail_mode_with_the_daemon_down(self, ran: Path) -> None:
+        dead = nowhere()
+        # Failing open (the default): the call runs.
+        assert self.paused not in self.once(ran, hook_for(self.host, f"--url {dead}"))
+        assert lines(ran) == 1
+        # Failing closed: the model is told the guard is unavailable, and nothing runs.
+        closed = self.once(ran, hook_for(self.host, f"--url {dead} --fail closed"))
+        assert lines(ran) == 1
+        assert self.paused in closed
+
+    def follows_the_fail_mode_on_unreadable_input(self, ran: Path) -> None:
+        """A broken installation (the hook fed garbage instead of its host's JSON): failing
+        open, the hook exits 1 and the call runs; failing closed, exit 2 blocks it and the
+        CLI hands the hook's stderr to the model."""
+        dead = nowhere()
+        self.once(ran, hook_for(self.host, f"--url {dead}", stdin=GARBAGE))
+        assert lines(ran) == 1
+        closed = self.once(ran, hook_for(self.host, f"--url {dead} --fail closed", stdin=GARBAGE))
+        assert lines(ran) == 1
+        assert f"Tool guard unavailable: cannot read the {self.host} hook input" in closed
 
 
 def usage_of(daemon: Daemon, user: str, tool: str | None = None) -> dict[str, Any]:

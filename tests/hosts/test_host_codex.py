@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -25,12 +24,13 @@ import pytest
 from tests.hosts.drivers.codex_responses import fake_responses_api
 from tests.hosts.scenario import (
     Daemon,
+    ShellCli,
     appending,
     clean_environment,
     daemon_fixture,
+    hook_for,
     host_cli,
     lines,
-    nowhere,
     running_daemon,
     settles,
     usage_of,
@@ -58,7 +58,6 @@ rules:
     on_exceed: ask
 """
 MESSAGE = "Rate limit: max 10 terminal calls per minute"
-APPROVAL = "A human must approve this call before it can run"
 PAUSED = "Tool guard unavailable; Bash calls are paused"
 # docs/integrations.md ("Codex CLI") shows the same block.
 CONFIG = """\
@@ -110,9 +109,8 @@ daemon = daemon_fixture(POLICY)
 
 
 def hook_command(flags: str, stdin: str = "") -> str:
-    """`ratewarden hook codex FLAGS` from this checkout; `stdin` goes first (to feed the
-    hook something else than Codex's payload)."""
-    return f"{stdin}{shlex.quote(sys.executable)} -m ratewarden hook codex {flags}"
+    """`ratewarden hook codex FLAGS` from this checkout (scenario.hook_for)."""
+    return hook_for("codex", flags, stdin)
 
 
 def run_codex(
@@ -248,47 +246,25 @@ def test_real_codex_settles_calls_whose_input_another_hook_rewrote(
     assert ledger_of(tmp_path) == [".lock"]
 
 
+def one_call(codex: Path, tmp_path: Path) -> ShellCli:
+    """Codex run for one shell call (scenario.ShellCli)."""
+    return ShellCli(
+        "codex",
+        PAUSED,
+        serve=lambda ran: fake_responses_api(appending(ran), calls=1),
+        run=lambda url, hook: run_codex(codex, tmp_path, url, hook),
+    )
+
+
 def test_real_codex_ask_is_a_deny_that_says_a_human_must_approve(
     codex: Path, daemon: Daemon, tmp_path: Path
 ) -> None:
-    # Codex would run a call whose hook answered `ask`: ratewarden denies it instead.
-    ran = tmp_path / "ran.txt"
-    with fake_responses_api(appending(ran), calls=1) as (url, model):
-        run_codex(codex, tmp_path, url, hook_command(f"--url {daemon.url} --user intern-1"))
-    assert lines(ran) == 0
-    result = model.tool_results[model.call_ids[0]]
-    assert "Rate limit: max 0 terminal calls per minute" in result
-    assert APPROVAL in result
+    one_call(codex, tmp_path).refuses_an_ask(daemon, tmp_path / "ran.txt")
 
 
 def test_real_codex_with_the_daemon_down(codex: Path, tmp_path: Path) -> None:
-    dead = nowhere()
-    ran = tmp_path / "ran.txt"
-    # Failing open (the default): the call runs.
-    with fake_responses_api(appending(ran), calls=1) as (url, model):
-        run_codex(codex, tmp_path, url, hook_command(f"--url {dead}"))
-    assert lines(ran) == 1
-    assert PAUSED not in model.tool_results[model.call_ids[0]]
-    # Failing closed: the model is told the guard is unavailable, and nothing runs.
-    with fake_responses_api(appending(ran), calls=1) as (url, model):
-        run_codex(codex, tmp_path, url, hook_command(f"--url {dead} --fail closed"))
-    assert lines(ran) == 1
-    assert PAUSED in model.tool_results[model.call_ids[0]]
+    one_call(codex, tmp_path).follows_the_fail_mode_with_the_daemon_down(tmp_path / "ran.txt")
 
 
 def test_real_codex_unreadable_input(codex: Path, tmp_path: Path) -> None:
-    # A broken installation (the hook fed garbage instead of Codex's JSON): failing open,
-    # a failed hook (exit 1) and the call runs; failing closed, exit 2 blocks it and
-    # Codex hands our stderr to the model.
-    ran = tmp_path / "ran.txt"
-    dead = nowhere()
-    garbage = "cat > /dev/null; echo garbage | "
-    with fake_responses_api(appending(ran), calls=1) as (url, model):
-        run_codex(codex, tmp_path, url, hook_command(f"--url {dead}", stdin=garbage))
-    assert lines(ran) == 1
-    with fake_responses_api(appending(ran), calls=1) as (url, model):
-        command = hook_command(f"--url {dead} --fail closed", stdin=garbage)
-        run_codex(codex, tmp_path, url, command)
-    assert lines(ran) == 1
-    result = model.tool_results[model.call_ids[0]]
-    assert "Tool guard unavailable: cannot read the codex hook input" in result
+    one_call(codex, tmp_path).follows_the_fail_mode_on_unreadable_input(tmp_path / "ran.txt")

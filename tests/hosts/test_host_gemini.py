@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +22,15 @@ import httpx
 import pytest
 
 from tests.hosts.drivers.gemini_api import fake_gemini_api
-from tests.hosts.scenario import Daemon, clean_environment, daemon_fixture, host_cli, lines, nowhere
+from tests.hosts.scenario import (
+    Daemon,
+    ShellCli,
+    clean_environment,
+    daemon_fixture,
+    hook_for,
+    host_cli,
+    lines,
+)
 
 pytestmark = pytest.mark.timeout(900)  # the first run installs the CLI
 
@@ -42,7 +49,6 @@ rules:
     on_exceed: ask
 """
 MESSAGE = "Rate limit: max 10 terminal calls per minute"
-APPROVAL = "A human must approve this call before it can run"
 PAUSED = "Tool guard unavailable; run_shell_command calls are paused"
 
 
@@ -66,9 +72,8 @@ daemon = daemon_fixture(POLICY)
 
 
 def hook_command(flags: str, stdin: str = "") -> str:
-    """`ratewarden hook gemini FLAGS` from this checkout; `stdin` goes first (to feed the
-    hook something else than Gemini's payload)."""
-    return f"{stdin}{shlex.quote(sys.executable)} -m ratewarden hook gemini {flags}"
+    """`ratewarden hook gemini FLAGS` from this checkout (scenario.hook_for)."""
+    return hook_for("gemini", flags, stdin)
 
 
 def run_gemini(cli: Path, tmp_path: Path, model_url: str, command: str) -> str:
@@ -132,46 +137,25 @@ def test_real_gemini_stops_the_11th_shell_call(
     assert MESSAGE not in model.tool_results[model.call_ids[0]]
 
 
+def one_call(gemini: Path, tmp_path: Path) -> ShellCli:
+    """Gemini CLI run for one shell call (scenario.ShellCli)."""
+    return ShellCli(
+        "gemini",
+        PAUSED,
+        serve=lambda ran: fake_gemini_api(appending(ran), calls=1),
+        run=lambda url, hook: run_gemini(gemini, tmp_path, url, hook),
+    )
+
+
 def test_real_gemini_ask_is_a_deny_that_says_a_human_must_approve(
     gemini: Path, daemon: Daemon, tmp_path: Path
 ) -> None:
-    ran = tmp_path / "ran.txt"
-    with fake_gemini_api(appending(ran), calls=1) as (url, model):
-        run_gemini(gemini, tmp_path, url, hook_command(f"--url {daemon.url} --user intern-1"))
-    assert lines(ran) == 0
-    result = model.tool_results[model.call_ids[0]]
-    assert "Rate limit: max 0 terminal calls per minute" in result
-    assert APPROVAL in result
+    one_call(gemini, tmp_path).refuses_an_ask(daemon, tmp_path / "ran.txt")
 
 
 def test_real_gemini_with_the_daemon_down(gemini: Path, tmp_path: Path) -> None:
-    dead = nowhere()
-    ran = tmp_path / "ran.txt"
-    # Failing open (the default): the call runs.
-    with fake_gemini_api(appending(ran), calls=1) as (url, model):
-        run_gemini(gemini, tmp_path, url, hook_command(f"--url {dead}"))
-    assert lines(ran) == 1
-    assert PAUSED not in model.tool_results[model.call_ids[0]]
-    # Failing closed: the model is told the guard is unavailable, and nothing runs.
-    with fake_gemini_api(appending(ran), calls=1) as (url, model):
-        run_gemini(gemini, tmp_path, url, hook_command(f"--url {dead} --fail closed"))
-    assert lines(ran) == 1
-    assert PAUSED in model.tool_results[model.call_ids[0]]
+    one_call(gemini, tmp_path).follows_the_fail_mode_with_the_daemon_down(tmp_path / "ran.txt")
 
 
 def test_real_gemini_unreadable_input(gemini: Path, tmp_path: Path) -> None:
-    # A broken installation (the hook fed garbage instead of Gemini's JSON): failing open,
-    # exit 1 is a warning and the call runs; failing closed, exit 2 blocks it and Gemini
-    # hands our stderr to the model.
-    ran = tmp_path / "ran.txt"
-    dead = nowhere()
-    garbage = "cat > /dev/null; echo garbage | "
-    with fake_gemini_api(appending(ran), calls=1) as (url, model):
-        run_gemini(gemini, tmp_path, url, hook_command(f"--url {dead}", stdin=garbage))
-    assert lines(ran) == 1
-    with fake_gemini_api(appending(ran), calls=1) as (url, model):
-        command = hook_command(f"--url {dead} --fail closed", stdin=garbage)
-        run_gemini(gemini, tmp_path, url, command)
-    assert lines(ran) == 1
-    result = model.tool_results[model.call_ids[0]]
-    assert "Tool guard unavailable: cannot read the gemini hook input" in result
+    one_call(gemini, tmp_path).follows_the_fail_mode_on_unreadable_input(tmp_path / "ran.txt")
