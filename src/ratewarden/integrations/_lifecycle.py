@@ -29,8 +29,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from ratewarden.arguments import result_digest
-from ratewarden.vocabulary import MAX_TOKENS, CallStatus
+from ratewarden.vocabulary import CallStatus
 from ratewarden.wire.bodies import ModelUsage, SettleRequest
+from ratewarden.wire.names import bounded_tokens
 
 __all__ = ["NO_RESULT", "AdmittedCall", "call_tool_result", "settlement", "usage_settlement"]
 
@@ -65,22 +66,18 @@ def usage_settlement(
     (0..MAX_TOKENS): a host's sum of input and cache counts may pass the cap, and a
     provider's negative count is none."""
     given, read, write = (
-        _bounded(input_tokens),
-        _bounded(cache_read_tokens),
-        _bounded(cache_write_tokens),
+        bounded_tokens(input_tokens),
+        bounded_tokens(cache_read_tokens),
+        bounded_tokens(cache_write_tokens),
     )
     usage = ModelUsage(
         input_tokens=given,
-        output_tokens=_bounded(output_tokens),
+        output_tokens=bounded_tokens(output_tokens),
         cache_read_tokens=min(read, given),
         cache_write_tokens=min(write, max(0, given - read)),
     )
     duration = None if duration_ms is None else max(duration_ms, 0.0)
     return SettleRequest(status=status, usage=usage, duration_ms=duration)
-
-
-def _bounded(tokens: int) -> int:
-    return max(0, min(tokens, MAX_TOKENS))
 
 
 def call_tool_result(result: Any) -> Any:

@@ -56,6 +56,7 @@ __all__ = [
     "MAX_ARGS_ITEMS",
     "MAX_CALL_ID",
     "MAX_SUBJECT",
+    "bounded_tokens",
     "call_args",
     "check_request",
     "mapped",
@@ -109,16 +110,18 @@ def model_check_request(
         kind=CallKind.MODEL,
         tool=subject(model),
         model=subject(model),
-        input_tokens=_tokens(input_tokens),
-        max_output_tokens=_tokens(max_output_tokens),
+        input_tokens=None if input_tokens is None else bounded_tokens(input_tokens),
+        max_output_tokens=None if max_output_tokens is None else bounded_tokens(max_output_tokens),
         session=subject(session) if session else None,
         team=subject(team) if team else None,
         call_id=usable_call_id(call_id) if call_id else None,
     )
 
 
-def _tokens(count: int | None) -> int | None:
-    return None if count is None else min(max(int(count), 0), MAX_TOKENS)
+def bounded_tokens(count: int) -> int:
+    """A token count as the wire takes it (0..MAX_TOKENS), for a model call's check and
+    its settle (`integrations._lifecycle.usage_settlement`) alike."""
+    return min(max(int(count), 0), MAX_TOKENS)
 
 
 def check_request(
