@@ -14,8 +14,9 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.helpers.fake_api import FakeApiHandler, serving_api
 
 
 @dataclass
@@ -101,17 +102,17 @@ def _events(model: str, block: dict[str, Any], stop_reason: str) -> bytes:
     return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
 
 
-def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
+def _handler(fake: FakeModel) -> type[FakeApiHandler]:
+    class Handler(FakeApiHandler):
+        def post(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
             fake.paths.append(f"POST {self.path}")
             if self.path.startswith("/v1/messages/count_tokens"):
-                self._send(200, "application/json", json.dumps({"input_tokens": 10}).encode())
+                self.reply(200, "application/json", json.dumps({"input_tokens": 10}).encode())
             elif self.path.startswith("/v1/messages"):
                 block, stop = fake.answer(body)
                 if body.get("stream"):
-                    self._send(200, "text/event-stream", _events(body["model"], block, stop))
+                    self.reply(200, "text/event-stream", _events(body["model"], block, stop))
                 else:
                     message = {
                         "id": "msg_x",
@@ -123,23 +124,13 @@ def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
                         "stop_sequence": None,
                         "usage": {"input_tokens": 10, "output_tokens": 5},
                     }
-                    self._send(200, "application/json", json.dumps(message).encode())
+                    self.reply(200, "application/json", json.dumps(message).encode())
             else:
-                self._send(404, "application/json", b"{}")
+                self.reply(404, "application/json", b"{}")
 
-        def do_GET(self) -> None:
+        def get(self) -> None:
             fake.paths.append(f"GET {self.path}")
-            self._send(404, "application/json", b"{}")
-
-        def _send(self, status: int, content_type: str, data: bytes) -> None:
-            self.send_response(status)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # quiet
+            self.reply(404, "application/json", b"{}")
 
     return Handler
 
@@ -148,15 +139,8 @@ def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
 def fake_messages_api(command: str, calls: int) -> Iterator[tuple[str, FakeModel]]:
     """Serve the fake model on a free loopback port; yields (base URL, model)."""
     fake = FakeModel(command, calls)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))  # a free port
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", fake
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving_api(_handler(fake)) as url:
+        yield url, fake
 
 
 class FakeMcpModel(FakeModel):
@@ -179,12 +163,5 @@ class FakeMcpModel(FakeModel):
 @contextlib.contextmanager
 def fake_mcp_model(fake: FakeMcpModel) -> Iterator[str]:
     """Serve `fake` on a free loopback port; yields its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving_api(_handler(fake)) as url:
+        yield url

@@ -18,8 +18,9 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.helpers.fake_api import FakeApiHandler, serving_api
 
 SHELL_TOOL = "exec_command"
 
@@ -102,27 +103,14 @@ def _events(items: list[dict[str, Any]]) -> bytes:
     return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
 
 
-def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
+def _handler(fake: FakeModel) -> type[FakeApiHandler]:
+    class Handler(FakeApiHandler):
+        def post(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
             if self.path.rstrip("/").endswith("/responses"):
-                self._send(200, "text/event-stream", _events(fake.answer(body)))
+                self.reply(200, "text/event-stream", _events(fake.answer(body)))
             else:
-                self._send(404, "application/json", b"{}")
-
-        def do_GET(self) -> None:  # model lists and the like: none here
-            self._send(404, "application/json", b"{}")
-
-        def _send(self, status: int, content_type: str, data: bytes) -> None:
-            self.send_response(status)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # quiet
+                self.reply(404, "application/json", b"{}")
 
     return Handler
 
@@ -133,12 +121,5 @@ def fake_responses_api(
 ) -> Iterator[tuple[str, FakeModel]]:
     """Serve the fake model on a free loopback port; yields (base URL ending in /v1, model)."""
     fake = FakeModel(command, calls, same_id=same_id, parallel=parallel)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))  # a free port
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", fake
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving_api(_handler(fake)) as url:
+        yield f"{url}/v1", fake

@@ -16,8 +16,9 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.helpers.fake_api import FakeApiHandler, serving_api
 
 SHELL_TOOL = "run_shell_command"
 USAGE = {"promptTokenCount": 10, "candidatesTokenCount": 1, "totalTokenCount": 11}
@@ -64,9 +65,9 @@ def _candidate(parts: list[dict[str, Any]], usage: dict[str, int] = USAGE) -> di
     }
 
 
-def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
+def _handler(fake: FakeModel) -> type[FakeApiHandler]:
+    class Handler(FakeApiHandler):
+        def post(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
             if ":streamGenerateContent" in self.path:
                 with fake.lock:
@@ -78,28 +79,15 @@ def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
                          "usageMetadata": {"promptTokenCount": 1}}  # fmt: skip
                 events = [early] * (fake.chunks - 1) + [final]
                 data = b"".join(f"data: {json.dumps(e)}\r\n\r\n".encode() for e in events)
-                self._send(200, "text/event-stream", data)
+                self.reply(200, "text/event-stream", data)
             elif ":countTokens" in self.path:
-                self._send(200, "application/json", json.dumps({"totalTokens": 10}).encode())
+                self.reply(200, "application/json", json.dumps({"totalTokens": 10}).encode())
             elif ":generateContent" in self.path:  # the CLI's own side questions
                 answer = {"next_speaker": "user", "reasoning": "the model is done"}
                 data = json.dumps(_candidate([{"text": json.dumps(answer)}])).encode()
-                self._send(200, "application/json", data)
+                self.reply(200, "application/json", data)
             else:
-                self._send(404, "application/json", b"{}")
-
-        def do_GET(self) -> None:
-            self._send(404, "application/json", b"{}")
-
-        def _send(self, status: int, content_type: str, data: bytes) -> None:
-            self.send_response(status)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # quiet
+                self.reply(404, "application/json", b"{}")
 
     return Handler
 
@@ -113,12 +101,5 @@ def fake_gemini_api(
 ) -> Iterator[tuple[str, FakeModel]]:
     """Serve the fake model on a free loopback port; yields (base URL, model)."""
     fake = FakeModel(command, calls, dict(usage or USAGE), chunks)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))  # a free port
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", fake
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving_api(_handler(fake)) as url:
+        yield url, fake

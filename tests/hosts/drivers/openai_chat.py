@@ -18,8 +18,9 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.helpers.fake_api import FakeApiHandler, serving_api
 
 
 @dataclass
@@ -72,11 +73,11 @@ def _chunks(body: dict[str, Any], usage: dict[str, Any]) -> list[dict[str, Any]]
     ]
 
 
-def _handler(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+def _handler(fake: FakeProvider) -> type[FakeApiHandler]:
+    class Handler(FakeApiHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_POST(self) -> None:
+        def post(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             with fake.lock:
@@ -85,33 +86,23 @@ def _handler(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 fake.fail_next = max(0, fake.fail_next - 1)
             if failing:
                 error = {"error": {"message": "the provider broke", "type": "server_error"}}
-                self._send(500, "application/json", json.dumps(error).encode())
+                self.reply(500, "application/json", json.dumps(error).encode())
                 return
             if not self.path.rstrip("/").endswith("/chat/completions"):
-                self._send(404, "application/json", b'{"error": {"message": "no such path"}}')
+                self.reply(404, "application/json", b'{"error": {"message": "no such path"}}')
                 return
             if body.get("stream"):
                 chunks = _chunks(body, fake.openai_usage())
                 if not (body.get("stream_options") or {}).get("include_usage"):
                     chunks = chunks[:-1]  # as OpenAI: a stream's usage only when asked for
                 events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
-                self._send(200, "text/event-stream", (events + "data: [DONE]\n\n").encode())
+                self.reply(200, "text/event-stream", (events + "data: [DONE]\n\n").encode())
                 return
             answer = _completion(body, fake.openai_usage())
-            self._send(200, "application/json", json.dumps(answer).encode())
+            self.reply(200, "application/json", json.dumps(answer).encode())
 
-        def do_GET(self) -> None:
-            self._send(200, "application/json", b'{"object": "list", "data": []}')
-
-        def _send(self, status: int, content_type: str, data: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+        def get(self) -> None:
+            self.reply(200, "application/json", b'{"object": "list", "data": []}')
 
     return Handler
 
@@ -120,11 +111,5 @@ def _handler(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:
 def fake_openai_api(usage: dict[str, int]) -> Iterator[tuple[str, FakeProvider]]:
     """The fake provider's base URL (`.../v1`) and its state, until the block ends."""
     fake = FakeProvider(usage=dict(usage))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", fake
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_api(_handler(fake)) as url:
+        yield f"{url}/v1", fake
