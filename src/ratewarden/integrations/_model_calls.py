@@ -38,7 +38,7 @@ from ratewarden.integrations._async import log
 from ratewarden.integrations._lifecycle import AdmittedCall, usage_settlement
 from ratewarden.vocabulary import MAX_TOKENS, CallStatus
 from ratewarden.wire.bodies import CheckRequest, CheckResponse, SettleRequest
-from ratewarden.wire.names import model_check_request, subject, usable_call_id
+from ratewarden.wire.names import bounded_tokens, model_check_request, subject, usable_call_id
 
 __all__ = [
     "FAILED",
@@ -82,7 +82,7 @@ def token_count(value: object) -> int | None:
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return MAX_TOKENS if value > 0 else None
-    return max(0, min(int(value), MAX_TOKENS))
+    return bounded_tokens(int(value))
 
 
 def estimated_tokens(texts: Callable[[], Iterable[str]]) -> int | None:

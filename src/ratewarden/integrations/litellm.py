@@ -226,13 +226,15 @@ class RatewardenCallback(CustomLogger):  # type: ignore[misc,valid-type,unused-i
         return None
 
     async def _input_tokens(self, model: str, data: Mapping[str, Any]) -> int:
+        """Counted by LiteLLM's tokenizer when the text is short enough, else estimated;
+        `model_check_request` bounds it to the wire."""
         texts = list(_texts(data))
         chars = sum(len(text) for text in texts)
         if self._count_tokens and chars <= MAX_COUNTED_CHARS:
             counted = await asyncio.to_thread(_token_count, model, data)
             if counted is not None:
-                return min(counted, MAX_TOKENS)
-        return min(estimate_tokens(texts), MAX_TOKENS)
+                return counted
+        return estimate_tokens(texts)
 
 
 def refusal(answer: CheckResponse) -> Exception:
